@@ -1,0 +1,1 @@
+"""gym_telemetry: in-process OpenTelemetry instrumentation for NeMo Gym servers."""

@@ -1,0 +1,3 @@
+"""gym_sidecar: the OTLP sidecar of gym-telemetry."""
+
+__version__ = "0.1.0"

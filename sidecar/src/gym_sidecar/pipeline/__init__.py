@@ -1,0 +1,1 @@
+"""The sidecar's pipeline: receive -> enrich -> gate -> derive -> queue -> export."""

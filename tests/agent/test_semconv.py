@@ -1,0 +1,16 @@
+from gym_telemetry import semconv
+
+
+def test_scope_name_round_trips_for_every_group() -> None:
+    for group in semconv.ALL_GROUPS:
+        assert semconv.group_of_scope(semconv.scope_name(group)) == group
+
+
+def test_foreign_scope_has_no_group() -> None:
+    assert semconv.group_of_scope("opentelemetry.instrumentation.fastapi") is None
+
+
+def test_presets_are_subsets_of_all_groups() -> None:
+    for name, groups in semconv.PRESETS.items():
+        assert groups <= semconv.PRESETS["all"], name
+    assert semconv.PRESETS["default"] == {"job", "server", "http_client", "rollout"}
