@@ -1,0 +1,1 @@
+"""Enrichment sources (config, environment, host, Kubernetes, Docker) and their cache."""

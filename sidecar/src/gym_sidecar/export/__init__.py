@@ -1,0 +1,1 @@
+"""Export: the bounded queue, batching, retry and the OTLP exporters to the backend."""

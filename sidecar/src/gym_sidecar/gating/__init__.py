@@ -1,0 +1,1 @@
+"""Span-group gating: the fleet-wide configuration, its API for agents, enforcement."""

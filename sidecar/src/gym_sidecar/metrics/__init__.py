@@ -1,0 +1,1 @@
+"""Metrics derived from rollout and verify spans."""
