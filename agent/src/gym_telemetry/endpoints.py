@@ -1,0 +1,340 @@
+"""Span wrappers for Gym's endpoint handlers (the API of ``nemo_gym.telemetry.endpoints``).
+
+``traced_endpoint(group, span_name, handler, static_attributes=None)`` returns a handler
+that behaves exactly like ``handler`` and, when ``group`` is enabled at call time,
+records one span around each call.
+
+Contract:
+
+- ``functools.wraps``: the wrapper carries ``__wrapped__``, which FastAPI's
+  ``inspect.signature`` follows, so the route keeps its body type, its validation and
+  its OpenAPI schema.
+- Gate first: the group is tested at call time, before anything else, against the
+  process-wide frozenset in ``span_groups.ENABLED``. A disabled group costs one
+  attribute load and one set-membership test, then the handler is called as is.
+- ``static_attributes`` is copied (and its values checked) once, at wrap time;
+  mutating the caller's dict afterwards changes nothing.
+- The rollout id comes from the rollout-correlation ContextVar (Gym's own when Gym is
+  installed) and is put on the span as ``nemo.gym.rollout.id``. If the handler itself
+  sets the id (Gym's agent ``/run`` does) it is read again when the handler returns.
+- The span is made current while the handler runs, so the model calls and
+  verifications a rollout triggers hang off it through W3C propagation.
+- The wrapper never raises its own errors into the handler: a telemetry failure is
+  swallowed, counted (``telemetry_errors()``) and logged rate-limited. The handler's
+  own exceptions propagate unchanged (same object, same traceback); the span gets
+  status ERROR, the exception as an event and ``error.type``.
+- Async handlers (Gym's) get an async wrapper; plain functions get a sync wrapper.
+- No metrics are recorded here; the sidecar derives them from the spans.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar, cast
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.util import types as otel_types
+
+from gym_telemetry import rollout_correlation, semconv, span_groups
+
+_log = logging.getLogger(__name__)
+
+ROLLOUT_ID_ATTRIBUTE: Final = semconv.ROLLOUT_ID
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_ENABLED: Final = span_groups.ENABLED
+_tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
+_tracer_for = span_groups.tracer_for
+_set_span_in_context = trace.set_span_in_context
+_current_rollout_id = rollout_correlation.current_rollout_id
+_attach = context_api.attach
+_detach = context_api.detach
+_ERROR_STATUS: Final = Status(StatusCode.ERROR)
+
+
+# --- telemetry failures: counted, logged rate-limited -------------------------------------
+
+
+class _ErrorCounter:
+    """Counts telemetry failures; logs at most one WARNING per ``interval_s``."""
+
+    __slots__ = ("count", "interval_s", "last_log", "lock", "suppressed")
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self.count = 0
+        self.suppressed = 0
+        self.interval_s = interval_s
+        self.last_log = float("-inf")
+        self.lock = threading.Lock()
+
+    def record(self, where: str, exc: BaseException) -> None:
+        try:
+            with self.lock:
+                self.count += 1
+                now = time.monotonic()
+                if now - self.last_log < self.interval_s:
+                    self.suppressed += 1
+                    return
+                self.last_log = now
+                suppressed, self.suppressed = self.suppressed, 0
+            _log.warning(
+                "gym_telemetry: telemetry failure in %s (%r); the handler was not affected "
+                "(%d similar failures suppressed since last report)",
+                where,
+                exc,
+                suppressed,
+            )
+        except Exception:  # logging itself failed; nothing more we can do safely
+            pass
+
+
+_ERRORS: Final = _ErrorCounter()
+
+
+def telemetry_errors() -> int:
+    """How many telemetry failures the wrappers have swallowed in this process."""
+    return _ERRORS.count
+
+
+# --- wrap-time helpers --------------------------------------------------------------------
+
+
+def _freeze_attributes(static_attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Copy the static attributes once, keeping only values OpenTelemetry accepts."""
+    out: dict[str, Any] = {}
+    if not static_attributes:
+        return out
+    for key, value in dict(static_attributes).items():
+        if not isinstance(key, str) or not key:
+            _log.warning("gym_telemetry: dropping static attribute with key %r", key)
+            continue
+        if isinstance(value, bool | str | int | float):
+            out[key] = value
+        elif isinstance(value, list | tuple) and all(
+            isinstance(v, bool | str | int | float) for v in value
+        ):
+            out[key] = tuple(value)
+        elif value is None:
+            continue
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    unwrapped = inspect.unwrap(handler)
+    if inspect.iscoroutinefunction(unwrapped):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - callable instances
+    return call is not None and not inspect.isroutine(handler) and inspect.iscoroutinefunction(call)
+
+
+# --- the recording path -------------------------------------------------------------------
+
+
+class _Site:
+    """Everything fixed at wrap time for one wrapped handler, and its recording path."""
+
+    __slots__ = ("attributes", "failure_attributes", "group", "span_name", "success_attributes")
+
+    def __init__(
+        self,
+        group: str,
+        span_name: str,
+        attributes: dict[str, Any],
+        success_attributes: otel_types.Attributes,
+        failure_attributes: otel_types.Attributes,
+    ) -> None:
+        self.group = group
+        self.span_name = span_name
+        self.attributes = attributes
+        self.success_attributes = success_attributes
+        self.failure_attributes = failure_attributes
+
+    def start(self) -> tuple[Span, object, bool]:
+        """Start the span (static attributes + rollout id) and make it current."""
+        tracer = _tracers.get(self.group)
+        if tracer is None:
+            tracer = _tracer_for(self.group)
+        attributes = self.attributes
+        rollout_id = _current_rollout_id()
+        if rollout_id is not None:
+            attributes = {**attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+        span = tracer.start_span(self.span_name, attributes=attributes)
+        token = _attach(_set_span_in_context(span))
+        return span, token, rollout_id is not None
+
+    def finish(self, span: Span, token: object, had_rollout_id: bool) -> None:
+        self._end(span, token, had_rollout_id, self.success_attributes)
+
+    def fail(self, span: Span, token: object, had_rollout_id: bool, exc: BaseException) -> None:
+        span.record_exception(exc, escaped=True)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        self._end(span, token, had_rollout_id, self.failure_attributes)
+
+    @staticmethod
+    def _end(span: Span, token: object, had_rollout_id: bool, extra: otel_types.Attributes) -> None:
+        _detach(token)  # type: ignore[arg-type]
+        if not had_rollout_id:
+            # The handler may have set the id itself (Gym's agent /run does).
+            rollout_id = _current_rollout_id()
+            if rollout_id is not None:
+                span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
+        if extra:
+            span.set_attributes(extra)
+        span.end()
+
+
+def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any]:
+    group = site.group
+    enabled = _ENABLED
+    errors = _ERRORS
+
+    if _is_async(handler):
+
+        @functools.wraps(handler)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if group not in enabled.groups:
+                return await handler(*args, **kwargs)
+            try:
+                span, token, had_id = site.start()
+            except Exception as exc:  # telemetry must never break the handler
+                errors.record("span start", exc)
+                return await handler(*args, **kwargs)
+            try:
+                result = await handler(*args, **kwargs)
+            except BaseException as exc:
+                try:
+                    site.fail(span, token, had_id, exc)
+                except Exception as texc:  # never mask the handler's own exception
+                    errors.record("span end", texc)
+                raise
+            try:
+                site.finish(span, token, had_id)
+            except Exception as texc:  # telemetry must never break the handler
+                errors.record("span end", texc)
+            return result
+
+        return async_wrapper
+
+    @functools.wraps(handler)
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        if group not in enabled.groups:
+            return handler(*args, **kwargs)
+        try:
+            span, token, had_id = site.start()
+        except Exception as exc:  # telemetry must never break the handler
+            errors.record("span start", exc)
+            return handler(*args, **kwargs)
+        try:
+            result = handler(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                site.fail(span, token, had_id, exc)
+            except Exception as texc:  # never mask the handler's own exception
+                errors.record("span end", texc)
+            raise
+        try:
+            site.finish(span, token, had_id)
+        except Exception as texc:  # telemetry must never break the handler
+            errors.record("span end", texc)
+        return result
+
+    return sync_wrapper
+
+
+def _wrap(
+    group: str,
+    span_name: str,
+    handler: Callable[..., Any],
+    static_attributes: Mapping[str, Any] | None,
+    *,
+    success_attributes: otel_types.Attributes = None,
+    failure_attributes: otel_types.Attributes = None,
+) -> Callable[..., Any]:
+    site = _Site(
+        group,
+        span_name,
+        _freeze_attributes(static_attributes),
+        success_attributes,
+        failure_attributes,
+    )
+    return _make_wrapper(site, handler)
+
+
+# --- public API -----------------------------------------------------------------------------
+
+
+def traced_endpoint(
+    group: str,
+    span_name: str,
+    handler: _F,
+    static_attributes: dict[str, Any] | None = None,
+) -> _F:
+    """Wrap a FastAPI handler in a span-group-gated span.
+
+    ``group`` is checked at call time (span groups are configured long after routes are
+    registered). ``static_attributes`` is evaluated once, here. Returns the wrapper,
+    which has the handler's signature (``functools.wraps``). Never raises for
+    telemetry reasons, at wrap time or at call time: with an unknown group the wrapper
+    simply never records.
+    """
+    if group not in span_groups.GROUPS:
+        _log.warning("gym_telemetry: traced_endpoint(%r, %r): unknown span group", group, span_name)
+    return cast(_F, _wrap(group, span_name, handler, static_attributes))
+
+
+_VERIFY_OK: Final[dict[str, bool]] = {semconv.VERIFY_SUCCEEDED: True}
+_VERIFY_FAILED: Final[dict[str, bool]] = {semconv.VERIFY_SUCCEEDED: False}
+
+
+def traced_rollout_endpoint(handler: _F, static_attributes: dict[str, Any] | None = None) -> _F:
+    """``traced_endpoint`` for the agent's ``/run``: span ``gym.rollout``, group ``rollout``.
+
+    One ``/run`` is one rollout, so this is the span everything else in the rollout
+    hangs off: the model calls and verifications it triggers become its descendants
+    through W3C trace-context propagation. The sidecar derives
+    ``gym.rollout.duration_ms`` from it; the agent records no metrics.
+    """
+    return cast(_F, _wrap(semconv.GROUP_ROLLOUT, semconv.SPAN_ROLLOUT, handler, static_attributes))
+
+
+def traced_verify_endpoint(handler: _F, static_attributes: dict[str, Any] | None = None) -> _F:
+    """``traced_endpoint`` for ``/verify``: span ``gym.verify``, group ``verify``.
+
+    ``succeeded`` records whether the verification call completed, not whether the task
+    passed: a verifier that returns reward 0 succeeded (``succeeded=true``); one that
+    raises did not (``succeeded=false``, status ERROR, the exception recorded,
+    ``error.type`` set, the original exception re-raised unchanged). Reward and
+    accuracy are experiment data and are never read or recorded here. The sidecar
+    derives ``gym.verify.*`` from these spans.
+    """
+    wrapped = _wrap(
+        semconv.GROUP_VERIFY,
+        semconv.SPAN_VERIFY,
+        handler,
+        static_attributes,
+        success_attributes=_VERIFY_OK,
+        failure_attributes=_VERIFY_FAILED,
+    )
+    return cast(_F, wrapped)
+
+
+__all__ = [
+    "ROLLOUT_ID_ATTRIBUTE",
+    "telemetry_errors",
+    "traced_endpoint",
+    "traced_rollout_endpoint",
+    "traced_verify_endpoint",
+]

@@ -1,0 +1,137 @@
+"""What sits between the wrappers' spans and the sidecar: the processor switch this
+package adds to a TracerProvider, and an exporter wrapper that tracks export health.
+
+Both are on the export side only: ``GymSpanProcessor.on_end`` runs in the handler's
+thread and does a bounded-queue append; everything that touches the network runs on
+the batch processor's worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+
+class TrackingExporter(SpanExporter):
+    """Wraps an exporter; counts what it failed to deliver and knows when it is stuck.
+
+    ``export`` never raises (an exception counts as a failure). ``unreachable()`` is
+    True when the last export failed or the current one has been running longer than
+    ``stuck_after_s`` (a local sidecar answers in milliseconds; longer means the
+    exporter is in its retry back-off). ``shutdown_telemetry`` uses it to skip waiting
+    for a sidecar that is not there.
+    """
+
+    def __init__(self, inner: SpanExporter, stuck_after_s: float = 0.25) -> None:
+        self.inner = inner
+        self.stuck_after_s = stuck_after_s
+        self.exported = 0
+        self.failed = 0
+        self.last_ok = True
+        self._export_started: float | None = None
+        self._shut_down = False
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._export_started = time.monotonic()
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # an exporter bug must not kill the batch worker
+            result = SpanExportResult.FAILURE
+        finally:
+            self._export_started = None
+        ok = result is SpanExportResult.SUCCESS
+        with self._lock:
+            self.last_ok = ok
+            if ok:
+                self.exported += len(spans)
+            else:
+                self.failed += len(spans)
+        return result
+
+    def unreachable(self) -> bool:
+        started = self._export_started
+        if started is not None and time.monotonic() - started > self.stuck_after_s:
+            return True
+        return not self.last_ok
+
+    def shutdown(self) -> None:
+        """Shut the wrapped exporter down once (later calls do nothing)."""
+        with self._lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+class GymSpanProcessor(SpanProcessor):
+    """The processor this module adds to the provider: a switch in front of a batch
+    processor, so the exporter can be replaced or closed while the provider stays.
+
+    ``on_end`` costs one attribute load when no exporter is plugged in. When the batch
+    queue is full it drops the oldest span itself and counts it (the SDK would log a
+    WARNING per dropped span). Thread-safe; never raises.
+    """
+
+    def __init__(self) -> None:
+        self.delegate: BatchSpanProcessor | None = None
+        self.exporter: TrackingExporter | None = None
+        self._queue: Any = None
+        self._max_queue = 0
+        self.dropped = 0
+
+    def plug(
+        self, delegate: BatchSpanProcessor | None, exporter: TrackingExporter | None = None
+    ) -> tuple[BatchSpanProcessor | None, TrackingExporter | None]:
+        """Swap the batch processor (and the exporter behind it); return the previous
+        pair, not shut down."""
+        old = self.delegate, self.exporter
+        queue = None
+        max_queue = 0
+        if delegate is not None:
+            inner = getattr(delegate, "_batch_processor", None)
+            queue = getattr(inner, "_queue", None)
+            max_queue = int(getattr(inner, "_max_queue_size", 0) or 0)
+        self._queue, self._max_queue = queue, max_queue
+        self.delegate = delegate
+        self.exporter = exporter
+        return old
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        # The batch processor's on_start does nothing; skipping the call saves a hop.
+        return
+
+    def on_end(self, span: ReadableSpan) -> None:
+        delegate = self.delegate
+        if delegate is None:
+            return
+        try:
+            queue = self._queue
+            if queue is not None and len(queue) >= self._max_queue:
+                with contextlib.suppress(IndexError):
+                    queue.pop()  # oldest is at the right; make room without the SDK's log
+                self.dropped += 1
+            delegate.on_end(span)
+        except Exception:  # a processor failure must never reach span.end()
+            pass
+
+    def shutdown(self) -> None:
+        delegate, _exporter = self.plug(None)
+        if delegate is not None:
+            delegate.shutdown()  # type: ignore[no-untyped-call]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        delegate = self.delegate
+        if delegate is None:
+            return True
+        return bool(delegate.force_flush(timeout_millis))
