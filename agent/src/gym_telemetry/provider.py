@@ -253,10 +253,31 @@ def init_telemetry(
                 atexit.register(shutdown_telemetry, 2.0)
                 _STATE.atexit_registered = True
             _STATE.active = True
+            _start_polling(provider)
             return True
     except Exception as exc:  # boundary: telemetry setup must never break server start
         _log.warning("gym_telemetry: init_telemetry failed: %r", exc, exc_info=True)
         return False
+
+
+def _start_polling(provider: TracerProvider) -> None:
+    """Follow the sidecar's span-group config (``gym_telemetry.remote_config``)."""
+    try:
+        from gym_telemetry import remote_config
+
+        service = str(provider.resource.attributes.get("service.name", "") or "")
+        remote_config.start_polling(service)
+    except Exception as exc:  # the poller is optional; local span groups stay in force
+        _log.warning("gym_telemetry: span-group polling not started: %r", exc)
+
+
+def _stop_polling(timeout_s: float) -> None:
+    try:
+        from gym_telemetry import remote_config
+
+        remote_config.stop_polling(timeout_s)
+    except Exception as exc:  # best effort at shutdown
+        _log.debug("gym_telemetry: stopping the span-group poller failed: %r", exc)
 
 
 def _shutdown_batch(processor: BatchSpanProcessor, timeout_s: float) -> None:
@@ -284,6 +305,7 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
                 return True
             batch, exporter = _STATE.processor.plug(None)
             _STATE.active = False
+        _stop_polling(min(timeout_s, 1.0))
         if batch is None:
             return True
         deadline = time.monotonic() + max(0.0, timeout_s)
