@@ -47,6 +47,12 @@ class SelfMetrics:
             ["stage", "signal", "outcome"],
             registry=r,
         )
+        self.bad_requests = Counter(
+            "gym_sidecar_bad_requests",
+            "Client requests answered 400/413/415 or INVALID_ARGUMENT, by transport and reason.",
+            ["transport", "reason"],
+            registry=r,
+        )
         self.limit_hits = Counter(
             "gym_sidecar_limit_hits",
             "Times a configured limit refused or truncated input.",

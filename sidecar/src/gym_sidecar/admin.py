@@ -1,0 +1,61 @@
+"""The admin listener's app: health, readiness and the sidecar's own metrics.
+
+Routes:
+- ``GET /healthz``: 200 while the process serves (liveness).
+- ``GET /readyz``: 200 once the receivers are up; 503 before that and from the moment
+  shutdown begins (so Kubernetes stops routing to a draining sidecar).
+- ``GET /metrics``: :meth:`SelfMetrics.render` in Prometheus text format.
+
+Adding routes (e.g. the span-group API): build an ``fastapi.APIRouter`` and append it to
+``Pipeline.admin_routers`` in :mod:`gym_sidecar.pipeline.build`; the server passes that
+list to :func:`build_admin_app`, which includes each router as it is. Routers must not
+reuse the three paths above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastapi import APIRouter, FastAPI, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gym_sidecar.selfmetrics import SelfMetrics
+
+
+@dataclass
+class Readiness:
+    """Shared flags the server flips; read by ``/readyz``. Loop-confined, no locking."""
+
+    receivers_up: bool = False
+    shutting_down: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.receivers_up and not self.shutting_down
+
+
+def build_admin_app(
+    readiness: Readiness, metrics: SelfMetrics, routers: Sequence[APIRouter] = ()
+) -> FastAPI:
+    """The admin FastAPI app; ``routers`` are included after the built-in routes."""
+    app = FastAPI(title="gym-sidecar admin", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if readiness.ready:
+            return Response("ready\n", media_type="text/plain")
+        state = "shutting down" if readiness.shutting_down else "starting"
+        return Response(f"not ready: {state}\n", status_code=503, media_type="text/plain")
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    for router in routers:
+        app.include_router(router)
+    return app

@@ -1,0 +1,229 @@
+"""The sidecar's configuration: one typed model, loaded once, validated at load.
+
+Sources, highest precedence first:
+
+1. command-line flags (see :mod:`gym_sidecar.cli`);
+2. environment variables ``GYM_SIDECAR_<KEY>``, nested keys joined with ``__``
+   (``GYM_SIDECAR_BACKEND__URL``, ``GYM_SIDECAR_QUEUE__MAX_BYTES``); a value starting
+   with ``{`` or ``[`` is parsed as YAML, so ``GYM_SIDECAR_ENRICH__ATTRIBUTES='{a: b}'``
+   works; the ``--backend*`` flags' twins are also spelled ``GYM_SIDECAR_BACKEND``,
+   ``GYM_SIDECAR_BACKEND_PROTOCOL`` and ``GYM_SIDECAR_BACKEND_COMPRESSION``;
+3. the YAML file given with ``--config``;
+4. the defaults below.
+
+The sources are merged as plain dicts and validated once, so every error of every
+source is reported together, each with its dotted key path
+(``queue.max_bytes: Input should be greater than 0``) -- see :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from gym_sidecar.enrich.config import EnrichConfig
+from gym_sidecar.export.config import BackendConfig, QueueConfig
+from gym_sidecar.gating.config import SpanGroupsConfig
+from gym_sidecar.metrics.config import MetricsConfig
+
+ENV_PREFIX = "GYM_SIDECAR_"
+"""Prefix of every environment variable the sidecar reads."""
+ENV_NESTED_DELIMITER = "__"
+"""Separator of nested keys in environment variable names."""
+ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
+"""Env twin of ``--config`` (a path, not a config key)."""
+
+MiB = 1024 * 1024
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` for IPv6) and validate both parts.
+
+    Raises ValueError with a readable message. The host is an IP address or a host name;
+    port 0 is allowed (the OS picks one, useful in tests).
+    """
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"invalid IPv6 address in {value!r}") from None
+    elif ":" in host:
+        raise ValueError(f"IPv6 addresses must be bracketed, e.g. [::1]:4317; got {value!r}")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be an integer in 0..65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+def _check_listen(value: str) -> str:
+    split_host_port(value)
+    return value
+
+
+ListenAddress = Annotated[str, AfterValidator(_check_listen)]
+"""A validated ``HOST:PORT``. All interfaces (0.0.0.0 / [::]) only when written so."""
+
+
+class LimitsConfig(BaseModel):
+    """Size limits on what clients send. Each refusal is counted in ``limit_hits``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    http_max_body_bytes: int = Field(default=16 * MiB, gt=0)
+    """Largest OTLP/HTTP request body as sent (compressed or not); larger: 413."""
+    http_max_decompressed_bytes: int = Field(default=64 * MiB, gt=0)
+    """Largest OTLP/HTTP body after gzip decompression, enforced while inflating: 413."""
+    grpc_max_message_bytes: int = Field(default=64 * MiB, gt=0)
+    """Largest OTLP/gRPC message (after grpc decompression); larger: INVALID_ARGUMENT."""
+    grpc_transport_max_bytes: int = Field(default=128 * MiB, gt=0)
+    """grpc core's own receive limit (also bounds its gzip inflation). Messages above it
+    are refused by grpc itself with RESOURCE_EXHAUSTED, before the sidecar sees them, so
+    those refusals are not counted; keep it above ``grpc_max_message_bytes``."""
+
+    @model_validator(mode="after")
+    def _transport_above_message(self) -> LimitsConfig:
+        if self.grpc_transport_max_bytes < self.grpc_max_message_bytes:
+            raise ValueError("grpc_transport_max_bytes must be >= grpc_max_message_bytes")
+        return self
+
+
+class SidecarConfig(BaseModel):
+    """Everything the sidecar needs to run. Sections belong to their areas."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grpc_listen: ListenAddress = "127.0.0.1:4317"
+    http_listen: ListenAddress = "127.0.0.1:4318"
+    admin_listen: ListenAddress = "127.0.0.1:13133"
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    enrich: EnrichConfig = Field(default_factory=EnrichConfig)
+    span_groups: SpanGroupsConfig = Field(default_factory=SpanGroupsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline for draining the pipeline and the export queue on SIGTERM/SIGINT."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ConfigError(Exception):
+    """The configuration could not be loaded; ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid configuration:\n  " + "\n  ".join(errors))
+        self.errors = errors
+
+
+def _format_validation_error(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        out.append(f"{path}: {err['msg']}")
+    return out
+
+
+def read_yaml_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; raises ConfigError (never OSError/YAMLError) on failure."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level must be a mapping, got {type(data).__name__}"])
+    return data
+
+
+FLAG_ENV_ALIASES: dict[str, str] = {
+    "GYM_SIDECAR_BACKEND": "backend__url",
+    "GYM_SIDECAR_BACKEND_PROTOCOL": "backend__protocol",
+    "GYM_SIDECAR_BACKEND_COMPRESSION": "backend__compression",
+}
+"""Env twins of the ``--backend*`` flags, besides their nested spellings."""
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The nested dict spelled by ``GYM_SIDECAR_*`` variables (keys lower-cased)."""
+    out: dict[str, Any] = {}
+    # Sorted so that the nested spelling (GYM_SIDECAR_BACKEND__URL) beats the alias.
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in (ENV_PREFIX, ENV_CONFIG_FILE):
+            continue
+        key = FLAG_ENV_ALIASES.get(name) or name[len(ENV_PREFIX) :].lower()
+        path = key.split(ENV_NESTED_DELIMITER)
+        value: Any = raw
+        # Scalars stay strings (pydantic converts "5" or "true" per field type); only
+        # flow collections are parsed, for dict/list keys like enrich.attributes.
+        if raw.lstrip().startswith(("{", "[")):
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                value = raw
+        _set_path(out, path, value)
+    return out
+
+
+def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
+    node = target
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[path[-1]] = value
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` wins key by key; nested mappings merge instead of replacing."""
+    out = dict(base)
+    for key, value in override.items():
+        current = out.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = deep_merge(current, value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SidecarConfig:
+    """Merge defaults < file < environment < ``overrides`` (flags) and validate once.
+
+    ``overrides`` is a nested dict of values set on the command line. Raises
+    :class:`ConfigError` listing every error with its key path.
+    """
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        data = read_yaml_file(config_file)
+    data = deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        data = deep_merge(data, overrides)
+    try:
+        return SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None

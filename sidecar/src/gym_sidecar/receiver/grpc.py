@@ -1,0 +1,147 @@
+"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService ``Export``.
+
+Handlers are registered generically with identity (bytes) (de)serialisers, so the
+receiver itself enforces ``limits.grpc_max_message_bytes`` (counted in
+``limit_hits{limit="grpc_max_message_bytes"}``) and parses with the upb protobuf.
+grpc core handles client-side per-message compression (gzip), bounded by
+``limits.grpc_transport_max_bytes``.
+
+Answers:
+- OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
+- INVALID_ARGUMENT for undecodable or oversized messages (clients must not retry);
+- RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` detail on backpressure (the OTel
+  SDK exporters retry after the given delay).
+
+Lifecycle: :meth:`GrpcReceiver.start` binds and serves on the running loop;
+:meth:`GrpcReceiver.stop` stops accepting and waits up to ``grace_s`` for in-flight
+calls (which finish handing their data to the pipeline). Both are safe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from grpc_status import rpc_status  # type: ignore[import-untyped]
+
+from gym_sidecar.config import LimitsConfig
+from gym_sidecar.pipeline.stage import Batch, Stage
+from gym_sidecar.receiver.otlp import (
+    SPECS,
+    BadRequest,
+    SignalSpec,
+    build_response,
+    decode_protobuf,
+    submit,
+)
+from gym_sidecar.selfmetrics import SelfMetrics
+
+logger = logging.getLogger(__name__)
+
+TRANSPORT = "grpc"
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def retry_info_status(message: str, retry_after_s: float) -> grpc.Status:
+    """A RESOURCE_EXHAUSTED status carrying RetryInfo(retry_delay=retry_after_s)."""
+    seconds = int(retry_after_s)
+    delay = duration_pb2.Duration(seconds=seconds, nanos=int((retry_after_s - seconds) * 1e9))
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message)
+    status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return rpc_status.to_status(status)
+
+
+class GrpcReceiver:
+    """A grpc.aio server feeding ``head``. See the module docstring for the contract."""
+
+    def __init__(
+        self, listen: str, head: Stage, limits: LimitsConfig, metrics: SelfMetrics
+    ) -> None:
+        self.listen = listen
+        self.head = head
+        self.limits = limits
+        self.metrics = metrics
+        self.bound_port: int | None = None
+        self._server: Any = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.limits.grpc_transport_max_bytes),
+                ("grpc.max_send_message_length", 4 * 1024 * 1024),
+            ]
+        )
+        handlers = []
+        for spec in SPECS.values():
+            handlers.append(
+                grpc.method_handlers_generic_handler(
+                    spec.grpc_service,
+                    {
+                        "Export": grpc.unary_unary_rpc_method_handler(
+                            self._handler(spec),
+                            request_deserializer=_identity,
+                            response_serializer=_identity,
+                        )
+                    },
+                )
+            )
+        server.add_generic_rpc_handlers(tuple(handlers))
+        port = server.add_insecure_port(self.listen)
+        if port == 0:
+            raise OSError(f"gRPC receiver could not bind {self.listen}")
+        await server.start()
+        self._server = server
+        self.bound_port = port
+        logger.info("OTLP/gRPC receiver listening on %s", self.listen)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting; in-flight calls get ``grace_s`` seconds to finish."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace_s)
+            logger.info("OTLP/gRPC receiver stopped")
+
+    def _handler(self, spec: SignalSpec) -> Any:
+        max_bytes = self.limits.grpc_max_message_bytes
+        metrics = self.metrics
+        signal = spec.signal.value
+
+        async def export(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            if len(request) > max_bytes:
+                metrics.limit_hits.labels("grpc_max_message_bytes").inc()
+                metrics.bad_requests.labels(TRANSPORT, "too_large").inc()
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"message of {len(request)} bytes exceeds the limit of {max_bytes} bytes",
+                )
+            try:
+                message = decode_protobuf(spec, request)
+            except BadRequest as exc:
+                metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            peer = _peer_address(context.peer())
+            batch = Batch(spec.signal, message, spec.count(message), peer=peer)
+            backpressure = await submit(self.head, batch, TRANSPORT, metrics)
+            if backpressure is not None:
+                status = retry_info_status(
+                    f"sidecar {signal} pipeline is full ({backpressure.reason})",
+                    backpressure.retry_after_s,
+                )
+                await context.abort(status.code, status.details, status.trailing_metadata)
+            return build_response(spec, batch).SerializeToString()
+
+        return export
+
+
+def _peer_address(peer: str) -> str | None:
+    """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` -> ``1.2.3.4:5`` / ``[::1]:5``."""
+    kind, sep, address = peer.partition(":")
+    if not sep or kind not in ("ipv4", "ipv6"):
+        return None
+    return address
