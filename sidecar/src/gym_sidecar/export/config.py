@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class BackendConfig(BaseModel):
@@ -13,18 +13,55 @@ class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
-    """Backend endpoint, e.g. ``http://127.0.0.1:4317``. None: no OTLP backend."""
+    """Backend endpoint, e.g. ``http://127.0.0.1:4317``. None: no OTLP backend.
+
+    gRPC: ``http://`` is plaintext, ``https://`` uses TLS with the system roots; the path
+    is ignored. HTTP: the URL is the base and ``/v1/traces`` (metrics, logs) is appended;
+    a URL that already ends in ``/v1/<signal>`` has that suffix replaced per signal.
+    """
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     compression: Literal["gzip", "none"] = "none"
     timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one export request (one attempt)."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every request (gRPC metadata keys are lower-cased)."""
+
+    @model_validator(mode="after")
+    def _check_url(self) -> BackendConfig:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
 
 
 class QueueConfig(BaseModel):
-    """The export queue: bounded in bytes, batching by size and time."""
+    """The export queue: bounded in bytes, batching by size and time, retry policy."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """Serialized bytes held (queued plus in flight). Past it, clients get backpressure."""
     batch_max_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
+    """An export request concatenates queued requests of one signal up to this size
+    (a single request larger than this is sent alone)."""
     batch_timeout_s: float = Field(default=0.2, ge=0)
+    """How long the oldest queued request waits for more before a smaller batch goes."""
+    max_in_flight: int = Field(default=2, gt=0, le=64)
+    """Export requests in flight at once (each retries in place, holding its slot)."""
+    retry_initial_interval_s: float = Field(default=0.5, gt=0)
+    retry_max_interval_s: float = Field(default=30.0, gt=0)
+    retry_multiplier: float = Field(default=2.0, ge=1.0)
+    retry_jitter: float = Field(default=0.5, ge=0, lt=1)
+    """Each backoff delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
+    retry_max_elapsed_s: float | None = Field(default=300.0, gt=0)
+    """Give up on a batch (drop and count, reason ``retry_exhausted``) after retrying it
+    this long. None: retry until shutdown."""
+    backpressure_retry_after_s: float = Field(default=1.0, gt=0)
+    """The delay clients are told to wait (RetryInfo / Retry-After) when the queue is full."""
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> QueueConfig:
+        if self.batch_max_bytes > self.max_bytes:
+            raise ValueError("batch_max_bytes must not exceed max_bytes")
+        if self.retry_initial_interval_s > self.retry_max_interval_s:
+            raise ValueError("retry_initial_interval_s must not exceed retry_max_interval_s")
+        return self

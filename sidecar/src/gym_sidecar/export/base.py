@@ -1,0 +1,71 @@
+"""The exporter interface: send one serialized OTLP export request, report the outcome.
+
+An :class:`Exporter` sends ``payload`` (a serialized ``Export*ServiceRequest``; several
+serialized requests of one signal concatenated are still one valid request, because
+protobuf merges repeated fields on concatenation) and returns an :class:`ExportResult`.
+It never raises for remote or network errors: the sender decides what to do from the
+result's outcome (retry with backoff, or drop and count). Implementations: OTLP/gRPC
+(:mod:`.otlp_grpc`), OTLP/HTTP (:mod:`.otlp_http`); a local store or a fan-out can sit
+behind the same interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+
+from gym_sidecar.pipeline.stage import Signal
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    RETRYABLE = "retryable"
+    PERMANENT = "permanent"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What became of one export request."""
+
+    outcome: Outcome
+    retry_after_s: float | None = None
+    """RETRYABLE only: the server's hint (RetryInfo / Retry-After), if it gave one."""
+    message: str = ""
+    """Why it failed, or the backend's partial-success message."""
+    rejected_items: int = 0
+    """SUCCESS only: items the backend reported as rejected in ``partial_success``."""
+
+    @classmethod
+    def success(cls, rejected_items: int = 0, message: str = "") -> ExportResult:
+        return cls(Outcome.SUCCESS, rejected_items=rejected_items, message=message)
+
+    @classmethod
+    def retryable(cls, message: str, retry_after_s: float | None = None) -> ExportResult:
+        return cls(Outcome.RETRYABLE, retry_after_s=retry_after_s, message=message)
+
+    @classmethod
+    def permanent(cls, message: str) -> ExportResult:
+        return cls(Outcome.PERMANENT, message=message)
+
+
+class Exporter(abc.ABC):
+    """Sends serialized export requests to one destination.
+
+    Lifecycle: created idle, ``export`` may be called concurrently from several tasks on
+    one event loop, ``close`` once at the end (safe to call twice).
+    """
+
+    name: str = "exporter"
+
+    @abc.abstractmethod
+    async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+        """Send ``payload`` (``items`` spans/points/records) and report the outcome.
+
+        Never raises for remote errors, timeouts or refused connections; those become
+        RETRYABLE or PERMANENT results. Cancellation propagates.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Calls to ``export`` after this are not allowed."""

@@ -1,0 +1,159 @@
+"""OTLP/gRPC exporter: unary ``Export`` calls carrying already-serialized requests.
+
+The channel uses identity serialization (the payload bytes go out as they are) and
+parses only the small response for ``partial_success``. Status codes map to outcomes
+as the OTLP specification says: UNAVAILABLE, ABORTED, CANCELLED, DEADLINE_EXCEEDED,
+OUT_OF_RANGE and DATA_LOSS are retryable; RESOURCE_EXHAUSTED is retryable only when the
+server sent a ``google.rpc.RetryInfo``; everything else (INVALID_ARGUMENT, ...) is
+permanent. A RetryInfo delay in the trailing status details is passed on as the hint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+
+from gym_sidecar.export.base import Exporter, ExportResult
+from gym_sidecar.export.config import BackendConfig
+from gym_sidecar.pipeline.stage import Signal
+
+logger = logging.getLogger(__name__)
+
+_METHODS = {
+    Signal.TRACES: "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    Signal.METRICS: "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    Signal.LOGS: "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+}
+
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+def rejected_items(signal: Signal, response: bytes) -> tuple[int, str]:
+    """Items the backend rejected according to the response's ``partial_success``."""
+    try:
+        if signal is Signal.TRACES:
+            t = ExportTraceServiceResponse.FromString(response)
+            return t.partial_success.rejected_spans, t.partial_success.error_message
+        if signal is Signal.METRICS:
+            m = ExportMetricsServiceResponse.FromString(response)
+            return m.partial_success.rejected_data_points, m.partial_success.error_message
+        lg = ExportLogsServiceResponse.FromString(response)
+        return lg.partial_success.rejected_log_records, lg.partial_success.error_message
+    except DecodeError:
+        # The data was accepted; an unreadable response only loses the rejection count.
+        logger.warning("backend sent an unparsable %s export response", signal.value)
+        return 0, ""
+
+
+def retry_delay_s(trailing_metadata: Any) -> float | None:
+    """The RetryInfo delay carried in a call's trailing status details, if any."""
+    for key, value in trailing_metadata or ():
+        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:
+            return None
+        for detail in status.details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                info = error_details_pb2.RetryInfo()
+                detail.Unpack(info)
+                delay_s: float = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+                return max(0.0, delay_s)
+    return None
+
+
+def classify(code: grpc.StatusCode, details: str, hint_s: float | None) -> ExportResult:
+    """Map a failed call's status to an export outcome (OTLP spec, see module doc)."""
+    message = f"{code.name}: {details}"
+    if code in _RETRYABLE:
+        return ExportResult.retryable(message, hint_s)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and hint_s is not None:
+        return ExportResult.retryable(message, hint_s)
+    return ExportResult.permanent(message)
+
+
+def grpc_target(url: str) -> tuple[str, bool]:
+    """``http(s)://host:port[/...]`` -> (``host:port``, use TLS)."""
+    parts = urlsplit(url)
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 4317)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}", tls
+
+
+class OtlpGrpcExporter(Exporter):
+    """Exports over one ``grpc.aio`` channel (HTTP/2 multiplexes concurrent calls).
+
+    Must be created and used on the running event loop.
+    """
+
+    name = "otlp_grpc"
+
+    def __init__(self, config: BackendConfig) -> None:
+        if config.url is None:
+            raise ValueError("OtlpGrpcExporter needs backend.url")
+        target, tls = grpc_target(config.url)
+        self.target = target
+        options = [("grpc.max_send_message_length", -1)]
+        if tls:
+            creds = grpc.ssl_channel_credentials()
+            self._channel = grpc.aio.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._timeout_s = config.timeout_s
+        self._compression = (
+            grpc.Compression.Gzip
+            if config.compression == "gzip"
+            else grpc.Compression.NoCompression
+        )
+        self._metadata = tuple((k.lower(), v) for k, v in config.headers.items())
+        self._calls: dict[Signal, Callable[..., Any]] = {
+            signal: self._channel.unary_unary(method) for signal, method in _METHODS.items()
+        }
+        self._closed = False
+
+    async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+        try:
+            response: bytes = await self._calls[signal](
+                payload,
+                timeout=self._timeout_s,
+                metadata=self._metadata,
+                compression=self._compression,
+            )
+        except grpc.aio.AioRpcError as err:
+            hint = retry_delay_s(err.trailing_metadata())
+            return classify(err.code(), err.details() or "", hint)
+        rejected, message = rejected_items(signal, response)
+        return ExportResult.success(min(rejected, items), message)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._channel.close()

@@ -1,0 +1,204 @@
+"""The export queue: the interface any queue implements, and the in-memory one.
+
+Entries are serialized export requests (bytes) with their signal and item count. A
+sender takes a :class:`Lease` (one batch: entries of one signal, concatenated), exports
+it, and acknowledges it; bytes are held against the bound until the ack, so data being
+retried still counts. The on-disk queue (``queue.persistent``) implements the same
+:class:`ExportQueue` protocol: ``put`` returns only once the data is durable, and
+``close`` keeps what is left for replay instead of losing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gym_sidecar.pipeline.stage import Signal
+
+
+@dataclass(slots=True)
+class Entry:
+    """One serialized export request waiting in the queue."""
+
+    payload: bytes
+    items: int
+    enqueued_at: float
+
+
+@dataclass(slots=True)
+class Lease:
+    """A batch taken from the queue; ``ack`` it once exported or given up on."""
+
+    id: int
+    signal: Signal
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def payload(self) -> bytes:
+        """The entries concatenated: one valid export request (repeated-field merge)."""
+        return b"".join(e.payload for e in self.entries)
+
+    @property
+    def items(self) -> int:
+        return sum(e.items for e in self.entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(e.payload) for e in self.entries)
+
+
+class ExportQueue(Protocol):
+    """What the queue stage and the sender need from a queue.
+
+    All methods run on the event loop; none blocks it.
+    """
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The configured bound."""
+        ...
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes held: queued plus leased and not yet acknowledged."""
+        ...
+
+    async def put(self, signal: Signal, payload: bytes, items: int) -> bool:
+        """Append one request; False (and nothing stored) if it would pass the bound.
+
+        Returns once the entry is stored as durably as the queue promises.
+        """
+        ...
+
+    async def get(self, max_bytes: int, linger_s: float) -> Lease | None:
+        """Wait for a batch of one signal and lease it.
+
+        A batch is released when its signal has ``max_bytes`` queued, or its oldest
+        entry has waited ``linger_s``, or the queue is closing. It holds entries up to
+        ``max_bytes`` (at least one). Returns None once the queue is closing and empty.
+        """
+        ...
+
+    async def ack(self, lease: Lease) -> None:
+        """Forget a leased batch for good (exported, or dropped and counted)."""
+        ...
+
+    def drain(self) -> None:
+        """Stop lingering: ``get`` hands out what is left, then returns None."""
+        ...
+
+    async def close(self) -> Mapping[Signal, int]:
+        """Stop; return the items per signal this closing loses (not kept for replay)."""
+        ...
+
+
+class MemoryQueue:
+    """A FIFO per signal in memory, bounded in bytes. Not thread-safe (one event loop)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._capacity = max_bytes
+        self._used = 0
+        self._pending: dict[Signal, deque[Entry]] = {s: deque() for s in Signal}
+        self._pending_bytes: dict[Signal, int] = dict.fromkeys(Signal, 0)
+        self._leased: dict[int, Lease] = {}
+        self._ids = itertools.count(1)
+        self._draining = False
+        self._wakeup = asyncio.Event()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def pending_items(self) -> dict[Signal, int]:
+        """Items queued or leased, per signal."""
+        out = {s: sum(e.items for e in q) for s, q in self._pending.items()}
+        for lease in self._leased.values():
+            out[lease.signal] += lease.items
+        return out
+
+    def _notify(self) -> None:
+        # Wake every waiting getter; later waiters wait on a fresh event.
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+
+    async def put(self, signal: Signal, payload: bytes, items: int) -> bool:
+        size = len(payload)
+        if self._used + size > self._capacity:
+            return False
+        self._pending[signal].append(Entry(payload, items, time.monotonic()))
+        self._pending_bytes[signal] += size
+        self._used += size
+        self._notify()
+        return True
+
+    def _ready(self, max_bytes: int, linger_s: float, now: float) -> Signal | None:
+        oldest: tuple[float, Signal] | None = None
+        for signal, q in self._pending.items():
+            if not q:
+                continue
+            if self._draining or self._pending_bytes[signal] >= max_bytes:
+                return signal
+            if oldest is None or q[0].enqueued_at < oldest[0]:
+                oldest = (q[0].enqueued_at, signal)
+        if oldest is not None and now - oldest[0] >= linger_s:
+            return oldest[1]
+        return None
+
+    def _next_deadline(self, linger_s: float) -> float | None:
+        heads = [q[0].enqueued_at for q in self._pending.values() if q]
+        return min(heads) + linger_s if heads else None
+
+    def _take(self, signal: Signal, max_bytes: int) -> Lease:
+        q = self._pending[signal]
+        lease = Lease(next(self._ids), signal)
+        size = 0
+        while q and (not lease.entries or size + len(q[0].payload) <= max_bytes):
+            entry = q.popleft()
+            size += len(entry.payload)
+            lease.entries.append(entry)
+        self._pending_bytes[signal] -= size
+        self._leased[lease.id] = lease
+        return lease
+
+    async def get(self, max_bytes: int, linger_s: float) -> Lease | None:
+        while True:
+            now = time.monotonic()
+            signal = self._ready(max_bytes, linger_s, now)
+            if signal is not None:
+                return self._take(signal, max_bytes)
+            if self._draining and not any(self._pending.values()):
+                return None
+            deadline = self._next_deadline(linger_s)
+            event = self._wakeup
+            try:
+                timeout = None if deadline is None else max(0.0, deadline - now)
+                await asyncio.wait_for(event.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    async def ack(self, lease: Lease) -> None:
+        if self._leased.pop(lease.id, None) is not None:
+            self._used -= lease.size_bytes
+
+    def drain(self) -> None:
+        self._draining = True
+        self._notify()
+
+    async def close(self) -> dict[Signal, int]:
+        self.drain()
+        lost = self.pending_items()
+        for q in self._pending.values():
+            q.clear()
+        self._pending_bytes = dict.fromkeys(Signal, 0)
+        self._leased.clear()
+        self._used = 0
+        return {s: n for s, n in lost.items() if n}

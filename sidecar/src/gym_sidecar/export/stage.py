@@ -1,0 +1,110 @@
+"""The pipeline's last stage: put batches into the export queue, or push back.
+
+:class:`QueueStage` serializes each batch once and enqueues the bytes; the client is
+acknowledged as soon as ``consume`` returns. When the bytes would pass the queue's
+bound it raises :class:`Backpressure` (the receiver answers RESOURCE_EXHAUSTED with
+RetryInfo, or HTTP 429 with Retry-After) and counts the items as refused. It never
+grows past the bound and never drops silently.
+
+:class:`NoBackendStage` stands in when no backend is configured: it warns once and
+counts everything as dropped with reason ``no_backend``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gym_sidecar.export import reasons
+from gym_sidecar.export.queue import ExportQueue
+from gym_sidecar.export.sender import Sender
+from gym_sidecar.pipeline.stage import Backpressure, Batch, Signal, Stage
+from gym_sidecar.selfmetrics import SelfMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class QueueStage(Stage):
+    """Enqueue serialized batches; a :class:`Sender` exports them in the background."""
+
+    name = "queue"
+
+    def __init__(
+        self,
+        queue: ExportQueue,
+        sender: Sender,
+        metrics: SelfMetrics,
+        retry_after_s: float,
+    ) -> None:
+        super().__init__(None, metrics)
+        self.queue = queue
+        self.sender = sender
+        self.retry_after_s = retry_after_s
+        self._accepting = True
+        metrics.queue_capacity_bytes.set(queue.capacity_bytes)
+        metrics.queue_bytes.set(queue.used_bytes)
+
+    def _count(self, signal: Signal, outcome: str, items: int) -> None:
+        self.metrics.stage_items.labels(self.name, signal.value, outcome).inc(items)
+
+    def _refuse(self, batch: Batch, reason: str) -> Backpressure:
+        self.metrics.refused.labels(batch.signal.value, reason).inc(batch.items)
+        self.metrics.limit_hits.labels(f"export_queue.{reason}").inc()
+        return Backpressure(self.retry_after_s, reason)
+
+    async def consume(self, batch: Batch) -> None:
+        """Enqueue ``batch``; raise Backpressure if full or shutting down."""
+        if batch.items <= 0:
+            return  # every item was gated or rejected upstream: nothing to send
+        self._count(batch.signal, "received", batch.items)
+        if not self._accepting:
+            raise self._refuse(batch, reasons.SHUTTING_DOWN)
+        payload = batch.message.SerializeToString()
+        if len(payload) > self.queue.capacity_bytes:
+            # It can never fit: retrying would loop forever, so reject it outright.
+            self.metrics.refused.labels(batch.signal.value, reasons.LARGER_THAN_QUEUE).inc(
+                batch.items
+            )
+            self._count(batch.signal, "dropped", batch.items)
+            batch.reject(
+                batch.items,
+                f"request of {len(payload)} bytes exceeds the export queue "
+                f"({self.queue.capacity_bytes} bytes)",
+            )
+            return
+        if not await self.queue.put(batch.signal, payload, batch.items):
+            raise self._refuse(batch, reasons.QUEUE_FULL)
+        self.metrics.queue_bytes.set(self.queue.used_bytes)
+        self._count(batch.signal, "passed", batch.items)
+
+    async def start(self) -> None:
+        await self.sender.start()
+
+    async def shutdown(self, deadline_s: float) -> None:
+        """Refuse new data, send what is queued within ``deadline_s``, close the exporter."""
+        self._accepting = False
+        await self.sender.shutdown(deadline_s)
+
+
+class NoBackendStage(Stage):
+    """No backend configured: count every item as dropped (reason ``no_backend``)."""
+
+    name = "queue"
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        super().__init__(None, metrics)
+        self._warned = False
+
+    async def start(self) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "no backend configured (backend.url is not set): every span, metric point "
+                "and log record received is dropped and counted as dropped{reason=%s}",
+                reasons.NO_BACKEND,
+            )
+
+    async def consume(self, batch: Batch) -> None:
+        if batch.items <= 0:
+            return
+        self.metrics.stage_items.labels(self.name, batch.signal.value, "dropped").inc(batch.items)
+        self.metrics.dropped.labels(batch.signal.value, reasons.NO_BACKEND).inc(batch.items)

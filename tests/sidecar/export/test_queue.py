@@ -1,0 +1,103 @@
+"""MemoryQueue, batch concatenation and backoff, exercised directly."""
+
+from __future__ import annotations
+
+import asyncio
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from gym_sidecar.export.backoff import Backoff
+from gym_sidecar.export.config import QueueConfig
+from gym_sidecar.export.queue import MemoryQueue
+from gym_sidecar.pipeline.stage import Signal
+from tests.sidecar.export.helpers import run, trace_request
+
+
+def test_concatenated_requests_parse_as_one_merged_request() -> None:
+    a, b = trace_request("a", 2), trace_request("b", 3)
+    merged = ExportTraceServiceRequest.FromString(a.SerializeToString() + b.SerializeToString())
+    assert len(merged.resource_spans) == 2
+    names = [sp.name for rs in merged.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    assert names == ["a-0", "a-1", "b-0", "b-1", "b-2"]
+    assert merged.resource_spans[1].resource.attributes[0].value.string_value == "svc-b"
+
+
+def test_put_refuses_past_the_byte_bound_and_ack_frees() -> None:
+    async def body() -> None:
+        q = MemoryQueue(max_bytes=100)
+        assert await q.put(Signal.TRACES, b"x" * 60, 1)
+        assert not await q.put(Signal.TRACES, b"y" * 41, 1)
+        assert q.used_bytes == 60
+        assert await q.put(Signal.LOGS, b"z" * 40, 2)
+        lease = await q.get(max_bytes=1000, linger_s=0)
+        assert lease is not None
+        assert q.used_bytes == 100  # leased bytes still count until acked
+        await q.ack(lease)
+        assert q.used_bytes == 100 - lease.size_bytes
+
+    run(body())
+
+
+def test_get_batches_one_signal_up_to_max_bytes_in_fifo_order() -> None:
+    async def body() -> None:
+        q = MemoryQueue(max_bytes=10_000)
+        for i in range(5):
+            await q.put(Signal.TRACES, bytes([i]) * 10, 1)
+        await q.put(Signal.METRICS, b"m" * 10, 4)
+        first = await q.get(max_bytes=25, linger_s=0)
+        assert first is not None and first.signal is Signal.TRACES
+        assert first.payload == bytes([0]) * 10 + bytes([1]) * 10
+        assert first.items == 2
+        # Oversized single entries still go, alone.
+        big = MemoryQueue(max_bytes=10_000)
+        await big.put(Signal.TRACES, b"B" * 500, 7)
+        lease = await big.get(max_bytes=100, linger_s=0)
+        assert lease is not None and lease.items == 7 and lease.size_bytes == 500
+
+    run(body())
+
+
+def test_get_lingers_for_more_until_the_size_is_reached() -> None:
+    async def body() -> None:
+        q = MemoryQueue(max_bytes=10_000)
+        await q.put(Signal.TRACES, b"a" * 10, 1)
+        getter = asyncio.create_task(q.get(max_bytes=30, linger_s=60))
+        await asyncio.sleep(0.05)
+        assert not getter.done()  # 10 of 30 bytes, oldest far younger than 60 s
+        await q.put(Signal.TRACES, b"b" * 10, 1)
+        await q.put(Signal.TRACES, b"c" * 10, 1)
+        lease = await asyncio.wait_for(getter, 5)
+        assert lease is not None and lease.items == 3
+
+    run(body())
+
+
+def test_drain_hands_out_the_rest_then_none_and_close_reports_losses() -> None:
+    async def body() -> None:
+        q = MemoryQueue(max_bytes=10_000)
+        await q.put(Signal.TRACES, b"a" * 10, 3)
+        await q.put(Signal.LOGS, b"l" * 10, 5)
+        getter = asyncio.create_task(q.get(max_bytes=1000, linger_s=3600))
+        await asyncio.sleep(0.02)
+        q.drain()
+        first = await asyncio.wait_for(getter, 5)
+        assert first is not None
+        second = await q.get(max_bytes=1000, linger_s=3600)
+        assert second is not None and {first.signal, second.signal} == {Signal.TRACES, Signal.LOGS}
+        assert await q.get(max_bytes=1000, linger_s=3600) is None
+        await q.ack(first)
+        lost = await q.close()  # ``second`` was leased and never acked
+        assert lost == {second.signal: second.items}
+        assert q.used_bytes == 0
+
+    run(body())
+
+
+def test_backoff_grows_caps_and_jitters_within_bounds() -> None:
+    cfg = QueueConfig(
+        retry_initial_interval_s=1.0, retry_max_interval_s=8.0, retry_multiplier=2.0
+    )
+    low = Backoff(cfg, rng=lambda: 0.0)
+    high = Backoff(cfg, rng=lambda: 1.0)
+    assert [low.delay_s(n) for n in (1, 2, 3, 4, 5, 10_000)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert [high.delay_s(n) for n in (1, 2, 3, 4, 5)] == [1.5, 3.0, 6.0, 12.0, 12.0]
