@@ -6,11 +6,10 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
 from gym_sidecar.pipeline.stage import Batch, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 
 def trace_request(tag: str, spans: int = 3) -> ExportTraceServiceRequest:

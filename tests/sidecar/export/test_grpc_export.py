@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-
 from gym_sidecar.export import BackendConfig, QueueConfig, QueueStage, build_export_stage
 from gym_sidecar.export.base import Outcome
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter, classify, grpc_target
 from gym_sidecar.pipeline.stage import Backpressure, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
+
 from tests.sidecar.export.helpers import (
     dropped,
     exported,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from gym_sidecar.export.backoff import Backoff
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.queue import MemoryQueue
 from gym_sidecar.pipeline.stage import Signal
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from tests.sidecar.export.helpers import run, trace_request
 
 
@@ -94,9 +94,7 @@ def test_drain_hands_out_the_rest_then_none_and_close_reports_losses() -> None:
 
 
 def test_backoff_grows_caps_and_jitters_within_bounds() -> None:
-    cfg = QueueConfig(
-        retry_initial_interval_s=1.0, retry_max_interval_s=8.0, retry_multiplier=2.0
-    )
+    cfg = QueueConfig(retry_initial_interval_s=1.0, retry_max_interval_s=8.0, retry_multiplier=2.0)
     low = Backoff(cfg, rng=lambda: 0.0)
     high = Backoff(cfg, rng=lambda: 1.0)
     assert [low.delay_s(n) for n in (1, 2, 3, 4, 5, 10_000)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
