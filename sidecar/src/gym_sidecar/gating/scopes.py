@@ -1,0 +1,57 @@
+"""Which span group an instrumentation scope belongs to.
+
+gym_telemetry's own scopes follow ``semconv.scope_name(group)`` and are reversed with
+``semconv.group_of_scope``. Third-party instrumentations that Gym processes run are
+mapped by the table below (plus ``span_groups.scope_groups`` from the config). Scopes
+that map to no group are never gated: the gate only drops what it can name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from gym_telemetry import semconv
+
+#: Built-in third-party scope -> group table.
+THIRD_PARTY_SCOPES: Final[Mapping[str, str]] = {
+    # FastAPI's own telemetry (fastapi >= 0.165, fastapi/telemetry/_asgi.py: get_tracer("fastapi"))
+    "fastapi": semconv.GROUP_SERVER,
+    # opentelemetry-instrumentation-fastapi / -asgi / -starlette: the SERVER span per request
+    "opentelemetry.instrumentation.fastapi": semconv.GROUP_SERVER,
+    "opentelemetry.instrumentation.asgi": semconv.GROUP_SERVER,
+    "opentelemetry.instrumentation.starlette": semconv.GROUP_SERVER,
+    # opentelemetry-instrumentation-aiohttp-client: the CLIENT span per hop between servers
+    "opentelemetry.instrumentation.aiohttp_client": semconv.GROUP_HTTP_CLIENT,
+}
+
+
+class ScopeMap:
+    """Scope name -> group (or None), memoised; bounded by ``max_entries``.
+
+    Lookups are cached because the same few scope names arrive in every batch. Past
+    ``max_entries`` distinct names (a misbehaving client inventing scopes), answers are
+    computed without being cached.
+    """
+
+    def __init__(self, extra: Mapping[str, str] | None = None, max_entries: int = 1024) -> None:
+        self._table: dict[str, str] = dict(THIRD_PARTY_SCOPES)
+        if extra:
+            self._table.update(extra)
+        self._cache: dict[str, str | None] = {}
+        self._max_entries = max_entries
+
+    def group(self, scope: str) -> str | None:
+        """The span group of ``scope``, or None when it belongs to no known group."""
+        try:
+            return self._cache[scope]
+        except KeyError:
+            pass
+        group = semconv.group_of_scope(scope)
+        if group is not None and group not in semconv.ALL_GROUPS:
+            group = None
+        if group is None:
+            group = self._table.get(scope)
+        if len(self._cache) < self._max_entries:
+            self._cache[scope] = group
+        return group

@@ -1,0 +1,123 @@
+"""The gate stage: drops the ScopeSpans blocks of span groups that are not ``on``.
+
+For each ResourceSpans it reads ``service.name`` once, asks the current policy which
+groups that service drops (a cached answer), and removes whole ScopeSpans blocks whose
+instrumentation scope maps to one of them -- counting their spans with
+``len(scope_spans.spans)``, never walking them. ResourceSpans left empty are removed
+and ``batch.items`` is reduced by what was dropped. Metrics and logs pass unchanged.
+
+Runs after the derive stage, so groups in ``metrics`` mode have already been counted
+into the derived metrics when their spans are dropped here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gym_telemetry import semconv
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from gym_sidecar.gating.config import SpanGroupsConfig
+from gym_sidecar.gating.policy import OTHER_SERVICE
+from gym_sidecar.gating.state import SpanGroupState
+from gym_sidecar.pipeline.stage import Batch, Signal, Stage
+from gym_sidecar.selfmetrics import SelfMetrics
+
+STAGE_NAME: Final = "gate"
+_UNNAMED: Final = "_unnamed"
+_DROP_REASON: Final = "span_group"
+
+
+def _service_name(resource_attributes: object) -> str | None:
+    for kv in resource_attributes:  # type: ignore[attr-defined]
+        if kv.key == semconv.SERVICE_NAME:
+            value = kv.value
+            return str(value.string_value) if value.HasField("string_value") else None
+    return None
+
+
+class GateStage(Stage):
+    """Enforces the span-group policy held by ``state`` (see module docstring)."""
+
+    name = STAGE_NAME
+
+    def __init__(self, state: SpanGroupState, next_stage: Stage | None, metrics: SelfMetrics):
+        super().__init__(next_stage, metrics)
+        self.state = state
+        self._items = metrics.stage_items
+        self._dropped_total = metrics.dropped.labels(Signal.TRACES.value, _DROP_REASON)
+        self._labels: set[str] = set()
+        """service.name values counted under their own name (at most max_services)."""
+
+    def _label(self, service: str | None) -> str:
+        label = service if service is not None else _UNNAMED
+        if label in self._labels:
+            return label
+        if len(self._labels) < self.state.settings.max_services:
+            self._labels.add(label)
+            return label
+        self.metrics.limit_hits.labels("span_groups.max_services").inc()
+        return OTHER_SERVICE
+
+    async def consume(self, batch: Batch) -> None:
+        if batch.signal is Signal.TRACES:
+            assert isinstance(batch.message, ExportTraceServiceRequest)
+            self._items.labels(STAGE_NAME, batch.signal.value, "received").inc(batch.items)
+            dropped = self.gate(batch.message)
+            if dropped:
+                batch.items -= dropped
+                self._items.labels(STAGE_NAME, batch.signal.value, "dropped").inc(dropped)
+                self._dropped_total.inc(dropped)
+            self._items.labels(STAGE_NAME, batch.signal.value, "passed").inc(batch.items)
+            if not batch.message.resource_spans:
+                return  # nothing left to forward
+        if self.next is not None:
+            await self.next.consume(batch)
+
+    def gate(self, message: ExportTraceServiceRequest) -> int:
+        """Remove the dropped groups' ScopeSpans from ``message``; return spans dropped."""
+        policy = self.state.policy
+        scopes = self.state.scopes
+        counter = self.state.counters.dropped_spans
+        dropped_total = 0
+        resource_spans = message.resource_spans
+        empty: list[int] = []
+        for ri, rs in enumerate(resource_spans):
+            service = _service_name(rs.resource.attributes)
+            groups = policy.for_service(service)
+            if not groups.drop:
+                continue  # fast path: this service drops nothing
+            label: str | None = None
+            scope_spans = rs.scope_spans
+            doomed: list[int] = []
+            for si, ss in enumerate(scope_spans):
+                group = scopes.group(ss.scope.name)
+                if group is None or group not in groups.drop:
+                    continue
+                n = len(ss.spans)
+                doomed.append(si)
+                dropped_total += n
+                if label is None:
+                    label = self._label(service)
+                counter.labels(group, label, groups.modes[group].value).inc(n)
+            for si in reversed(doomed):
+                del scope_spans[si]
+            if not scope_spans:
+                empty.append(ri)
+        for ri in reversed(empty):
+            del resource_spans[ri]
+        return dropped_total
+
+
+def build_gate_stage(
+    cfg: SpanGroupsConfig,
+    next_stage: Stage,
+    metrics: SelfMetrics,
+    state: SpanGroupState | None = None,
+) -> GateStage:
+    """The gate stage for ``cfg``. Pass ``state`` to share one with the admin API and
+    reloads; without it a new :class:`SpanGroupState` is made (reach it as
+    ``stage.state``)."""
+    return GateStage(
+        state if state is not None else SpanGroupState(cfg, metrics), next_stage, metrics
+    )

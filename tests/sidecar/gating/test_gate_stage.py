@@ -1,0 +1,137 @@
+"""The gate stage on real OTLP messages: whole ScopeSpans blocks dropped and counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gym_telemetry import semconv
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from gym_sidecar.gating.config import Mode, ServiceOverride, SpanGroupsConfig
+from gym_sidecar.pipeline.gate import build_gate_stage
+from gym_sidecar.pipeline.stage import Batch, Signal, Stage
+from gym_sidecar.selfmetrics import SelfMetrics
+from tests.sidecar.gating.helpers import add_resource, scope_counts
+
+VERIFY = semconv.scope_name(semconv.GROUP_VERIFY)
+ROLLOUT = semconv.scope_name(semconv.GROUP_ROLLOUT)
+SANDBOX = semconv.scope_name(semconv.GROUP_SANDBOX)
+
+
+class Collect(Stage):
+    def __init__(self, metrics: SelfMetrics) -> None:
+        super().__init__(None, metrics)
+        self.batches: list[Batch] = []
+
+    async def consume(self, batch: Batch) -> None:
+        self.batches.append(batch)
+
+
+def sample(metrics: SelfMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def run(stage: Stage, batch: Batch) -> None:
+    asyncio.run(stage.consume(batch))
+
+
+def test_drops_off_and_metrics_groups_per_service() -> None:
+    metrics = SelfMetrics()
+    sink = Collect(metrics)
+    cfg = SpanGroupsConfig(
+        spec="default,verify",
+        modes={semconv.GROUP_VERIFY: Mode.METRICS},
+        services={"res-2": ServiceOverride(modes={semconv.GROUP_VERIFY: Mode.ON})},
+    )
+    stage = build_gate_stage(cfg, sink, metrics)
+    req = ExportTraceServiceRequest()
+    add_resource(req, "res-1", {VERIFY: 3, ROLLOUT: 2, SANDBOX: 4, "my.lib": 1})
+    add_resource(req, "res-2", {VERIFY: 5, SANDBOX: 1})
+    add_resource(req, "res-3", {SANDBOX: 2})  # becomes empty: removed
+    add_resource(req, None, {"fastapi": 2, "opentelemetry.instrumentation.aiohttp_client": 1})
+    batch = Batch(Signal.TRACES, req, items=24)
+    run(stage, batch)
+
+    assert scope_counts(req) == {
+        ("res-1", ROLLOUT): 2,
+        ("res-1", "my.lib"): 1,  # unknown scopes are never gated
+        ("res-2", VERIFY): 5,
+        (None, "fastapi"): 2,
+        (None, "opentelemetry.instrumentation.aiohttp_client"): 1,
+    }
+    assert len(req.resource_spans) == 3
+    assert batch.items == 24 - 3 - 4 - 1 - 2
+    assert sink.batches == [batch]
+    counter = "gym_sidecar_span_group_dropped_spans_total"
+    assert sample(metrics, counter, group="verify", service="res-1", mode="metrics") == 3
+    assert sample(metrics, counter, group="sandbox", service="res-1", mode="off") == 4
+    assert sample(metrics, counter, group="sandbox", service="res-2", mode="off") == 1
+    assert sample(metrics, counter, group="sandbox", service="res-3", mode="off") == 2
+    assert (
+        sample(
+            metrics,
+            "gym_sidecar_stage_items_total",
+            stage="gate",
+            signal="traces",
+            outcome="dropped",
+        )
+        == 10
+    )
+
+
+def test_third_party_scopes_map_to_server_and_http_client() -> None:
+    metrics = SelfMetrics()
+    sink = Collect(metrics)
+    stage = build_gate_stage(SpanGroupsConfig(spec="rollout,verify"), sink, metrics)
+    req = ExportTraceServiceRequest()
+    scopes = {
+        "fastapi": 4,
+        "opentelemetry.instrumentation.fastapi": 1,
+        "opentelemetry.instrumentation.asgi": 2,
+        "opentelemetry.instrumentation.aiohttp_client": 3,
+        ROLLOUT: 1,
+    }
+    add_resource(req, "agent", scopes)
+    run(stage, Batch(Signal.TRACES, req, items=11))
+    assert scope_counts(req) == {("agent", ROLLOUT): 1}
+    counter = "gym_sidecar_span_group_dropped_spans_total"
+    assert sample(metrics, counter, group="server", service="agent", mode="off") == 7
+    assert sample(metrics, counter, group="http_client", service="agent", mode="off") == 3
+
+
+def test_all_dropped_batch_is_not_forwarded_and_other_signals_pass() -> None:
+    metrics = SelfMetrics()
+    sink = Collect(metrics)
+    stage = build_gate_stage(SpanGroupsConfig(spec="none"), sink, metrics)
+    req = ExportTraceServiceRequest()
+    add_resource(req, "svc", {VERIFY: 2})
+    batch = Batch(Signal.TRACES, req, items=2)
+    run(stage, batch)
+    assert batch.items == 0 and sink.batches == []
+    other = Batch(Signal.METRICS, ExportMetricsServiceRequest(), items=5)
+    run(stage, other)
+    assert sink.batches == [other] and other.items == 5
+
+
+def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> None:
+    metrics = SelfMetrics()
+    sink = Collect(metrics)
+    stage = build_gate_stage(SpanGroupsConfig(spec="all", max_services=1), sink, metrics)
+    req = ExportTraceServiceRequest()
+    add_resource(req, "a", {VERIFY: 1})
+    run(stage, Batch(Signal.TRACES, req, items=1))
+    assert scope_counts(req) == {("a", VERIFY): 1}
+
+    stage.state.replace_policy(SpanGroupsConfig(spec="default").policy())
+    req = ExportTraceServiceRequest()
+    add_resource(req, "a", {VERIFY: 1})
+    add_resource(req, "b", {VERIFY: 2})
+    run(stage, Batch(Signal.TRACES, req, items=3))
+    assert scope_counts(req) == {}
+    counter = "gym_sidecar_span_group_dropped_spans_total"
+    assert sample(metrics, counter, group="verify", service="a", mode="off") == 1
+    assert sample(metrics, counter, group="verify", service="_other", mode="off") == 2
