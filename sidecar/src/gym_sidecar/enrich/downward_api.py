@@ -24,3 +24,7 @@ PODINFO_DEFAULT_DIR: Final = "/etc/podinfo"
 PODINFO_LABELS_FILE: Final = "labels"
 PODINFO_ANNOTATIONS_FILE: Final = "annotations"
 PODINFO_VOLUME_NAME: Final = "gym-telemetry-podinfo"
+
+# The pod label carrying the Gym server's name (set by the deployment; copied by the
+# Kubernetes source as k8s.pod.label.<this key> when present).
+SERVER_NAME_LABEL: Final = "nemo.gym/server-name"

@@ -1,0 +1,53 @@
+"""The host source: ``host.name``, ``host.arch`` and ``os.type`` of the sidecar's host.
+
+``os.type`` comes from the OpenTelemetry SDK's OS resource detector; ``host.arch`` is
+``platform.machine()`` mapped onto the conventions' well-known values (``amd64``,
+``arm64``, ...), passed through unchanged when unknown. In a pod or compose service the
+sidecar shares its host with the Gym server it serves, so these describe that server.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+
+from opentelemetry.sdk.resources import OS_TYPE as SDK_OS_TYPE
+from opentelemetry.sdk.resources import OsResourceDetector
+
+from gym_sidecar.enrich.attributes import AttributeValue
+from gym_sidecar.enrich.keys import HOST_ARCH, HOST_NAME, OS_TYPE
+
+_ARCH: dict[str, str] = {
+    "x86_64": "amd64",
+    "amd64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+    "armv7l": "arm32",
+    "armv6l": "arm32",
+    "i386": "x86",
+    "i686": "x86",
+    "ppc64le": "ppc64",
+    "ppc64": "ppc64",
+    "s390x": "s390x",
+    "ia64": "ia64",
+}
+
+
+def host_arch(machine: str) -> str:
+    """The semantic-convention ``host.arch`` value for a ``platform.machine()`` string."""
+    return _ARCH.get(machine.lower(), machine.lower())
+
+
+def host_attributes() -> dict[str, AttributeValue]:
+    """The host's attributes (computed once at startup; cheap, no I/O beyond uname)."""
+    out: dict[str, AttributeValue] = {}
+    name = socket.gethostname()
+    if name:
+        out[HOST_NAME] = name
+    machine = platform.machine()
+    if machine:
+        out[HOST_ARCH] = host_arch(machine)
+    os_type = OsResourceDetector().detect().attributes.get(SDK_OS_TYPE)
+    if isinstance(os_type, str) and os_type:
+        out[OS_TYPE] = os_type
+    return out
