@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+from gym_sidecar.gating.config import Mode, ServiceOverride, SpanGroupsConfig
+from gym_sidecar.pipeline.gate import build_gate_stage
+from gym_sidecar.pipeline.stage import Batch, Signal, Stage
+from gym_sidecar.selfmetrics import SelfMetrics
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gym_sidecar.gating.config import Mode, ServiceOverride, SpanGroupsConfig
-from gym_sidecar.pipeline.gate import build_gate_stage
-from gym_sidecar.pipeline.stage import Batch, Signal, Stage
-from gym_sidecar.selfmetrics import SelfMetrics
 from tests.sidecar.gating.helpers import add_resource, scope_counts
 
 VERIFY = semconv.scope_name(semconv.GROUP_VERIFY)
