@@ -1,0 +1,170 @@
+"""The export stage over OTLP/HTTP against a real aiohttp server that scripts its answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from gym_sidecar.export import BackendConfig, QueueConfig, QueueStage, build_export_stage
+from gym_sidecar.export.otlp_http import parse_retry_after, signal_urls
+from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.selfmetrics import SelfMetrics
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tests.sidecar.export.helpers import dropped, exported, run, sample, trace_batch, wait_until
+from tests.support.ports import free_port
+
+
+@dataclass
+class HttpBackend:
+    """Answers POST /v1/<signal> from a script of (status, headers, body), then 200."""
+
+    port: int
+    script: list[tuple[int, dict[str, str], bytes]] = field(default_factory=list)
+    received: list[tuple[str, dict[str, str], ExportTraceServiceRequest]] = field(
+        default_factory=list
+    )
+    statuses: list[int] = field(default_factory=list)
+    ok_body: bytes = b""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def span_count(self) -> int:
+        return sum(
+            len(ss.spans)
+            for _, _, r in self.received
+            for rs in r.resource_spans
+            for ss in rs.scope_spans
+        )
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()  # aiohttp inflates a Content-Encoding: gzip body
+        status, headers, answer = self.script.pop(0) if self.script else (200, {}, self.ok_body)
+        self.statuses.append(status)
+        if status == 200:
+            msg = ExportTraceServiceRequest.FromString(body)
+            self.received.append((request.path, dict(request.headers), msg))
+            return web.Response(
+                status=200, body=answer, headers={"Content-Type": "application/x-protobuf"}
+            )
+        return web.Response(status=status, body=answer, headers=headers)
+
+
+@asynccontextmanager
+async def http_backend(prefix: str = "") -> AsyncIterator[HttpBackend]:
+    backend = HttpBackend(free_port())
+    app = web.Application()
+    app.router.add_post(prefix + "/v1/{signal}", backend.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", backend.port)
+    await site.start()
+    try:
+        yield backend
+    finally:
+        await runner.cleanup()
+
+
+def make_stage(url: str, metrics: SelfMetrics, **backend: object) -> QueueStage:
+    cfg = BackendConfig(url=url, protocol="http/protobuf", **backend)  # type: ignore[arg-type]
+    queue = QueueConfig(
+        retry_initial_interval_s=30.0,
+        retry_max_interval_s=30.0,
+        batch_timeout_s=0.0,
+        max_in_flight=1,
+    )
+    stage = build_export_stage(cfg, queue, metrics)
+    assert isinstance(stage, QueueStage)
+    return stage
+
+
+def test_503_and_429_with_retry_after_are_retried_then_everything_arrives() -> None:
+    # Backoff is 30 s; only honouring Retry-After (0 s, and a date in the past) lets the
+    # batch through within the wait.
+    async def body() -> None:
+        async with http_backend() as backend:
+            backend.script = [
+                (503, {"Retry-After": "0"}, b"busy"),
+                (429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, b"slow down"),
+                (504, {"Retry-After": "0"}, b""),
+            ]
+            metrics = SelfMetrics()
+            stage = make_stage(backend.url, metrics, compression="gzip", headers={"X-Tenant": "t1"})
+            await stage.consume(trace_batch("h", 4))
+            await stage.start()
+            assert await wait_until(lambda: backend.span_count() == 4)
+            await stage.shutdown(5)
+        assert backend.statuses == [503, 429, 504, 200]
+        path, headers, _ = backend.received[0]
+        assert path == "/v1/traces"
+        assert headers["X-Tenant"] == "t1"
+        assert headers["Content-Type"] == "application/x-protobuf"
+        assert headers["Content-Encoding"] == "gzip"
+        assert exported(metrics) == 4
+        errors = sample(
+            metrics, "gym_sidecar_export_errors_total", signal="traces", kind="retryable"
+        )
+        assert errors == 3
+
+    run(body())
+
+
+def test_400_is_dropped_and_counted_and_the_sender_carries_on() -> None:
+    async def body() -> None:
+        async with http_backend() as backend:
+            backend.script = [(400, {}, b"bad data")]
+            metrics = SelfMetrics()
+            stage = make_stage(backend.url, metrics)
+            await stage.start()
+            await stage.consume(trace_batch("bad", 2))
+            assert await wait_until(lambda: len(backend.statuses) == 1)
+            await stage.consume(trace_batch("good", 3))
+            assert await wait_until(lambda: backend.span_count() == 3)
+            await stage.shutdown(5)
+        assert backend.statuses == [400, 200]
+        assert dropped(metrics, "permanent_error") == 2
+        assert exported(metrics) == 3
+
+    run(body())
+
+
+def test_partial_success_counts_rejected_items_as_dropped() -> None:
+    async def body() -> None:
+        async with http_backend(prefix="/otlp") as backend:
+            response = ExportTraceServiceResponse()
+            response.partial_success.rejected_spans = 2
+            response.partial_success.error_message = "two spans too old"
+            backend.ok_body = response.SerializeToString()
+            metrics = SelfMetrics()
+            # A URL ending in /v1/traces is the per-signal form: its base is kept.
+            stage = make_stage(backend.url + "/otlp/v1/traces", metrics)
+            await stage.consume(trace_batch("p", 5))
+            await stage.start()
+            assert await wait_until(lambda: backend.span_count() == 5)
+            await stage.shutdown(5)
+        assert backend.received[0][0] == "/otlp/v1/traces"
+        assert exported(metrics) == 3
+        assert dropped(metrics, "backend_rejected") == 2
+
+    run(body())
+
+
+def test_urls_and_retry_after_parsing() -> None:
+    assert signal_urls("http://h:4318") == {
+        Signal.TRACES: "http://h:4318/v1/traces",
+        Signal.METRICS: "http://h:4318/v1/metrics",
+        Signal.LOGS: "http://h:4318/v1/logs",
+    }
+    assert signal_urls("https://h/base/")[Signal.LOGS] == "https://h/base/v1/logs"
+    assert signal_urls("http://h/x/v1/metrics")[Signal.TRACES] == "http://h/x/v1/traces"
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777 - 5) == 5.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
