@@ -1,0 +1,185 @@
+"""Configuration of the sidecar-injection webhook (``gym-sidecar webhook``).
+
+Sources, highest precedence first: command-line flags, environment variables
+``GYM_INJECTOR_<KEY>`` (nested keys joined with ``__``, values parsed as YAML scalars or
+flow collections), the YAML file given with ``--config``, the defaults below. The
+injector deliberately does not read ``GYM_SIDECAR_*``: those belong to the sidecar it
+injects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "GYM_INJECTOR_"
+"""Prefix of every environment variable the injector reads."""
+ENV_NESTED_DELIMITER = "__"
+
+MiB = 1024 * 1024
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"v1.29.3-eks-1"`` or ``"1.29"`` -> ``(1, 29)``; raises ValueError otherwise."""
+    core = text.strip().lstrip("v").split("-", 1)[0].split("+", 1)[0]
+    parts = core.split(".")
+    if len(parts) < 2 or not parts[0].isdigit():
+        raise ValueError(f"expected a Kubernetes version like 1.29 or v1.29.3, got {text!r}")
+    minor = "".join(ch for ch in parts[1] if ch.isdigit())  # GKE/EKS spell "29+"
+    if not minor:
+        raise ValueError(f"expected a Kubernetes version like 1.29 or v1.29.3, got {text!r}")
+    return int(parts[0]), int(minor)
+
+
+class ResourceAmounts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpu: str
+    memory: str
+
+
+class SidecarResources(BaseModel):
+    """Requests and limits of the injected sidecar container."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: ResourceAmounts = ResourceAmounts(cpu="50m", memory="64Mi")
+    limits: ResourceAmounts = ResourceAmounts(cpu="1", memory="256Mi")
+
+
+class InjectorConfig(BaseModel):
+    """What the injector adds to a pod, and how it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = "0.0.0.0:8443"
+    """HTTPS listen address of the webhook (``HOST:PORT``)."""
+    cert_file: str | None = None
+    """PEM certificate chain served to the API server (``tls.crt`` of the Secret)."""
+    key_file: str | None = None
+    """PEM private key (``tls.key``)."""
+    cert_reload_interval_s: float = Field(default=60.0, gt=0)
+    """How often the certificate files are checked for rotation (cert-manager renews)."""
+    max_request_bytes: int = Field(default=8 * MiB, gt=0)
+    """Largest AdmissionReview body read; larger ones are allowed unmodified and counted."""
+
+    image: str = "ghcr.io/nemo-gym/gym-telemetry-sidecar:0.1.0"
+    """Sidecar image injected into pods."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    container_name: str = "gym-telemetry-sidecar"
+    """Name of the injected container; also how a second injection is recognised."""
+    config_map: str | None = "gym-telemetry-sidecar"
+    """ConfigMap (in the pod's namespace) mounted as the sidecar's config; None: none."""
+    config_key: str = "sidecar.yaml"
+    """Key of the ConfigMap holding the sidecar's YAML config."""
+    sidecar_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the sidecar container (e.g. ``GYM_SIDECAR_BACKEND__URL``)."""
+    app_env: dict[str, str] = Field(
+        default_factory=lambda: {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
+    )
+    """Set on every app container that does not already set the variable."""
+    resources: SidecarResources = Field(default_factory=SidecarResources)
+    admin_port: int = Field(default=13133, gt=0, lt=65536)
+    """Sidecar admin listener port: probes hit ``/healthz`` and ``/readyz`` there."""
+    grpc_port: int = Field(default=4317, gt=0, lt=65536)
+    http_port: int = Field(default=4318, gt=0, lt=65536)
+    startup_failure_threshold: int = Field(default=60, gt=0)
+    """Startup probe attempts (1 s apart) before the kubelet restarts the sidecar."""
+
+    sidecar_mode: Literal["auto", "native", "container"] = "auto"
+    """``native``: an init container with ``restartPolicy: Always``; ``container``: a plain
+    container; ``auto``: native when ``kubernetes_version`` >= ``native_min_version``."""
+    kubernetes_version: str | None = None
+    """The cluster's version (``kubectl version``: Server Version) for ``auto``."""
+    native_min_version: str = "1.29"
+    """First version where native sidecars are on by default (beta in 1.29)."""
+    unknown_version_mode: Literal["native", "container"] = "container"
+    """``auto`` without ``kubernetes_version``: plain container works on every version."""
+
+    @field_validator("kubernetes_version", "native_min_version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_version(value)
+        return value
+
+    def native_sidecar(self) -> bool:
+        """Whether pods get the sidecar as a native sidecar (the version rule)."""
+        if self.sidecar_mode != "auto":
+            return self.sidecar_mode == "native"
+        if self.kubernetes_version is None:
+            return self.unknown_version_mode == "native"
+        return parse_version(self.kubernetes_version) >= parse_version(self.native_min_version)
+
+
+class InjectorConfigError(Exception):
+    """The configuration could not be loaded; ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid injector configuration:\n  " + "\n  ".join(errors))
+        self.errors = errors
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER)
+        try:
+            value: Any = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        if not isinstance(value, str | int | float | bool | list | dict):
+            value = raw  # dates, nulls and the like stay the text they were
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        current = out.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = _merge(current, value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_injector_config(
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> InjectorConfig:
+    """Merge defaults < file < environment < ``overrides`` (flags), validate once.
+
+    Raises :class:`InjectorConfigError` listing every error with its key path.
+    """
+    # Start from the dumped defaults so a partial nested section (``resources.limits.cpu``)
+    # keeps the defaults of its siblings.
+    data: dict[str, Any] = InjectorConfig().model_dump()
+    if config_file is not None:
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise InjectorConfigError([f"{config_file}: {exc}"]) from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise InjectorConfigError([f"{config_file}: top level must be a mapping"])
+        data = _merge(data, loaded or {})
+    data = _merge(data, _env_overrides(os.environ if environ is None else environ))
+    data = _merge(data, overrides or {})
+    try:
+        return InjectorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InjectorConfigError(
+            [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+        ) from None

@@ -1,0 +1,208 @@
+"""The injection itself: a pure function from a pod to the pod with the sidecar.
+
+Nothing here does I/O or keeps state: :func:`mutate` copies its input and returns the
+injected copy, and the HTTP layer diffs the two into a JSON patch. The mutation is
+convergent, so running it again (a second webhook call, ``reinvocationPolicy:
+IfNeeded``) changes nothing: the sidecar is recognised by its container name, and app
+variables are only ever added when missing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from gym_sidecar.enrich.downward_api import (
+    ENV_TO_ATTRIBUTE,
+    PODINFO_ANNOTATIONS_FILE,
+    PODINFO_DEFAULT_DIR,
+    PODINFO_LABELS_FILE,
+    PODINFO_VOLUME_NAME,
+)
+from gym_sidecar.webhook.config import InjectorConfig
+
+INJECT_ANNOTATION = "telemetry.nemo-gym.io/inject"
+"""Pod annotation (``"true"``/``"false"``); also the namespace *label* of the same name."""
+INJECTED_ANNOTATION = "telemetry.nemo-gym.io/injected"
+"""Set on every pod the injector changed; its value is the injection mode."""
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
+
+CONFIG_VOLUME_NAME = "gym-telemetry-sidecar-config"
+CONFIG_MOUNT_DIR = "/etc/gym-sidecar"
+
+# Where each downward-API variable comes from; the names are enrichment's constants.
+_FIELD_REFS: dict[str, str] = {
+    "K8S_POD_NAME": "metadata.name",
+    "K8S_POD_UID": "metadata.uid",
+    "K8S_NAMESPACE_NAME": "metadata.namespace",
+    "K8S_NODE_NAME": "spec.nodeName",
+}
+_APP_CONTAINER_VAR = "K8S_CONTAINER_NAME"
+if set(_FIELD_REFS) | {_APP_CONTAINER_VAR} != set(ENV_TO_ATTRIBUTE):
+    raise ImportError("downward_api.ENV_TO_ATTRIBUTE changed: update the webhook's fieldRefs")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to inject, and why (the reason is logged and counted)."""
+
+    inject: bool
+    reason: str
+
+
+def decide(pod: dict[str, Any], namespace_opted_in: bool) -> Decision:
+    """The opt-in rule: the pod's annotation, else its namespace's label.
+
+    ``namespace_opted_in`` comes from which webhook entry called (its namespaceSelector
+    matched the namespace label ``telemetry.nemo-gym.io/inject=true``). A pod annotation
+    ``"true"`` or ``"false"`` overrides it either way.
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = str(annotations.get(INJECT_ANNOTATION, "")).strip().lower()
+    if value == "true":
+        return Decision(True, "pod annotation")
+    if value == "false":
+        return Decision(False, "pod annotation opts out")
+    if value:
+        return Decision(False, f"pod annotation has unrecognised value {value!r}")
+    if namespace_opted_in:
+        return Decision(True, "namespace label")
+    return Decision(False, "not opted in")
+
+
+def _app_container_name(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    preferred = annotations.get(DEFAULT_CONTAINER_ANNOTATION)
+    names = [str(c.get("name", "")) for c in containers]
+    if isinstance(preferred, str) and preferred in names:
+        return preferred
+    return names[0] if names else ""
+
+
+def sidecar_container(config: InjectorConfig, app_container: str, native: bool) -> dict[str, Any]:
+    """The container spec added to a pod (before the native/plain placement)."""
+    env: list[dict[str, Any]] = [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in _FIELD_REFS.items()
+    ]
+    env.append({"name": _APP_CONTAINER_VAR, "value": app_container})
+    # Probes and Prometheus reach the admin listener on the pod IP, not on loopback.
+    env.append({"name": "GYM_SIDECAR_ADMIN_LISTEN", "value": f"0.0.0.0:{config.admin_port}"})
+    mounts: list[dict[str, Any]] = [
+        {"name": PODINFO_VOLUME_NAME, "mountPath": PODINFO_DEFAULT_DIR, "readOnly": True}
+    ]
+    if config.config_map is not None:
+        env.append(
+            {"name": "GYM_SIDECAR_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{config.config_key}"}
+        )
+        mounts.append({"name": CONFIG_VOLUME_NAME, "mountPath": CONFIG_MOUNT_DIR, "readOnly": True})
+    env.extend({"name": k, "value": v} for k, v in sorted(config.sidecar_env.items()))
+    container: dict[str, Any] = {
+        "name": config.container_name,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "args": ["run"],
+        "ports": [
+            {"name": "otlp-grpc", "containerPort": config.grpc_port, "protocol": "TCP"},
+            {"name": "otlp-http", "containerPort": config.http_port, "protocol": "TCP"},
+            {"name": "gym-admin", "containerPort": config.admin_port, "protocol": "TCP"},
+        ],
+        "env": env,
+        "volumeMounts": mounts,
+        "resources": config.resources.model_dump(),
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": config.admin_port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if native:
+        # The app containers start only once this succeeds: the sidecar is ready first.
+        container["restartPolicy"] = "Always"
+        container["startupProbe"] = {
+            "httpGet": {"path": "/readyz", "port": config.admin_port},
+            "periodSeconds": 1,
+            "failureThreshold": config.startup_failure_threshold,
+        }
+    return container
+
+
+def _volumes(config: InjectorConfig) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": PODINFO_VOLUME_NAME,
+            "downwardAPI": {
+                "items": [
+                    {"path": PODINFO_LABELS_FILE, "fieldRef": {"fieldPath": "metadata.labels"}},
+                    {
+                        "path": PODINFO_ANNOTATIONS_FILE,
+                        "fieldRef": {"fieldPath": "metadata.annotations"},
+                    },
+                ]
+            },
+        }
+    ]
+    if config.config_map is not None:
+        volumes.append({"name": CONFIG_VOLUME_NAME, "configMap": {"name": config.config_map}})
+    return volumes
+
+
+def already_injected(pod: dict[str, Any], config: InjectorConfig) -> bool:
+    """True when the pod already holds a container with the sidecar's name."""
+    spec = pod.get("spec") or {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if container.get("name") == config.container_name:
+                return True
+    return False
+
+
+def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
+    """Return a copy of ``pod`` with the sidecar injected; ``pod`` is left untouched.
+
+    Adds (each only when absent): the sidecar container -- as the first init container
+    with ``restartPolicy: Always`` when ``config.native_sidecar()``, else as a plain
+    container --, the downward-API and config volumes, the ``app_env`` variables on
+    every app container, and the ``telemetry.nemo-gym.io/injected`` annotation.
+    Raises ValueError for a pod without ``spec.containers`` (the caller fails open).
+    """
+    out = copy.deepcopy(pod)
+    spec = out.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
+        raise ValueError("pod has no spec.containers list")
+    containers: list[dict[str, Any]] = spec["containers"]
+    app_containers = [c for c in containers if c.get("name") != config.container_name]
+    native = config.native_sidecar()
+
+    if not already_injected(out, config):
+        sidecar = sidecar_container(config, _app_container_name(out, app_containers), native)
+        if native:
+            spec["initContainers"] = [sidecar, *(spec.get("initContainers") or [])]
+        else:
+            containers.append(sidecar)
+        volumes = spec.setdefault("volumes", [])
+        present = {v.get("name") for v in volumes}
+        volumes.extend(v for v in _volumes(config) if v["name"] not in present)
+        metadata = out.setdefault("metadata", {})
+        annotations = metadata.get("annotations") or {}
+        annotations[INJECTED_ANNOTATION] = "native-sidecar" if native else "container"
+        metadata["annotations"] = annotations
+
+    for container in app_containers:
+        env = container.setdefault("env", [])
+        present_names = {e.get("name") for e in env}
+        env.extend(
+            {"name": k, "value": v}
+            for k, v in sorted(config.app_env.items())
+            if k not in present_names
+        )
+        if not env:
+            del container["env"]
+    return out
