@@ -1,0 +1,242 @@
+"""The derived-metrics store: the series tables of one sidecar, and export snapshots.
+
+Lifecycle of an export (driven by the derive stage):
+
+1. :meth:`DerivedMetrics.collect` takes a :class:`Snapshot` of every point to export
+   (cumulative or delta values, exemplars of the interval, success rates of the window).
+2. The snapshot is turned into an OTLP request and handed down the pipeline.
+3. Only if that was accepted, :meth:`DerivedMetrics.commit` moves the series' "last
+   exported" marks to the snapshot. If it was refused, nothing moves: the next snapshot
+   covers both intervals (delta points and the success-rate window simply grow).
+
+Thread-safety: every method takes ``lock``. Recording happens on the event loop; the
+Prometheus collector reads from whatever thread serves ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gym_telemetry import semconv
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.metrics.series import (
+    Attrs,
+    Exemplar,
+    HistogramSeries,
+    HistogramTable,
+    RateTable,
+    RateWindow,
+)
+from gym_sidecar.selfmetrics import SelfMetrics
+
+CARDINALITY_LIMIT_NAME = "metrics.cardinality_limit"
+"""The ``limit`` label under which overflowed points are counted in ``limit_hits``."""
+
+
+@dataclass(slots=True)
+class HistogramPoint:
+    resource_key: bytes
+    attrs: Attrs
+    start_time_ns: int
+    bucket_counts: list[int]
+    count: int
+    sum: float
+    min: float | None
+    max: float | None
+    exemplars: list[Exemplar]
+
+
+@dataclass(slots=True)
+class SumPoint:
+    resource_key: bytes
+    attrs: Attrs
+    start_time_ns: int
+    value: int
+
+
+@dataclass(slots=True)
+class GaugePoint:
+    resource_key: bytes
+    attrs: Attrs
+    start_time_ns: int
+    value: float
+
+
+@dataclass(slots=True)
+class _SeriesMark:
+    series: HistogramSeries
+    bucket_counts: list[int]
+    count: int
+    sum: float
+    exemplars: list[Exemplar | None]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Points of one export, plus what :meth:`DerivedMetrics.commit` needs."""
+
+    time_ns: int
+    delta: bool
+    rollout_duration: list[HistogramPoint] = field(default_factory=list)
+    verify_duration: list[HistogramPoint] = field(default_factory=list)
+    verify_count: list[SumPoint] = field(default_factory=list)
+    success_rate: list[GaugePoint] = field(default_factory=list)
+    resources: dict[bytes, Resource] = field(default_factory=dict)
+    _marks: list[_SeriesMark] = field(default_factory=list)
+    _windows: list[tuple[RateWindow, int, int]] = field(default_factory=list)
+
+    @property
+    def points(self) -> int:
+        """Data points in this snapshot (the ``items`` of its metrics batch)."""
+        return (
+            len(self.rollout_duration)
+            + len(self.verify_duration)
+            + len(self.verify_count)
+            + len(self.success_rate)
+        )
+
+
+class DerivedMetrics:
+    """Series of ``gym.rollout.duration_ms`` and ``gym.verify.*`` for one sidecar.
+
+    Plain integer counters (``spans``, ``invalid_spans``, ``overflow_points``,
+    ``exports``) are read by the Prometheus collector; they cost no lock to bump.
+    """
+
+    def __init__(
+        self,
+        cfg: MetricsConfig,
+        selfmetrics: SelfMetrics | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.cfg = cfg
+        self.delta = cfg.temporality == "delta"
+        self.lock = threading.Lock()
+        self.clock_ns = clock_ns
+        self.resources: dict[bytes, Resource] = {}
+        self._limit_hits = (
+            selfmetrics.limit_hits.labels(limit=CARDINALITY_LIMIT_NAME) if selfmetrics else None
+        )
+        self.rollout = HistogramTable(
+            metric_names=(semconv.METRIC_ROLLOUT_DURATION,),
+            bounds=list(cfg.rollout_buckets_ms),
+            cardinality_limit=cfg.cardinality_limit,
+            clock_ns=clock_ns,
+            on_overflow=self._overflowed,
+            resources=self.resources,
+        )
+        self.verify = HistogramTable(
+            metric_names=(semconv.METRIC_VERIFY_DURATION, semconv.METRIC_VERIFY_COUNT),
+            bounds=list(cfg.verify_buckets_ms),
+            cardinality_limit=cfg.cardinality_limit,
+            clock_ns=clock_ns,
+            on_overflow=self._overflowed,
+            resources=self.resources,
+        )
+        self.rates = RateTable(cfg.cardinality_limit, self._overflowed, self.resources)
+        self.window_start_ns = clock_ns()
+        self.spans: dict[str, int] = {semconv.SPAN_ROLLOUT: 0, semconv.SPAN_VERIFY: 0}
+        self.invalid_spans = 0
+        self.overflow_points: dict[str, int] = {
+            semconv.METRIC_ROLLOUT_DURATION: 0,
+            semconv.METRIC_VERIFY_DURATION: 0,
+            semconv.METRIC_VERIFY_COUNT: 0,
+            semconv.METRIC_VERIFY_SUCCESS_RATE: 0,
+        }
+        self.exports: dict[str, int] = {"sent": 0, "backpressure": 0, "error": 0}
+
+    def _overflowed(self, metric_names: tuple[str, ...]) -> None:
+        for name in metric_names:
+            self.overflow_points[name] += 1
+        if self._limit_hits is not None:
+            self._limit_hits.inc(len(metric_names))
+
+    # -- export -----------------------------------------------------------------------
+    def collect(self) -> Snapshot:
+        """Snapshot what is due for export now (see the module docstring)."""
+        with self.lock:
+            now = self.clock_ns()
+            snap = Snapshot(time_ns=now, delta=self.delta)
+            for s in self.rollout:
+                p = self._histogram_point(s, snap)
+                if p is not None:
+                    snap.rollout_duration.append(p)
+            for s in self.verify:
+                p = self._histogram_point(s, snap)
+                if p is not None:
+                    snap.verify_duration.append(p)
+                    snap.verify_count.append(
+                        SumPoint(s.resource_key, s.attrs, p.start_time_ns, p.count)
+                    )
+            for w in self.rates:
+                snap._windows.append((w, w.ok, w.total))
+                if w.total:
+                    snap.success_rate.append(
+                        GaugePoint(w.resource_key, w.attrs, self.window_start_ns, w.ok / w.total)
+                    )
+            keys = {p.resource_key for p in snap.rollout_duration}
+            keys.update(p.resource_key for p in snap.verify_duration)
+            keys.update(g.resource_key for g in snap.success_rate)
+            for key in keys:
+                snap.resources[key] = self.resources.get(key, Resource())
+            return snap
+
+    def _histogram_point(self, s: HistogramSeries, snap: Snapshot) -> HistogramPoint | None:
+        counts = list(s.bucket_counts)
+        exemplars = list(s.exemplars)
+        snap._marks.append(_SeriesMark(s, counts, s.count, s.sum, exemplars))
+        kept = [
+            e
+            for e, sent in zip(exemplars, s.sent_exemplars, strict=True)
+            if e is not None and e is not sent
+        ]
+        has_window = s.win_min <= s.win_max
+        if self.delta:
+            if s.count == s.prev_count:
+                return None
+            return HistogramPoint(
+                s.resource_key,
+                s.attrs,
+                s.prev_time_ns,
+                [c - p for c, p in zip(counts, s.prev_bucket_counts, strict=True)],
+                s.count - s.prev_count,
+                s.sum - s.prev_sum,
+                s.win_min if has_window else None,
+                s.win_max if has_window else None,
+                kept,
+            )
+        if s.count == 0:
+            return None
+        lo = min(s.cum_min, s.win_min)
+        hi = max(s.cum_max, s.win_max)
+        return HistogramPoint(
+            s.resource_key, s.attrs, s.start_time_ns, counts, s.count, s.sum, lo, hi, kept
+        )
+
+    def commit(self, snap: Snapshot) -> None:
+        """Mark ``snap`` as exported: move delta marks, mark its exemplars as sent, close
+        the success-rate window. Call only after the snapshot's request was accepted."""
+        with self.lock:
+            for m in snap._marks:
+                s = m.series
+                s.prev_bucket_counts = m.bucket_counts
+                s.prev_count = m.count
+                s.prev_sum = m.sum
+                s.prev_time_ns = snap.time_ns
+                if s.win_min <= s.win_max:
+                    s.cum_min = min(s.cum_min, s.win_min)
+                    s.cum_max = max(s.cum_max, s.win_max)
+                if s.count == m.count:  # nothing arrived meanwhile: the window is closed
+                    s.win_min = float("inf")
+                    s.win_max = float("-inf")
+                s.sent_exemplars = m.exemplars
+            for w, ok, total in snap._windows:
+                w.ok -= ok
+                w.total -= total
+                w.last_rate = ok / total if total else None
+            self.window_start_ns = snap.time_ns

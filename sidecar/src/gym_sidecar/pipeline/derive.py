@@ -1,0 +1,158 @@
+"""The derive stage: rollout and verify spans become metrics, exported every interval.
+
+Placement: receive -> enrich -> **derive** -> gate -> queue -> export. It runs before
+the gate so a span group in ``metrics`` mode still yields its metrics (the gate drops
+its spans afterwards), and after enrichment so derived series carry the enriched
+resource.
+
+``consume``: for trace batches, records the ``gym.rollout`` / ``gym.verify`` spans of the
+rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), then passes the batch
+on unchanged. Other signals pass straight through. Backpressure from downstream
+propagates to the receiver; the spans are then recorded again when the client retries
+(a client retry is a new request: at-least-once, like every OTLP hop).
+
+Export: every ``interval_s`` the stage hands one
+``Batch(Signal.METRICS, ExportMetricsServiceRequest)`` to ``next``. If ``next`` pushes
+back (:class:`Backpressure`) or fails, the points stay and the next interval carries
+them (counted in ``gym_sidecar_derived_exports_total{outcome}``).
+
+Shutdown: ``shutdown(deadline_s)`` stops the timer and flushes the last partial interval
+into ``next`` before returning. The runtime shuts stages down in pipeline order, so this
+happens before the queue drains; if the queue pushes back, the flush is retried until the
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final
+
+from gym_telemetry import semconv
+
+from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.metrics.otlp import build_request
+from gym_sidecar.metrics.prometheus import DerivedCollector
+from gym_sidecar.metrics.spans import SpanDeriver
+from gym_sidecar.metrics.store import DerivedMetrics
+from gym_sidecar.pipeline.stage import Backpressure, Batch, PassThrough, Signal, Stage
+from gym_sidecar.selfmetrics import SelfMetrics
+
+_log = logging.getLogger(__name__)
+
+SHUTDOWN_RETRY_S: Final = 0.05
+"""Pause between flush attempts while the queue pushes back during shutdown."""
+
+
+class DeriveStage(Stage):
+    """Derives ``gym.rollout.*`` / ``gym.verify.*`` metrics; see the module docstring."""
+
+    name = "derive"
+
+    def __init__(self, cfg: MetricsConfig, next_stage: Stage | None, metrics: SelfMetrics) -> None:
+        super().__init__(next_stage, metrics)
+        self.cfg = cfg
+        self.store = DerivedMetrics(cfg, metrics)
+        self.collector = DerivedCollector(self.store)
+        metrics.registry.register(self.collector)
+        self._deriver = SpanDeriver(self.store)
+        self._bounds = {
+            semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
+            semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
+        }
+        self._timer: asyncio.Task[None] | None = None
+        self._flush_lock = asyncio.Lock()
+        self._stopped = False
+        self._counts = {
+            (sig, outcome): metrics.stage_items.labels(
+                stage=self.name, signal=sig.value, outcome=outcome
+            )
+            for sig in Signal
+            for outcome in ("received", "passed")
+        }
+        self._last_error_log = float("-inf")
+
+    async def consume(self, batch: Batch) -> None:
+        self._counts[(batch.signal, "received")].inc(batch.items)
+        if batch.signal is Signal.TRACES:
+            self._deriver.derive(batch.message)  # type: ignore[arg-type]
+        if self.next is not None:
+            await self.next.consume(batch)
+        self._counts[(batch.signal, "passed")].inc(batch.items)
+
+    async def start(self) -> None:
+        if self._timer is None and not self._stopped:
+            self._timer = asyncio.create_task(self._run(), name="derive-metrics-timer")
+
+    async def _run(self) -> None:
+        interval = self.cfg.interval_s
+        next_at = time.monotonic() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += interval
+            if next_at < time.monotonic():  # fell behind (long pause): skip, don't burst
+                next_at = time.monotonic() + interval
+            await self.flush()
+
+    async def flush(self) -> bool:
+        """Export what is due now. True if ``next`` accepted it (or there was nothing)."""
+        async with self._flush_lock:
+            store = self.store
+            snap = store.collect()
+            if snap.points == 0:
+                store.commit(snap)
+                return True
+            request = build_request(snap, self._bounds)
+            batch = Batch(Signal.METRICS, request, items=snap.points)
+            try:
+                if self.next is not None:
+                    await self.next.consume(batch)
+            except Backpressure as exc:
+                store.exports["backpressure"] += 1
+                self._log_failure("pushed back (%s); the points stay for the next interval", exc)
+                return False
+            except Exception as exc:  # boundary: a downstream bug must not kill the timer
+                store.exports["error"] += 1
+                self._log_failure("failed (%r); the points stay for the next interval", exc)
+                return False
+            store.commit(snap)
+            store.exports["sent"] += 1
+            return True
+
+    def _log_failure(self, fmt: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log >= 60.0:
+            self._last_error_log = now
+            _log.warning("derived metrics export " + fmt, exc)
+
+    async def shutdown(self, deadline_s: float) -> None:
+        """Stop the timer, then flush the last partial interval into ``next``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+            self._timer = None
+        deadline = time.monotonic() + deadline_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if await asyncio.wait_for(self.flush(), timeout=max(remaining, 0.001)):
+                    return
+            except TimeoutError:
+                break
+            if time.monotonic() + SHUTDOWN_RETRY_S >= deadline:
+                break
+            await asyncio.sleep(SHUTDOWN_RETRY_S)
+        _log.warning("derived metrics: last interval not flushed within %.1fs", deadline_s)
+
+
+def build_derive_stage(cfg: MetricsConfig, next_stage: Stage, metrics: SelfMetrics) -> Stage:
+    """The derive stage for ``cfg`` (a pass-through when ``cfg.enabled`` is False)."""
+    if not cfg.enabled:
+        return PassThrough("derive", next_stage, metrics)
+    return DeriveStage(cfg, next_stage, metrics)

@@ -1,0 +1,395 @@
+"""Unit tests of the derive stage: spans in, exact OTLP metrics out."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.metrics.otlp import SCOPE_NAME
+from gym_sidecar.pipeline.derive import DeriveStage, build_derive_stage
+from gym_sidecar.pipeline.stage import Batch, PassThrough, Signal
+from gym_sidecar.selfmetrics import SelfMetrics
+from gym_telemetry import semconv
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+
+from tests.sidecar.metrics.collect import CollectStage, points
+from tests.sidecar.metrics.traces import (
+    RESOURCE,
+    ROLLOUT_SCOPE,
+    SERVER_SCOPE,
+    VERIFY_SCOPE,
+    SpanSpec,
+    request,
+    rollout,
+    verify,
+)
+
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+
+
+def make(**cfg: Any) -> tuple[DeriveStage, CollectStage, SelfMetrics]:
+    metrics = SelfMetrics()
+    tail = CollectStage(metrics)
+    stage = build_derive_stage(MetricsConfig(**cfg), tail, metrics)
+    assert isinstance(stage, DeriveStage)
+    return stage, tail, metrics
+
+
+def traces(req: Any) -> Batch:
+    return Batch(
+        Signal.TRACES,
+        req,
+        items=sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans),
+    )
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+GYM_BATCH = {
+    ROLLOUT_SCOPE: [rollout(800), rollout(2000), rollout(2500), rollout(45_000), rollout(45_000)],
+    VERIFY_SCOPE: [
+        verify(20),
+        verify(20),
+        verify(20),
+        verify(30, reward=0.0),  # answer judged wrong: the call still succeeded
+        verify(7, succeeded=False, error_type="ValueError"),  # the verifier raised
+    ],
+    SERVER_SCOPE: [SpanSpec("POST /verify", 40), SpanSpec("POST /run", 50_000)],
+}
+
+
+def test_exact_counts_sums_and_buckets() -> None:
+    stage, tail, _ = make()
+
+    async def go() -> None:
+        await stage.consume(traces(request(GYM_BATCH)))
+        assert await stage.flush()
+
+    run(go())
+    [req] = tail.metric_requests()
+    [rm] = req.resource_metrics
+    assert rm.scope_metrics[0].scope.name == SCOPE_NAME
+
+    [r] = points(req, semconv.METRIC_ROLLOUT_DURATION)
+    assert r.resource == RESOURCE
+    assert r.unit == "ms" and r.kind == "histogram" and r.temporality == CUMULATIVE
+    assert r.attrs == {}  # the rollout id is never a dimension
+    assert r.point.count == 5
+    assert r.point.sum == pytest.approx(95_300)
+    assert list(r.point.explicit_bounds) == MetricsConfig().rollout_buckets_ms
+    # bounds 500, 1000, 2500, 5000, 10000, 30000, 60000, ...: upper bounds inclusive
+    assert list(r.point.bucket_counts) == [0, 1, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
+    assert (r.point.min, r.point.max) == (800, 45_000)
+
+    vd = {
+        (p.attrs[semconv.VERIFY_SUCCEEDED], p.attrs.get(semconv.ERROR_TYPE)): p.point
+        for p in points(req, semconv.METRIC_VERIFY_DURATION)
+    }
+    assert set(vd) == {(True, None), (False, "ValueError")}
+    ok, failed = vd[(True, None)], vd[(False, "ValueError")]
+    assert (ok.count, ok.sum) == (4, pytest.approx(90))
+    # bounds 1, 5, 10, 25, 50, ...: 20 ms -> (10, 25], 30 ms -> (25, 50]
+    assert list(ok.bucket_counts)[:6] == [0, 0, 0, 3, 1, 0]
+    assert (failed.count, failed.sum) == (1, pytest.approx(7))
+    assert list(failed.bucket_counts)[:4] == [0, 0, 1, 0]
+
+    counts = {
+        (p.attrs[semconv.VERIFY_SUCCEEDED], p.attrs.get(semconv.ERROR_TYPE)): (
+            p.point.as_int,
+            p.kind,
+            p.point,
+        )
+        for p in points(req, semconv.METRIC_VERIFY_COUNT)
+    }
+    assert counts[(True, None)][:2] == (4, "sum")
+    assert counts[(False, "ValueError")][:2] == (1, "sum")
+    assert req.resource_metrics[0].scope_metrics[0].metrics[2].sum.is_monotonic
+
+    [rate] = points(req, semconv.METRIC_VERIFY_SUCCESS_RATE)
+    assert rate.kind == "gauge" and rate.attrs == {}
+    assert rate.point.as_double == pytest.approx(0.8)
+
+
+def test_succeeded_comes_from_status_when_the_attribute_is_missing() -> None:
+    stage, tail, _ = make()
+    specs = [
+        verify(5, succeeded=None),
+        verify(5, succeeded=None, error_type="TimeoutError"),
+        verify(5, succeeded=False),
+    ]
+
+    async def go() -> None:
+        await stage.consume(traces(request({VERIFY_SCOPE: specs})))
+        await stage.flush()
+
+    run(go())
+    got = {
+        tuple(sorted(p.attrs.items())): p.point.as_int
+        for p in points(tail.metric_requests()[0], semconv.METRIC_VERIFY_COUNT)
+    }
+    assert got == {
+        (("succeeded", True),): 1,
+        (("error.type", "TimeoutError"), ("succeeded", False)): 1,
+        (("error.type", "_OTHER"), ("succeeded", False)): 1,
+    }
+
+
+def test_other_scopes_and_signals_pass_untouched() -> None:
+    stage, tail, metrics = make()
+    req = request(
+        {
+            SERVER_SCOPE: [SpanSpec(semconv.SPAN_ROLLOUT, 10)],  # wrong scope
+            ROLLOUT_SCOPE: [SpanSpec("something.else", 10)],
+        }
+    )  # wrong name
+    before = req.SerializeToString()
+    logs = Batch(Signal.LOGS, ExportLogsServiceRequest(), items=0)
+
+    async def go() -> None:
+        await stage.consume(traces(req))
+        await stage.consume(logs)
+        assert await stage.flush()
+
+    run(go())
+    assert [b.signal for b in tail.batches] == [Signal.TRACES, Signal.LOGS]
+    assert tail.batches[0].message.SerializeToString() == before
+    assert tail.batches[1] is logs
+    assert stage.store.spans == {semconv.SPAN_ROLLOUT: 0, semconv.SPAN_VERIFY: 0}
+    assert tail.metric_requests() == []  # nothing derived: no empty export either
+    assert metrics.stage_items.labels("derive", "traces", "passed")._value.get() == 2
+
+
+def test_cardinality_limit_sends_new_series_to_overflow() -> None:
+    stage, tail, metrics = make(cardinality_limit=3)
+    servers = [f"server-{i}" for i in range(5)]
+
+    async def go() -> None:
+        for name in servers:
+            res = {**RESOURCE, semconv.SERVER_NAME: name}
+            await stage.consume(
+                traces(
+                    request(
+                        {VERIFY_SCOPE: [verify(3), verify(4)], ROLLOUT_SCOPE: [rollout(1000)]}, res
+                    )
+                )
+            )
+        await stage.flush()
+
+    run(go())
+    req = tail.metric_requests()[0]
+    for name in (
+        semconv.METRIC_ROLLOUT_DURATION,
+        semconv.METRIC_VERIFY_DURATION,
+        semconv.METRIC_VERIFY_COUNT,
+        semconv.METRIC_VERIFY_SUCCESS_RATE,
+    ):
+        pts = points(req, name)
+        regular = [p for p in pts if "otel.metric.overflow" not in p.attrs]
+        [overflow] = [p for p in pts if p.attrs.get("otel.metric.overflow") is True]
+        assert len(regular) == 2, name  # limit 3 = 2 series + the overflow series
+        assert {p.resource[semconv.SERVER_NAME] for p in regular} == {"server-0", "server-1"}
+        assert overflow.resource == {} and overflow.attrs == {"otel.metric.overflow": True}
+        if name == semconv.METRIC_VERIFY_COUNT:
+            assert overflow.point.as_int == 6
+        elif name == semconv.METRIC_ROLLOUT_DURATION:
+            assert overflow.point.count == 3
+    assert stage.store.overflow_points == {
+        semconv.METRIC_ROLLOUT_DURATION: 3,
+        semconv.METRIC_VERIFY_DURATION: 6,
+        semconv.METRIC_VERIFY_COUNT: 6,
+        semconv.METRIC_VERIFY_SUCCESS_RATE: 3,
+    }
+    assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 18
+    text = metrics.render().decode()
+    assert 'gym_sidecar_derived_overflow_points_total{metric="gym.verify.count"} 6.0' in text
+
+
+def test_exemplars_carry_the_span_and_trace_ids() -> None:
+    stage, tail, _ = make()
+    fast, slow = verify(3), verify(2000)
+    r = rollout(61_000)
+
+    async def go() -> None:
+        await stage.consume(traces(request({VERIFY_SCOPE: [fast, slow], ROLLOUT_SCOPE: [r]})))
+        await stage.flush()
+        await stage.flush()  # exemplars belong to the interval they were seen in
+
+    run(go())
+    first, second = tail.metric_requests()
+    [vp] = points(first, semconv.METRIC_VERIFY_DURATION)
+    got = {(e.trace_id, e.span_id, e.as_double) for e in vp.point.exemplars}
+    assert got == {(fast.trace_id, fast.span_id, 3.0), (slow.trace_id, slow.span_id, 2000.0)}
+    [rp] = points(first, semconv.METRIC_ROLLOUT_DURATION)
+    [ex] = rp.point.exemplars
+    assert (ex.trace_id, ex.span_id) == (r.trace_id, r.span_id)
+    assert ex.time_unix_nano == r.start_ns + 61_000 * 1_000_000
+    [vp2] = points(second, semconv.METRIC_VERIFY_DURATION)
+    assert vp2.point.count == 2 and len(vp2.point.exemplars) == 0
+
+
+def test_success_rate_is_windowed_per_interval() -> None:
+    stage, tail, _ = make()
+
+    async def go() -> None:
+        await stage.consume(
+            traces(
+                request(
+                    {
+                        VERIFY_SCOPE: [
+                            verify(1),
+                            verify(1),
+                            verify(1),
+                            verify(1, succeeded=False, error_type="E"),
+                        ]
+                    }
+                )
+            )
+        )
+        await stage.flush()
+        await stage.consume(
+            traces(request({VERIFY_SCOPE: [verify(1), verify(1, succeeded=False, error_type="E")]}))
+        )
+        await stage.flush()
+        await stage.flush()  # a window with no verifications: no rate point
+
+    run(go())
+    rates = [
+        [p.point.as_double for p in points(r, semconv.METRIC_VERIFY_SUCCESS_RATE)]
+        for r in tail.metric_requests()
+    ]
+    assert rates == [[pytest.approx(0.75)], [pytest.approx(0.5)], []]  # not 4/6 cumulative
+    first, second = (
+        points(r, semconv.METRIC_VERIFY_SUCCESS_RATE)[0].point for r in tail.metric_requests()[:2]
+    )
+    assert second.start_time_unix_nano == first.time_unix_nano
+
+
+@pytest.mark.parametrize("temporality", ["cumulative", "delta"])
+def test_temporality(temporality: str) -> None:
+    stage, tail, _ = make(temporality=temporality)
+
+    async def go() -> None:
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(1000), rollout(3000)]})))
+        await stage.flush()
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(7000)]})))
+        await stage.flush()
+        await stage.flush()
+
+    run(go())
+    series = [points(r, semconv.METRIC_ROLLOUT_DURATION) for r in tail.metric_requests()]
+    if temporality == "cumulative":
+        assert [len(s) for s in series] == [1, 1, 1]  # every series, every interval
+        a, b, c = (s[0].point for s in series)
+        assert series[0][0].temporality == CUMULATIVE
+        assert [(p.count, p.sum) for p in (a, b, c)] == [(2, 4000), (3, 11000), (3, 11000)]
+        assert a.start_time_unix_nano == b.start_time_unix_nano == c.start_time_unix_nano
+        assert list(b.bucket_counts)[:5] == [0, 1, 0, 1, 1]
+    else:
+        assert [len(s) for s in series] == [1, 1]  # nothing new: no third export at all
+        a, b = (s[0].point for s in series[:2])
+        assert series[0][0].temporality == DELTA
+        assert [(p.count, p.sum) for p in (a, b)] == [(2, 4000), (1, 7000)]
+        assert list(b.bucket_counts)[:5] == [0, 0, 0, 0, 1]
+        assert b.start_time_unix_nano == a.time_unix_nano
+        assert (b.min, b.max) == (7000, 7000)
+
+
+def test_backpressure_keeps_the_points_for_the_next_interval() -> None:
+    stage, tail, metrics = make(temporality="delta")
+
+    async def go() -> None:
+        await stage.consume(traces(request({VERIFY_SCOPE: [verify(1), verify(2)]})))
+        tail.refuse = 1
+        assert not await stage.flush()
+        await stage.consume(traces(request({VERIFY_SCOPE: [verify(3)]})))
+        assert await stage.flush()
+
+    run(go())
+    [req] = tail.metric_requests()
+    [p] = points(req, semconv.METRIC_VERIFY_DURATION)
+    assert (p.point.count, p.point.sum) == (3, 6)
+    [rate] = points(req, semconv.METRIC_VERIFY_SUCCESS_RATE)
+    assert rate.point.as_double == 1.0
+    assert stage.store.exports == {"sent": 1, "backpressure": 1, "error": 0}
+    assert 'gym_sidecar_derived_exports_total{outcome="backpressure"} 1.0' in (
+        metrics.render().decode()
+    )
+
+
+def test_timer_exports_and_shutdown_flushes_the_last_interval() -> None:
+    stage, tail, _ = make(interval_s=0.05)
+
+    async def go() -> None:
+        await stage.start()
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(1000)]})))
+        for _ in range(200):
+            if tail.metric_requests():
+                break
+            await asyncio.sleep(0.01)
+        assert tail.metric_requests(), "the timer exported nothing"
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(2000)]})))
+        await stage.shutdown(5.0)
+        await stage.shutdown(5.0)  # safe twice
+
+    run(go())
+    last = points(tail.metric_requests()[-1], semconv.METRIC_ROLLOUT_DURATION)[0].point
+    assert (last.count, last.sum) == (2, 3000)
+
+
+def test_shutdown_retries_while_the_queue_pushes_back() -> None:
+    stage, tail, _ = make(interval_s=3600)
+
+    async def go() -> None:
+        await stage.start()
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(1000)]})))
+        tail.refuse = 3
+        await stage.shutdown(5.0)
+
+    run(go())
+    assert len(tail.metric_requests()) == 1
+    assert stage.store.exports["backpressure"] == 3
+
+
+def test_invalid_spans_are_counted_and_skipped() -> None:
+    stage, tail, metrics = make()
+    bad = rollout(1000)
+    req = request({ROLLOUT_SCOPE: [bad, rollout(5)]})
+    sp = req.resource_spans[0].scope_spans[0].spans[0]
+    sp.end_time_unix_nano = sp.start_time_unix_nano - 1
+
+    async def go() -> None:
+        await stage.consume(traces(req))
+        await stage.flush()
+
+    run(go())
+    assert stage.store.invalid_spans == 1
+    assert points(tail.metric_requests()[0], semconv.METRIC_ROLLOUT_DURATION)[0].point.count == 1
+    assert "gym_sidecar_derived_invalid_spans_total 1.0" in metrics.render().decode()
+
+
+def test_disabled_is_a_pass_through() -> None:
+    metrics = SelfMetrics()
+    stage = build_derive_stage(MetricsConfig(enabled=False), CollectStage(metrics), metrics)
+    assert isinstance(stage, PassThrough)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"rollout_buckets_ms": []}, "at least one"),
+        ({"verify_buckets_ms": [1, 5, 5]}, "strictly increasing"),
+        ({"verify_buckets_ms": [1, float("inf")]}, "finite"),
+        ({"cardinality_limit": 1}, "greater than or equal to 2"),
+        ({"interval_s": 0}, "greater than 0"),
+        ({"temporality": "sometimes"}, "cumulative"),
+    ],
+)
+def test_config_is_validated(cfg: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MetricsConfig(**cfg)
