@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -120,6 +122,12 @@ class SidecarConfig(BaseModel):
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline for draining the pipeline and the export queue on SIGTERM/SIGINT."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    _source: ConfigSource | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> ConfigSource | None:
+        """How this config was loaded (None when built directly, not by load_config)."""
+        return self._source
 
 
 class ConfigError(Exception):
@@ -224,6 +232,27 @@ def load_config(
     if overrides:
         data = deep_merge(data, overrides)
     try:
-        return SidecarConfig.model_validate(data)
+        cfg = SidecarConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc)) from None
+    env = os.environ if environ is None else environ
+    cfg._source = ConfigSource(
+        Path(config_file) if config_file is not None else None,
+        {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)},
+        dict(overrides or {}),
+    )
+    return cfg
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a loaded config came from, so it can be loaded again the same way (span
+    groups reload it on SIGHUP and when the file changes)."""
+
+    config_file: Path | None
+    environ: Mapping[str, str] = field(repr=False)  # may hold the span-group token
+    overrides: Mapping[str, Any] = field(repr=False)
+
+    def load(self) -> SidecarConfig:
+        """Load the config again from the same file, environment and flags."""
+        return load_config(self.config_file, self.environ, self.overrides)

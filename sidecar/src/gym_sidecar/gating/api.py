@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from gym_sidecar.gating.config import ServiceOverride, SpanGroupsPolicyConfig
@@ -118,3 +119,43 @@ def put_span_groups(
         errors = _validation_errors(exc, f"services.{service}" if service else "")
         return _error(400, "; ".join(errors), errors=errors)
     return _document(policy, service or None, every_service=True)
+
+
+def build_router(state: SpanGroupState) -> APIRouter:
+    """The admin listener's ``/v1/span-groups`` routes, bound to ``state``."""
+    router = APIRouter()
+
+    def respond(answer: ApiResponse) -> Response:
+        return Response(
+            content=answer.body_bytes(),
+            status_code=answer.status,
+            headers=answer.headers,
+            media_type=_JSON if answer.body is not None else None,
+        )
+
+    @router.get(PATH)
+    async def get_groups(request: Request) -> Response:
+        return respond(
+            get_span_groups(
+                state, request.query_params.get("service"), request.headers.get("if-none-match")
+            )
+        )
+
+    @router.put(PATH)
+    async def put_groups(request: Request) -> Response:
+        # Read at most one byte past the limit: a huge body costs nothing beyond it.
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                break
+        return respond(
+            put_span_groups(
+                state,
+                request.query_params.get("service"),
+                request.headers.get("authorization"),
+                body,
+            )
+        )
+
+    return router

@@ -60,6 +60,11 @@ def _factory(module: str, name: str) -> Callable[..., Stage] | None:
     return factory
 
 
+def _extras(module: str, name: str) -> Callable[..., Any] | None:
+    """Like :func:`_factory`, for a module's non-stage helper."""
+    return _factory(module, name)
+
+
 class _DirectForward(Stage):
     """Temporary stand-in for the export stage: forwards each batch over OTLP/gRPC.
 
@@ -124,6 +129,11 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
     stage: Stage = (
         gate(cfg.span_groups, tail, metrics) if gate else PassThrough("gate", tail, metrics)
     )
+    gate_extras = _extras("gym_sidecar.pipeline.gate", "gate_extras")
+    extras = gate_extras(stage, cfg) if gate_extras else None
+    if extras is not None:  # span-group API and SIGHUP reload
+        routers.append(extras[0])
+        reload_hooks.append(extras[1])
 
     derive = _factory("gym_sidecar.pipeline.derive", "build_derive_stage")
     stage = derive(cfg.metrics, stage, metrics) if derive else PassThrough("derive", stage, metrics)

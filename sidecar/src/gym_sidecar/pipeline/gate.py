@@ -12,16 +12,29 @@ into the derived metrics when their spans are dropped here.
 
 from __future__ import annotations
 
-from typing import Final
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gym_sidecar.gating.api import build_router
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
+from gym_sidecar.gating.reload import ConfigReloader
 from gym_sidecar.gating.state import SpanGroupState
 from gym_sidecar.pipeline.stage import Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from gym_sidecar.config import SidecarConfig
+
+_log = logging.getLogger(__name__)
 
 STAGE_NAME: Final = "gate"
 _UNNAMED: Final = "_unnamed"
@@ -48,6 +61,24 @@ class GateStage(Stage):
         self._dropped_total = metrics.dropped.labels(Signal.TRACES.value, _DROP_REASON)
         self._labels: set[str] = set()
         """service.name values counted under their own name (at most max_services)."""
+        self.reloader: ConfigReloader | None = None
+        """Set by :func:`gate_extras`: watched while the stage runs."""
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start watching the config file (if a reloader is attached)."""
+        if self.reloader is not None and self._watch is None:
+            self._watch = asyncio.create_task(self.reloader.run(), name="span-groups-watch")
+
+    async def shutdown(self, deadline_s: float) -> None:
+        """Stop the file watcher. Safe twice or unstarted."""
+        watch, self._watch = self._watch, None
+        if self.reloader is not None:
+            self.reloader.stop()
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
 
     def _label(self, service: str | None) -> str:
         label = service if service is not None else _UNNAMED
@@ -121,3 +152,28 @@ def build_gate_stage(
     return GateStage(
         state if state is not None else SpanGroupState(cfg, metrics), next_stage, metrics
     )
+
+
+def gate_extras(stage: Stage, cfg: SidecarConfig) -> tuple[APIRouter, Callable[[], None]] | None:
+    """Attach live reconfiguration to a gate stage built by :func:`build_gate_stage`.
+
+    Returns the admin router (``/v1/span-groups``) and the SIGHUP reload hook, and makes
+    the stage watch the config file while it runs (``span_groups.watch_interval_s``).
+    Reloads load the whole config again from the same file, environment and flags
+    (``cfg.source``) and apply only its ``span_groups`` section. None for another stage.
+    """
+    if not isinstance(stage, GateStage):
+        return None
+    source = cfg.source
+    if source is not None:
+        reloader = ConfigReloader(
+            stage.state, source.config_file, lambda: source.load().span_groups
+        )
+    else:  # built in code, not from a file: SIGHUP re-applies what it was given
+        reloader = ConfigReloader(stage.state, None, lambda: cfg.span_groups)
+    stage.reloader = reloader
+
+    def on_sighup() -> None:
+        reloader.reload("sighup")
+
+    return build_router(stage.state), on_sighup
