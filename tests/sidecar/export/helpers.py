@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -57,6 +58,16 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
         if predicate():
             return True
         await asyncio.sleep(0.02)
+    return predicate()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Poll ``predicate`` from a plain thread until it holds or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
     return predicate()
 
 

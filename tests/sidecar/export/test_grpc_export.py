@@ -138,8 +138,13 @@ def test_queue_full_raises_backpressure_and_counts_refused(sink: RecordingSink) 
         with pytest.raises(Backpressure) as info:
             await stage.consume(trace_batch("q", 3))
         assert info.value.retry_after_s == 2.5 and info.value.reason == "queue_full"
+        assert sample(metrics, "gym_sidecar_limit_hits_total", limit="export_queue.queue_full") == 1
         refused = sample(
-            metrics, "gym_sidecar_refused_items_total", signal="traces", reason="queue_full"
+            metrics,
+            "gym_sidecar_stage_items_total",
+            stage="queue",
+            signal="traces",
+            outcome="refused",
         )
         assert refused == 3
         assert sample(metrics, "gym_sidecar_queue_bytes") == one * 3

@@ -50,6 +50,7 @@ _RETRYABLE = frozenset(
 )
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 
 
 def rejected_items(signal: Signal, response: bytes) -> tuple[int, str]:
@@ -69,12 +70,26 @@ def rejected_items(signal: Signal, response: bytes) -> tuple[int, str]:
         return 0, ""
 
 
+def _seconds(info: Any) -> float:
+    delay_s: float = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return max(0.0, delay_s)
+
+
 def retry_delay_s(trailing_metadata: Any) -> float | None:
-    """The RetryInfo delay carried in a call's trailing status details, if any."""
+    """The RetryInfo delay a failed call's trailers carry, if any.
+
+    Read from the standard status details (``grpc-status-details-bin``) and, as a
+    fallback, from a bare ``google.rpc.retryinfo-bin`` trailer (what the OpenTelemetry
+    Python SDK looks for). Unparsable details count as no hint.
+    """
     for key, value in trailing_metadata or ():
-        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+        if not isinstance(value, bytes):
             continue
         try:
+            if key == _RETRY_INFO_KEY:
+                return _seconds(error_details_pb2.RetryInfo.FromString(value))
+            if key != _STATUS_DETAILS_KEY:
+                continue
             status = status_pb2.Status.FromString(value)
         except DecodeError:
             return None
@@ -82,8 +97,7 @@ def retry_delay_s(trailing_metadata: Any) -> float | None:
             if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
                 info = error_details_pb2.RetryInfo()
                 detail.Unpack(info)
-                delay_s: float = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-                return max(0.0, delay_s)
+                return _seconds(info)
     return None
 
 

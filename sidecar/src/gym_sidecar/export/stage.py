@@ -3,8 +3,8 @@
 :class:`QueueStage` serializes each batch once and enqueues the bytes; the client is
 acknowledged as soon as ``consume`` returns. When the bytes would pass the queue's
 bound it raises :class:`Backpressure` (the receiver answers RESOURCE_EXHAUSTED with
-RetryInfo, or HTTP 429 with Retry-After) and counts the items as refused. It never
-grows past the bound and never drops silently.
+RetryInfo, or HTTP 429 with Retry-After, and counts the items as refused) and counts
+the limit hit. It never grows past the bound and never drops silently.
 
 :class:`NoBackendStage` stands in when no backend is configured: it warns once and
 counts everything as dropped with reason ``no_backend``.
@@ -47,8 +47,10 @@ class QueueStage(Stage):
         self.metrics.stage_items.labels(self.name, signal.value, outcome).inc(items)
 
     def _refuse(self, batch: Batch, reason: str) -> Backpressure:
-        self.metrics.refused.labels(batch.signal.value, reason).inc(batch.items)
+        # The receiver counts the refused items (refused{reason}) when it answers the
+        # client; this stage counts the limit hit and its own view of the items.
         self.metrics.limit_hits.labels(f"export_queue.{reason}").inc()
+        self._count(batch.signal, "refused", batch.items)
         return Backpressure(self.retry_after_s, reason)
 
     async def consume(self, batch: Batch) -> None:
@@ -60,10 +62,9 @@ class QueueStage(Stage):
             raise self._refuse(batch, reasons.SHUTTING_DOWN)
         payload = batch.message.SerializeToString()
         if len(payload) > self.queue.capacity_bytes:
-            # It can never fit: retrying would loop forever, so reject it outright.
-            self.metrics.refused.labels(batch.signal.value, reasons.LARGER_THAN_QUEUE).inc(
-                batch.items
-            )
+            # It can never fit: retrying would loop forever, so reject it outright (the
+            # receiver reports it in partial_success and counts it as refused).
+            self.metrics.limit_hits.labels(f"export_queue.{reasons.LARGER_THAN_QUEUE}").inc()
             self._count(batch.signal, "dropped", batch.items)
             batch.reject(
                 batch.items,
