@@ -43,6 +43,15 @@ class ResourceAmounts(BaseModel):
     memory: str
 
 
+class SecretKey(BaseModel):
+    """A key of a Secret in the pod's namespace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    key: str
+
+
 class SidecarResources(BaseModel):
     """Requests and limits of the injected sidecar container."""
 
@@ -68,7 +77,7 @@ class InjectorConfig(BaseModel):
     max_request_bytes: int = Field(default=8 * MiB, gt=0)
     """Largest AdmissionReview body read; larger ones are allowed unmodified and counted."""
 
-    image: str = "ghcr.io/nemo-gym/gym-telemetry-sidecar:0.1.0"
+    image: str = "gym-telemetry-sidecar:0.1.0"
     """Sidecar image injected into pods."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     container_name: str = "gym-telemetry-sidecar"
@@ -79,6 +88,10 @@ class InjectorConfig(BaseModel):
     """Key of the ConfigMap holding the sidecar's YAML config."""
     sidecar_env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the sidecar container (e.g. ``GYM_SIDECAR_BACKEND__URL``)."""
+    sidecar_secret_env: dict[str, SecretKey] = Field(default_factory=dict)
+    """Sidecar variables read from Secrets of the pod's namespace (e.g. the span-group
+    API token ``GYM_SIDECAR_SPAN_GROUPS__TOKEN``); optional refs, so a missing Secret
+    never keeps the pod from starting."""
     app_env: dict[str, str] = Field(
         default_factory=lambda: {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
     )

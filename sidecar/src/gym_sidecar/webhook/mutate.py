@@ -98,6 +98,13 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
         )
         mounts.append({"name": CONFIG_VOLUME_NAME, "mountPath": CONFIG_MOUNT_DIR, "readOnly": True})
     env.extend({"name": k, "value": v} for k, v in sorted(config.sidecar_env.items()))
+    env.extend(
+        {
+            "name": k,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": True}},
+        }
+        for k, ref in sorted(config.sidecar_secret_env.items())
+    )
     container: dict[str, Any] = {
         "name": config.container_name,
         "image": config.image,
