@@ -66,6 +66,7 @@ class DebugSpan:
 
     name: str
     attributes: dict[str, str] = field(default_factory=dict)
+    """Key -> the typed value as printed, e.g. ``Str(text)``, ``Int(42)``."""
     resource: dict[str, str] = field(default_factory=dict)
     scope: str = ""
 
@@ -115,7 +116,7 @@ def parse_debug_spans(text: str) -> list[DebugSpan]:
             continue
         m = _ATTR.match(raw)
         if m:
-            key, value = m.group(1).strip(), m.group(3)
+            key, value = m.group(1).strip(), f"{m.group(2)}({m.group(3)})"
             if section == "resource":
                 resource[key] = value
             elif section == "span_attrs" and current is not None:
@@ -143,6 +144,10 @@ class RotelBlackhole:
     def grpc_endpoint(self) -> str:
         return f"http://127.0.0.1:{self.grpc_port}"
 
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def start(self) -> RotelBlackhole:
         cmd = [
             str(self.binary),
@@ -166,6 +171,7 @@ class RotelBlackhole:
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_listening(self.grpc_port, timeout_s=20)
+            wait_listening(self.http_port, timeout_s=20)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"rotel did not start: {self.output()[-2000:]}") from None
