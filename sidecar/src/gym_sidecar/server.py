@@ -101,13 +101,20 @@ class SidecarServer:
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             await self._stop.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-            await self.shutdown()
+            # Handlers stay installed while draining: a repeated SIGTERM must not kill
+            # the process halfway (the drain is bounded by shutdown_timeout_s anyway).
+            try:
+                await self.shutdown()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(sig)
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask :meth:`serve` to shut down (idempotent)."""
         if sig is not None:
+            if self._shutdown_started:
+                logger.info("received %s, already shutting down", signal.Signals(sig).name)
+                return
             logger.info("received %s, shutting down", signal.Signals(sig).name)
         if self._stop is not None:
             self._stop.set()

@@ -1,0 +1,152 @@
+"""Small OTLP requests for receiver tests, and the plain clients that send them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import grpc
+import httpx
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+SERVICES = {
+    "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
+    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
+}
+
+
+def kv(key: str, value: Any) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def trace_request(tag: str, spans: int = 3, service: str = "test-svc") -> ExportTraceServiceRequest:
+    """``spans`` spans named ``{tag}-{i}`` with attributes tag/index/ratio/flag."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.append(kv("service.name", service))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "tests.receiver"
+    for i in range(spans):
+        sp = ss.spans.add()
+        sp.trace_id = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
+        sp.span_id = (i + 1).to_bytes(8, "big")
+        sp.name = f"{tag}-{i}"
+        sp.kind = Span.SPAN_KIND_SERVER
+        sp.start_time_unix_nano = 1_700_000_000_000_000_000 + i
+        sp.end_time_unix_nano = 1_700_000_000_000_100_000 + i
+        sp.attributes.extend([kv("tag", tag), kv("index", i), kv("ratio", 0.5), kv("flag", True)])
+    return req
+
+
+def trace_request_json(tag: str, spans: int = 3) -> dict[str, Any]:
+    """The same shape in OTLP/JSON: hex ids, camelCase keys, enum as int, int64 as string."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": "json-svc"}}]
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "tests.receiver.json"},
+                        "spans": [
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": f"{i + 1:016x}",
+                                "parentSpanId": "eee19b7ec3c1b173",
+                                "name": f"{tag}-{i}",
+                                "kind": 2,
+                                "startTimeUnixNano": "1544712660000000000",
+                                "endTimeUnixNano": "1544712661000000000",
+                                "attributes": [
+                                    {"key": "tag", "value": {"stringValue": tag}},
+                                    {"key": "index", "value": {"intValue": str(i)}},
+                                ],
+                                "status": {"code": 1},
+                            }
+                            for i in range(spans)
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+
+
+def metrics_request(name: str, points: int = 2) -> ExportMetricsServiceRequest:
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.append(kv("service.name", "test-svc"))
+    sm = rm.scope_metrics.add()
+    m: Metric = sm.metrics.add()
+    m.name = name
+    for i in range(points):
+        dp: NumberDataPoint = m.gauge.data_points.add()
+        dp.as_int = i
+        dp.time_unix_nano = 1_700_000_000_000_000_000
+        dp.attributes.append(kv("i", i))
+    return req
+
+
+def logs_request(body: str, records: int = 2) -> ExportLogsServiceRequest:
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    rl.resource.attributes.append(kv("service.name", "test-svc"))
+    sl = rl.scope_logs.add()
+    for i in range(records):
+        rec: LogRecord = sl.log_records.add()
+        rec.body.string_value = f"{body}-{i}"
+        rec.severity_number = 9
+    return req
+
+
+def grpc_export(
+    endpoint: str,
+    signal: str,
+    payload: bytes | Message,
+    compression: grpc.Compression | None = None,
+) -> bytes:
+    """One unary Export call with raw bytes; raises grpc.RpcError on a non-OK status."""
+    data = payload if isinstance(payload, bytes) else payload.SerializeToString()
+    with grpc.insecure_channel(
+        endpoint, options=[("grpc.max_send_message_length", 256 * 1024 * 1024)]
+    ) as channel:
+        call = channel.unary_unary(f"/{SERVICES[signal]}/Export")
+        result: bytes = call(data, timeout=10, compression=compression)
+        return result
+
+
+def http_post(
+    base_url: str,
+    signal: str,
+    body: bytes,
+    content_type: str = "application/x-protobuf",
+    gzipped: bool = False,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    hdrs = {"Content-Type": content_type, **(headers or {})}
+    if gzipped:
+        body = gzip.compress(body)
+        hdrs["Content-Encoding"] = "gzip"
+    return httpx.post(f"{base_url}/v1/{signal}", content=body, headers=hdrs, timeout=10)
+
+
+def json_bytes(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
