@@ -1,0 +1,226 @@
+"""End to end: a real FastAPI app instrumented with the agent's wrappers sends spans to a
+real sidecar process, which derives metrics and forwards them to a real OTLP sink.
+
+Ground truth is the app's own record of every span it ended (ids, start/end nanos), so
+counts, sums and bucket counts are checked exactly, not within timing tolerances.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from gym_telemetry import semconv
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.sidecar.metrics.collect import points
+from tests.support.ports import free_port, wait_listening
+from tests.support.sidecar_proc import SidecarProcess
+from tests.support.sink import RecordingSink
+
+ROLLOUT_BOUNDS = [100.0, 400.0, 2000.0]
+VERIFY_BOUNDS = [50.0, 200.0, 1000.0]
+SERVICE = "math_with_judge"
+
+
+@pytest.fixture
+def sink() -> Iterator[RecordingSink]:
+    with RecordingSink() as s:
+        yield s
+
+
+@pytest.fixture
+def sidecar(sink: RecordingSink) -> Iterator[SidecarProcess]:
+    config = {
+        "metrics": {
+            "interval_s": 3600,  # the only export is the one SIGTERM flushes
+            "cardinality_limit": 3,
+            "rollout_buckets_ms": ROLLOUT_BOUNDS,
+            "verify_buckets_ms": VERIFY_BOUNDS,
+        },
+        # verify in `metrics` mode: the gate drops its spans *after* derivation
+        "span_groups": {"spec": "all", "modes": {"verify": "metrics"}},
+    }
+    sc = SidecarProcess(backend=sink.endpoint, config=config).start()
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+@pytest.fixture
+def app(sidecar: SidecarProcess) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.sidecar.metrics.gym_app",
+            "--port",
+            str(port),
+            "--sidecar",
+            sidecar.grpc_endpoint,
+            "--service",
+            SERVICE,
+        ],
+        env={
+            "GYM_TELEMETRY_POLL_INTERVAL_S": "0",
+            "PATH": "/usr/bin:/bin",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        },
+    )
+    try:
+        wait_listening(port, timeout_s=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def bucket_index(bounds: list[float], value: float) -> int:
+    return next((i for i, b in enumerate(bounds) if value <= b), len(bounds))
+
+
+def prom_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    ]
+
+
+def prom(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    found = [
+        v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())
+    ]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_metrics_from_real_wrapped_spans(
+    sink: RecordingSink, sidecar: SidecarProcess, app: str
+) -> None:
+    with httpx.Client(base_url=app, timeout=30) as client:
+        for ms in (5, 5, 5, 150, 150):
+            assert client.post("/run", json={"sleep_ms": ms}).status_code == 200
+        calls = [(5, "pass")] * 3 + [(80, "wrong")] * 2 + [(5, "raise_value")]
+        for ms, outcome in calls:
+            r = client.post("/verify", json={"sleep_ms": ms, "outcome": outcome})
+            assert r.status_code == (500 if outcome.startswith("raise") else 200)
+        # a third attribute set for gym.verify.*: past the limit of 3 (2 + overflow)
+        assert (
+            client.post("/verify", json={"sleep_ms": 5, "outcome": "raise_key"}).status_code == 500
+        )
+        assert client.post("/flush").json() == {"flushed": True}
+        truth = client.get("/spans").json()
+
+    rollouts = [s for s in truth if s["name"] == semconv.SPAN_ROLLOUT]
+    verifies = [s for s in truth if s["name"] == semconv.SPAN_VERIFY]
+    assert len(rollouts) == 5 and len(verifies) == 7
+    ms = {s["span_id"]: (s["end"] - s["start"]) / 1e6 for s in truth}
+    ok = [s for s in verifies if s["attributes"].get(semconv.VERIFY_SUCCEEDED) is True]
+    value_err = [s for s in verifies if s["attributes"].get(semconv.ERROR_TYPE) == "ValueError"]
+    key_err = [s for s in verifies if s["attributes"].get(semconv.ERROR_TYPE) == "KeyError"]
+    assert (len(ok), len(value_err), len(key_err)) == (5, 1, 1)
+
+    # -- admin /metrics, before any OTLP export ----------------------------------------
+    status, text = sidecar.admin_get("/metrics")
+    assert status == 200
+    got = prom_samples(text)
+    res = {
+        "service_name": SERVICE,
+        "nemo_gym_server_name": SERVICE,
+        "nemo_gym_server_type": "resources",
+    }
+    assert prom(got, "gym_rollout_duration_ms_count", **res) == 5
+    assert prom(got, "gym_rollout_duration_ms_sum", **res) == pytest.approx(
+        sum(ms[s["span_id"]] for s in rollouts), rel=1e-9
+    )
+    for i, le in enumerate(ROLLOUT_BOUNDS):
+        expected = sum(1 for s in rollouts if bucket_index(ROLLOUT_BOUNDS, ms[s["span_id"]]) <= i)
+        assert prom(got, "gym_rollout_duration_ms_bucket", le=str(le), **res) == expected
+    assert prom(got, "gym_verify_count_total", succeeded="true", **res) == 5
+    assert (
+        prom(got, "gym_verify_count_total", succeeded="false", error_type="ValueError", **res) == 1
+    )
+    assert prom(got, "gym_verify_count_total", otel_metric_overflow="true") == 1
+    assert (
+        prom(got, "gym_sidecar_derived_overflow_points_total", metric=semconv.METRIC_VERIFY_COUNT)
+        == 1
+    )
+    assert prom(got, "gym_sidecar_limit_hits_total", limit="metrics.cardinality_limit") == 2
+    assert sink.metric_requests() == []  # interval 3600 s: nothing exported yet
+
+    # the gate ran after derivation: rollout spans forwarded, verify spans (metrics) not
+    assert sink.wait_spans(5)
+    names = [s.span.name for s in sink.spans()]
+    assert names.count(semconv.SPAN_ROLLOUT) == 5 and semconv.SPAN_VERIFY not in names
+
+    # -- SIGTERM: the last partial interval arrives -------------------------------------
+    assert sidecar.stop() == 0
+    [req] = sink.metric_requests()
+    by_metric = {
+        name: points(req, name)
+        for name in (
+            semconv.METRIC_ROLLOUT_DURATION,
+            semconv.METRIC_VERIFY_DURATION,
+            semconv.METRIC_VERIFY_COUNT,
+            semconv.METRIC_VERIFY_SUCCESS_RATE,
+        )
+    }
+
+    [r] = by_metric[semconv.METRIC_ROLLOUT_DURATION]
+    assert {
+        k: r.resource[k] for k in (semconv.SERVICE_NAME, semconv.SERVER_NAME, semconv.SERVER_TYPE)
+    } == {
+        semconv.SERVICE_NAME: SERVICE,
+        semconv.SERVER_NAME: SERVICE,
+        semconv.SERVER_TYPE: "resources",
+    }
+    assert semconv.ROLLOUT_ID not in r.attrs
+    assert r.point.count == 5
+    assert r.point.sum == pytest.approx(sum(ms[s["span_id"]] for s in rollouts), rel=1e-12)
+    expected_buckets = [0] * (len(ROLLOUT_BOUNDS) + 1)
+    for s in rollouts:
+        expected_buckets[bucket_index(ROLLOUT_BOUNDS, ms[s["span_id"]])] += 1
+    assert list(r.point.bucket_counts) == expected_buckets
+    assert expected_buckets[0] >= 3 and sum(expected_buckets[1:3]) == 2  # sanity of sleeps
+    check_exemplars(r.point, rollouts, ms)
+
+    verify_pts = {
+        tuple(sorted(p.attrs.items())): p for p in by_metric[semconv.METRIC_VERIFY_DURATION]
+    }
+    ok_key = ((semconv.VERIFY_SUCCEEDED, True),)
+    err_key = ((semconv.ERROR_TYPE, "ValueError"), (semconv.VERIFY_SUCCEEDED, False))
+    over_key = (("otel.metric.overflow", True),)
+    assert set(verify_pts) == {ok_key, err_key, over_key}
+    assert verify_pts[ok_key].point.count == 5
+    assert verify_pts[ok_key].point.sum == pytest.approx(
+        sum(ms[s["span_id"]] for s in ok), rel=1e-12
+    )
+    assert verify_pts[err_key].point.count == 1
+    assert verify_pts[over_key].point.count == 1 and verify_pts[over_key].resource == {}
+    check_exemplars(verify_pts[ok_key].point, ok, ms)
+    check_exemplars(verify_pts[over_key].point, key_err, ms)
+
+    counts = {
+        tuple(sorted(p.attrs.items())): p.point.as_int
+        for p in by_metric[semconv.METRIC_VERIFY_COUNT]
+    }
+    assert counts == {ok_key: 5, err_key: 1, over_key: 1}
+    [rate] = by_metric[semconv.METRIC_VERIFY_SUCCESS_RATE]
+    assert rate.point.as_double == pytest.approx(5 / 7)
+
+
+def check_exemplars(point: Any, spans: list[dict[str, Any]], ms: dict[str, float]) -> None:
+    """Every exemplar names one of ``spans`` (real ids) and carries its exact duration."""
+    by_id = {(s["trace_id"], s["span_id"]) for s in spans}
+    assert len(point.exemplars) >= 1
+    for ex in point.exemplars:
+        key = (ex.trace_id.hex(), ex.span_id.hex())
+        assert key in by_id
+        assert ex.as_double == pytest.approx(ms[key[1]], rel=1e-12)
