@@ -180,6 +180,7 @@ class DockerLookup:
                 logger.info("Docker enrichment skipped: no Docker socket at %s", path)
                 self.enabled = False
                 return
+        logger.info("Docker enrichment on: looking containers up at %s", self.cfg.base_url)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.cfg.lookup_threads, thread_name_prefix="enrich-docker"
         )

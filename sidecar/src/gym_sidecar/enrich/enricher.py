@@ -125,9 +125,8 @@ class Enricher:
             if not docker.enabled:
                 docker = None
         logger.info(
-            "enrichment sources: %s, docker=%s",
+            "enrichment sources: %s",
             ", ".join(f"{name}={len(attrs)} keys" for name, attrs in layers.items()),
-            "on" if docker is not None else "off",
         )
         return cls(cfg, layers, docker, metrics)
 
@@ -157,8 +156,8 @@ class Enricher:
                     self._cache[key] = entry
                 else:
                     entry = cached
-                if entry.docker_key is not None and entry.recheck_at <= time.monotonic():
-                    entry = self._recheck(key, entry)
+                    if entry.docker_key is not None and entry.recheck_at <= time.monotonic():
+                        entry = self._recheck(key, entry)
             if not entry.unchanged:
                 resource.CopyFrom(entry.resource)
 
