@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from gym_sidecar.enrich import downward_api
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
@@ -47,6 +48,9 @@ ENV_NESTED_DELIMITER = "__"
 """Separator of nested keys in environment variable names."""
 ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
 """Env twin of ``--config`` (a path, not a config key)."""
+# GYM_SIDECAR_PODINFO_DIR is set by the injection webhook for the enrich stage's
+# Kubernetes source (enrich/downward_api.py); it is not a config override.
+_NOT_CONFIG_ENV = frozenset({ENV_PREFIX, ENV_CONFIG_FILE, downward_api.PODINFO_DIR_ENV})
 
 MiB = 1024 * 1024
 
@@ -176,7 +180,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # Sorted so that the nested spelling (GYM_SIDECAR_BACKEND__URL) beats the alias.
     for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name in (ENV_PREFIX, ENV_CONFIG_FILE):
+        if not name.startswith(ENV_PREFIX) or name in _NOT_CONFIG_ENV:
             continue
         key = FLAG_ENV_ALIASES.get(name) or name[len(ENV_PREFIX) :].lower()
         path = key.split(ENV_NESTED_DELIMITER)
