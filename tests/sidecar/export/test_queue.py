@@ -57,6 +57,19 @@ def test_get_batches_one_signal_up_to_max_bytes_in_fifo_order() -> None:
     run(body())
 
 
+def test_a_busy_signal_does_not_starve_an_older_one() -> None:
+    async def body() -> None:
+        q = MemoryQueue(max_bytes=10_000)
+        await q.put(Signal.METRICS, b"m" * 10, 1)  # older, small: lingering
+        for _ in range(4):
+            await q.put(Signal.TRACES, b"t" * 50, 1)  # newer, a full batch twice over
+        await asyncio.sleep(0.06)
+        first = await q.get(max_bytes=100, linger_s=0.05)
+        assert first is not None and first.signal is Signal.METRICS
+
+    run(body())
+
+
 def test_get_lingers_for_more_until_the_size_is_reached() -> None:
     async def body() -> None:
         q = MemoryQueue(max_bytes=10_000)

@@ -141,17 +141,20 @@ class MemoryQueue:
         return True
 
     def _ready(self, max_bytes: int, linger_s: float, now: float) -> Signal | None:
-        oldest: tuple[float, Signal] | None = None
+        """The signal to send next: among those with a full batch, an aged head, or
+        (when draining) anything queued, the one whose head waited longest, so that a
+        busy signal cannot starve the others."""
+        best: tuple[float, Signal] | None = None
         for signal, q in self._pending.items():
             if not q:
                 continue
-            if self._draining or self._pending_bytes[signal] >= max_bytes:
-                return signal
-            if oldest is None or q[0].enqueued_at < oldest[0]:
-                oldest = (q[0].enqueued_at, signal)
-        if oldest is not None and now - oldest[0] >= linger_s:
-            return oldest[1]
-        return None
+            head = q[0].enqueued_at
+            ready = (
+                self._draining or self._pending_bytes[signal] >= max_bytes or now - head >= linger_s
+            )
+            if ready and (best is None or head < best[0]):
+                best = (head, signal)
+        return None if best is None else best[1]
 
     def _next_deadline(self, linger_s: float) -> float | None:
         heads = [q[0].enqueued_at for q in self._pending.values() if q]
