@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gym_sidecar.gating.api import build_router
-from gym_sidecar.gating.config import SpanGroupsConfig
+from gym_sidecar.gating.config import Mode, SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
 from gym_sidecar.gating.reload import ConfigReloader
 from gym_sidecar.gating.state import SpanGroupState
@@ -57,10 +57,15 @@ class GateStage(Stage):
     def __init__(self, state: SpanGroupState, next_stage: Stage | None, metrics: SelfMetrics):
         super().__init__(next_stage, metrics)
         self.state = state
-        self._items = metrics.stage_items
+        traces = Signal.TRACES.value
+        self._received = metrics.stage_items.labels(STAGE_NAME, traces, "received")
+        self._dropped = metrics.stage_items.labels(STAGE_NAME, traces, "dropped")
+        self._passed = metrics.stage_items.labels(STAGE_NAME, traces, "passed")
         self._dropped_total = metrics.dropped.labels(Signal.TRACES.value, _DROP_REASON)
         self._labels: set[str] = set()
         """service.name values counted under their own name (at most max_services)."""
+        self._children: dict[tuple[str, str, Mode], Any] = {}
+        """Labelled counter children, cached: ``labels()`` costs more than the drop."""
         self.reloader: ConfigReloader | None = None
         """Set by :func:`gate_extras`: watched while the stage runs."""
         self._watch: asyncio.Task[None] | None = None
@@ -93,13 +98,13 @@ class GateStage(Stage):
     async def consume(self, batch: Batch) -> None:
         if batch.signal is Signal.TRACES:
             assert isinstance(batch.message, ExportTraceServiceRequest)
-            self._items.labels(STAGE_NAME, batch.signal.value, "received").inc(batch.items)
+            self._received.inc(batch.items)
             dropped = self.gate(batch.message)
             if dropped:
                 batch.items -= dropped
-                self._items.labels(STAGE_NAME, batch.signal.value, "dropped").inc(dropped)
+                self._dropped.inc(dropped)
                 self._dropped_total.inc(dropped)
-            self._items.labels(STAGE_NAME, batch.signal.value, "passed").inc(batch.items)
+            self._passed.inc(batch.items)
             if not batch.message.resource_spans:
                 return  # nothing left to forward
         if self.next is not None:
@@ -110,6 +115,7 @@ class GateStage(Stage):
         policy = self.state.policy
         scopes = self.state.scopes
         counter = self.state.counters.dropped_spans
+        children = self._children
         dropped_total = 0
         resource_spans = message.resource_spans
         empty: list[int] = []
@@ -130,7 +136,12 @@ class GateStage(Stage):
                 dropped_total += n
                 if label is None:
                     label = self._label(service)
-                counter.labels(group, label, groups.modes[group].value).inc(n)
+                mode = groups.modes[group]
+                child = children.get((group, label, mode))
+                if child is None:
+                    child = counter.labels(group, label, mode.value)
+                    children[(group, label, mode)] = child
+                child.inc(n)
             for si in reversed(doomed):
                 del scope_spans[si]
             if not scope_spans:
