@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         for size, payload in payloads.items():
             n = args.n if size == "small" else max(1, args.n // 20)
             results.setdefault((size, "parse"), []).append(
-                time_loop(lambda p=payload: parse(p), n)  # type: ignore[misc]
+                time_loop(lambda p=payload: parse(p), n)
             )
             for name, stage in stages.items():
                 gate = stage.gate
                 results.setdefault((size, name), []).append(
-                    time_loop(lambda p=payload, g=gate: g(parse(p)), n)  # type: ignore[misc]
+                    time_loop(lambda p=payload, g=gate: g(parse(p)), n)
                 )
     print(f"gate stage, in process: n={args.n} (large: n/20) x {args.repeats} repeats, medians")
     print(f"{'request':<8}{'variant':<12}{'us/request':>12}{'gate us':>10}{'ns/span':>10}")
