@@ -78,6 +78,7 @@ ENV_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 ENV_INSECURE: Final = "OTEL_EXPORTER_OTLP_INSECURE"
 ENV_PROPAGATORS: Final = "OTEL_PROPAGATORS"
 ENV_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
+ENV_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 #: Server identity, read when the arguments do not give it (set by the Gym integration
 #: or a deployment).
 ENV_SERVER_NAME: Final = "GYM_TELEMETRY_SERVER_NAME"
@@ -86,6 +87,7 @@ ENV_SERVER_TYPE: Final = "GYM_TELEMETRY_SERVER_TYPE"
 DEFAULT_GRPC_ENDPOINT: Final = "localhost:4317"
 DEFAULT_HTTP_ENDPOINT: Final = "http://localhost:4318/v1/traces"
 DEFAULT_MAX_QUEUE_SIZE: Final = 2048
+DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
 
 
@@ -96,6 +98,7 @@ class _State:
         self.provider: TracerProvider | None = None
         self.owns_provider = False
         self.processor: GymSpanProcessor | None = None
+        self.exporter: TrackingExporter | None = None  # the latest, kept for its counters
         self.atexit_registered = False
 
 
@@ -160,11 +163,37 @@ def _make_exporter(endpoint: str | None) -> SpanExporter:
     return OTLPSpanExporter(endpoint=target, insecure=insecure)
 
 
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        _log.warning("gym_telemetry: %s=%r is not an integer; ignored", name, raw)
+        return None
+    return value if value > 0 else None
+
+
 def _make_batch_processor(exporter: SpanExporter) -> BatchSpanProcessor:
-    kwargs: dict[str, Any] = {}
-    if not os.environ.get(ENV_BSP_MAX_QUEUE_SIZE):
-        kwargs["max_queue_size"] = DEFAULT_MAX_QUEUE_SIZE
-    return BatchSpanProcessor(exporter, **kwargs)
+    """A batch processor with a bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048).
+
+    When only the queue size is set and it is below the SDK's default batch size (512),
+    the batch size follows it instead of failing the SDK's argument check.
+    """
+    max_queue = _env_int(ENV_BSP_MAX_QUEUE_SIZE) or DEFAULT_MAX_QUEUE_SIZE
+    kwargs: dict[str, Any] = {"max_queue_size": max_queue}
+    batch = _env_int(ENV_BSP_MAX_EXPORT_BATCH_SIZE)
+    kwargs["max_export_batch_size"] = min(batch or DEFAULT_MAX_EXPORT_BATCH_SIZE, max_queue)
+    try:
+        return BatchSpanProcessor(exporter, **kwargs)
+    except ValueError as exc:  # inconsistent OTEL_BSP_* values: fall back to the defaults
+        _log.warning("gym_telemetry: batch processor settings rejected (%s); using defaults", exc)
+        return BatchSpanProcessor(
+            exporter,
+            max_queue_size=DEFAULT_MAX_QUEUE_SIZE,
+            max_export_batch_size=DEFAULT_MAX_EXPORT_BATCH_SIZE,
+        )
 
 
 def _install_propagators() -> None:
@@ -246,6 +275,7 @@ def init_telemetry(
             assert processor is not None
             exporter = TrackingExporter(_make_exporter(endpoint))
             processor.plug(_make_batch_processor(exporter), exporter)
+            _STATE.exporter = exporter
             _install_propagators()
             _span_groups.reset_tracers()
             _apply_span_groups(span_groups)
@@ -360,7 +390,7 @@ def export_stats() -> dict[str, int]:
     """Counters of the current exporter: spans ``exported``, ``failed`` to export, and
     ``dropped`` (queue full, whole process lifetime). Zeros before ``init_telemetry``."""
     processor = _STATE.processor
-    exporter = processor.exporter if processor is not None else None
+    exporter = _STATE.exporter
     return {
         "exported": exporter.exported if exporter is not None else 0,
         "failed": exporter.failed if exporter is not None else 0,
