@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from gym_sidecar.enrich.config import KubernetesConfig
+from gym_sidecar.enrich.downward_api import SERVER_NAME_LABEL
 from gym_sidecar.enrich.docker_lookup import (
     container_attributes,
     lookup_key,
@@ -79,7 +80,7 @@ def test_podinfo_go_quoted_values(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_kubernetes_env_and_selected_labels(tmp_path: Path) -> None:
-    (tmp_path / "labels").write_text('app="a"\nsecret="s"\nnemo.gym/server-name="srv"\n')
+    (tmp_path / "labels").write_text(f'app="a"\nsecret="s"\n{SERVER_NAME_LABEL}="srv"\n')
     (tmp_path / "annotations").write_text('team="rl"\nother="x"\n')
     cfg = KubernetesConfig(podinfo_dir=str(tmp_path), annotations=["team"])
     env = {"K8S_POD_NAME": "p-1", "K8S_NODE_NAME": "n-7", "K8S_POD_UID": ""}
@@ -87,7 +88,7 @@ def test_kubernetes_env_and_selected_labels(tmp_path: Path) -> None:
         "k8s.pod.name": "p-1",
         "k8s.node.name": "n-7",
         "k8s.pod.label.app": "a",
-        "k8s.pod.label.nemo.gym/server-name": "srv",
+        f"k8s.pod.label.{SERVER_NAME_LABEL}": "srv",
         "k8s.pod.annotation.team": "rl",
     }
 

@@ -27,4 +27,4 @@ PODINFO_VOLUME_NAME: Final = "gym-telemetry-podinfo"
 
 # The pod label carrying the Gym server's name (set by the deployment; copied by the
 # Kubernetes source as k8s.pod.label.<this key> when present).
-SERVER_NAME_LABEL: Final = "nemo.gym/server-name"
+SERVER_NAME_LABEL: Final = "telemetry.nemo-gym.io/server-name"
