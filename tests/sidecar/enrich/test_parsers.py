@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from gym_sidecar.enrich.config import KubernetesConfig
-from gym_sidecar.enrich.downward_api import SERVER_NAME_LABEL
 from gym_sidecar.enrich.docker_lookup import (
     container_attributes,
     lookup_key,
     parse_image_reference,
     peer_ip,
 )
+from gym_sidecar.enrich.downward_api import SERVER_NAME_LABEL
 from gym_sidecar.enrich.environment import (
     ResourceAttributesError,
     environment_attributes,
