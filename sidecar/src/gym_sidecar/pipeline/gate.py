@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from gym_sidecar.gating.api import build_router
 from gym_sidecar.gating.config import Mode, SpanGroupsConfig
@@ -41,8 +42,8 @@ _UNNAMED: Final = "_unnamed"
 _DROP_REASON: Final = "span_group"
 
 
-def _service_name(resource_attributes: object) -> str | None:
-    for kv in resource_attributes:  # type: ignore[attr-defined]
+def _service_name(resource_attributes: Iterable[KeyValue]) -> str | None:
+    for kv in resource_attributes:
         if kv.key == semconv.SERVICE_NAME:
             value = kv.value
             return str(value.string_value) if value.HasField("string_value") else None
