@@ -9,7 +9,7 @@ import pytest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import SCOPE_NAME
 from gym_sidecar.pipeline.derive import DeriveStage, build_derive_stage
-from gym_sidecar.pipeline.stage import Batch, PassThrough, Signal
+from gym_sidecar.pipeline.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -203,9 +203,9 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_ROLLOUT_DURATION: 3,
         semconv.METRIC_VERIFY_DURATION: 6,
         semconv.METRIC_VERIFY_COUNT: 6,
-        semconv.METRIC_VERIFY_SUCCESS_RATE: 3,
+        semconv.METRIC_VERIFY_SUCCESS_RATE: 6,
     }
-    assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 18
+    assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 21
     text = metrics.render().decode()
     assert 'gym_sidecar_derived_overflow_points_total{metric="gym.verify.count"} 6.0' in text
 
@@ -393,3 +393,39 @@ def test_disabled_is_a_pass_through() -> None:
 def test_config_is_validated(cfg: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MetricsConfig(**cfg)
+
+
+def test_a_trace_batch_refused_downstream_counts_once_when_retried() -> None:
+    stage, tail, _ = make()
+    req = request({VERIFY_SCOPE: [verify(5), verify(6)], ROLLOUT_SCOPE: [rollout(100)]})
+
+    async def go() -> None:
+        tail.refuse = 1
+        with pytest.raises(Backpressure):
+            await stage.consume(traces(req))
+        await stage.consume(traces(req))  # the client's retry
+        await stage.flush()
+
+    run(go())
+    req_out = tail.metric_requests()[0]
+    [v] = points(req_out, semconv.METRIC_VERIFY_DURATION)
+    [r] = points(req_out, semconv.METRIC_ROLLOUT_DURATION)
+    assert (v.point.count, r.point.count) == (2, 1)
+    assert stage.store.spans == {semconv.SPAN_ROLLOUT: 1, semconv.SPAN_VERIFY: 2}
+
+
+def test_spans_without_ids_give_no_exemplar_and_exemplars_can_be_off() -> None:
+    stage, tail, _ = make(exemplars=False)
+    stage2, tail2, _ = make()
+    no_ids = verify(5, trace_id=b"", span_id=b"")
+
+    async def go() -> None:
+        await stage.consume(traces(request({VERIFY_SCOPE: [verify(5)]})))
+        await stage.flush()
+        await stage2.consume(traces(request({VERIFY_SCOPE: [no_ids]})))
+        await stage2.flush()
+
+    run(go())
+    for t in (tail, tail2):
+        [v] = points(t.metric_requests()[0], semconv.METRIC_VERIFY_DURATION)
+        assert v.point.count == 1 and len(v.point.exemplars) == 0

@@ -42,12 +42,11 @@ Exemplar = tuple[float, int, bytes, bytes]
 """(value, time_unix_nano, trace_id, span_id)."""
 
 
-def remember_resource(resources: dict[bytes, Resource], key: bytes, resource: Resource) -> None:
-    """Keep a private copy of ``resource`` under ``key`` (the batch may be mutated later)."""
+def remember_resource(resources: dict[bytes, Resource], key: bytes) -> None:
+    """Keep the resource serialized as ``key`` (parsed once, when its first series is
+    created; the batch it came from is not referenced)."""
     if key not in resources:
-        copy = Resource()
-        copy.CopyFrom(resource)
-        resources[key] = copy
+        resources[key] = Resource.FromString(key)
 
 
 class HistogramSeries:
@@ -100,7 +99,7 @@ class HistogramSeries:
         trace_id: bytes | None,
         span_id: bytes | None,
     ) -> None:
-        """Add one value (ms). ``trace_id`` None: no exemplar is kept."""
+        """Add one value (ms). No ``trace_id``/``span_id``: no exemplar is kept."""
         i = bisect_left(bounds, value)  # bounds are inclusive upper bounds
         self.bucket_counts[i] += 1
         self.count += 1
@@ -110,7 +109,7 @@ class HistogramSeries:
             self.win_min = value
         if value > self.win_max:  # noqa: PLR1730
             self.win_max = value
-        if trace_id is not None and span_id is not None:
+        if trace_id and span_id:  # None (exemplars off) or empty ids: no exemplar
             self.exemplars[i] = (value, end_ns, trace_id, span_id)
 
     @property
@@ -145,21 +144,17 @@ class HistogramTable:
         self._on_overflow = on_overflow
         self._regular = 0
 
-    def get(self, resource_key: bytes, attrs: Attrs, resource: Resource) -> HistogramSeries:
-        """The series for this key, creating it (or routing to overflow) if new.
-
-        ``resource`` is the message ``resource_key`` was serialized from; it is copied
-        into ``resources`` only when a series for it is created.
-        """
+    def get(self, resource_key: bytes, attrs: Attrs) -> HistogramSeries:
+        """The series for this key, creating it (or routing to overflow) if new."""
         s = self.series.get((resource_key, attrs))
         if s is None:
-            s = self._admit(resource_key, attrs, resource)
+            s = self._admit(resource_key, attrs)
         return s
 
-    def _admit(self, resource_key: bytes, attrs: Attrs, resource: Resource) -> HistogramSeries:
+    def _admit(self, resource_key: bytes, attrs: Attrs) -> HistogramSeries:
         if self._regular < self.limit - 1:
             self._regular += 1
-            remember_resource(self.resources, resource_key, resource)
+            remember_resource(self.resources, resource_key)
             s = HistogramSeries(resource_key, attrs, self.n_buckets, self._clock_ns())
             self.series[(resource_key, attrs)] = s
             return s
@@ -206,16 +201,16 @@ class RateTable:
         self._overflow: RateWindow | None = None
         self._on_overflow = on_overflow
 
-    def get(self, resource_key: bytes, resource: Resource) -> RateWindow:
+    def get(self, resource_key: bytes) -> RateWindow:
         """The window of this resource, creating it (or routing to overflow) if new."""
         w = self.windows.get(resource_key)
         if w is None:
-            w = self._admit(resource_key, resource)
+            w = self._admit(resource_key)
         return w
 
-    def _admit(self, resource_key: bytes, resource: Resource) -> RateWindow:
+    def _admit(self, resource_key: bytes) -> RateWindow:
         if len(self.windows) < self.limit - 1:
-            remember_resource(self.resources, resource_key, resource)
+            remember_resource(self.resources, resource_key)
             w = RateWindow(resource_key, ())
             self.windows[resource_key] = w
             return w

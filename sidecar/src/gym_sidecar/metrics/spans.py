@@ -1,9 +1,17 @@
 """From OTLP trace requests to derived-metric points: the derive stage's hot path.
 
+Two phases, so a request refused downstream (backpressure: the client will retry it)
+is not counted twice:
+
+1. :meth:`SpanDeriver.extract` reads the request and returns the :class:`Pending`
+   points, touching no shared state;
+2. :meth:`SpanDeriver.record` adds them to the store once the request was accepted.
+
 Only ScopeSpans blocks whose scope is the rollout or the verify group's scope
 (``semconv.scope_name``) are walked span by span; every other block costs one scope-name
 lookup. The resource of a block that is walked is identified by its serialized bytes
-(one serialization per ResourceSpans, and only if it holds such a block).
+(one serialization per ResourceSpans, and only if it holds such a block); those bytes
+are all a pending point keeps of it.
 
 Per span:
 
@@ -22,14 +30,14 @@ never modified.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Final
 
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from gym_sidecar.metrics.series import VERIFY_OK_ATTRS, Attrs
+from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs
 from gym_sidecar.metrics.store import DerivedMetrics
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
@@ -42,9 +50,21 @@ _NS_PER_MS: Final = 1_000_000.0
 _ROLLOUT: Final = 1
 _VERIFY: Final = 2
 
+PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
+"""(resource key, attributes, value ms, end unix nanos, trace_id, span_id)."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """Points read from one request, not yet recorded."""
+
+    rollouts: list[PendingPoint] = field(default_factory=list)
+    verifications: list[PendingPoint] = field(default_factory=list)
+    invalid: int = 0
+
 
 class SpanDeriver:
-    """Records the rollout and verify spans of trace requests into a store."""
+    """Reads rollout and verify spans from trace requests and records them in a store."""
 
     def __init__(self, store: DerivedMetrics) -> None:
         self.store = store
@@ -55,84 +75,67 @@ class SpanDeriver:
         self._exemplars = store.cfg.exemplars
         self._max_error_chars = store.cfg.max_error_type_chars
 
-    def derive(self, request: ExportTraceServiceRequest) -> int:
-        """Record every derivable span of ``request``; return how many were recorded."""
+    def extract(self, request: ExportTraceServiceRequest) -> Pending | None:
+        """The derivable points of ``request`` (None: it has no rollout/verify scope).
+
+        Pure: reads ``request`` only. Safe from any thread.
+        """
         scopes = self._scopes
-        recorded = 0
+        pending: Pending | None = None
         for rs in request.resource_spans:
-            resource: Resource | None = None
-            resource_key = b""
+            resource_key: bytes | None = None
             for ss in rs.scope_spans:
                 kind = scopes.get(ss.scope.name)
                 if kind is None:
                     continue
-                if resource is None:
-                    resource = rs.resource
-                    resource_key = resource.SerializeToString()
+                if resource_key is None:
+                    resource_key = rs.resource.SerializeToString()
+                if pending is None:
+                    pending = Pending()
                 if kind == _ROLLOUT:
-                    recorded += self._rollouts(resource_key, resource, ss.spans)
+                    self._rollouts(resource_key, ss.spans, pending)
                 else:
-                    recorded += self._verifications(resource_key, resource, ss.spans)
-        return recorded
+                    self._verifications(resource_key, ss.spans, pending)
+        return pending
 
-    def _rollouts(self, resource_key: bytes, resource: Resource, spans: Iterable[Span]) -> int:
-        store = self.store
-        table = store.rollout
-        bounds = table.bounds
-        series = None
-        n = 0
-        with store.lock:
-            for span in spans:
-                if span.name != semconv.SPAN_ROLLOUT:
-                    continue
-                start = span.start_time_unix_nano
-                end = span.end_time_unix_nano
-                if start == 0 or end < start:
-                    store.invalid_spans += 1
-                    continue
-                if series is None:
-                    series = table.get(resource_key, (), resource)
-                if self._exemplars and span.trace_id and span.span_id:
-                    series.record(
-                        bounds, (end - start) / _NS_PER_MS, end, span.trace_id, span.span_id
-                    )
-                else:
-                    series.record(bounds, (end - start) / _NS_PER_MS, end, None, None)
-                n += 1
-            store.spans[semconv.SPAN_ROLLOUT] += n
-        return n
+    def _rollouts(self, resource_key: bytes, spans: Iterable[Span], out: Pending) -> None:
+        exemplars = self._exemplars
+        append = out.rollouts.append
+        for span in spans:
+            if span.name != semconv.SPAN_ROLLOUT:
+                continue
+            start = span.start_time_unix_nano
+            end = span.end_time_unix_nano
+            if start == 0 or end < start:
+                out.invalid += 1
+                continue
+            trace_id = span.trace_id if exemplars else None
+            span_id = span.span_id if exemplars else None
+            append((resource_key, (), (end - start) / _NS_PER_MS, end, trace_id, span_id))
 
-    def _verifications(self, resource_key: bytes, resource: Resource, spans: Iterable[Span]) -> int:
-        store = self.store
-        table = store.verify
-        bounds = table.bounds
-        window = None
-        n = 0
-        with store.lock:
-            for span in spans:
-                if span.name != semconv.SPAN_VERIFY:
-                    continue
-                start = span.start_time_unix_nano
-                end = span.end_time_unix_nano
-                if start == 0 or end < start:
-                    store.invalid_spans += 1
-                    continue
-                attrs = self._verify_attrs(span)
-                series = table.get(resource_key, attrs, resource)
-                if self._exemplars and span.trace_id and span.span_id:
-                    series.record(
-                        bounds, (end - start) / _NS_PER_MS, end, span.trace_id, span.span_id
-                    )
-                else:
-                    series.record(bounds, (end - start) / _NS_PER_MS, end, None, None)
-                if window is None:
-                    window = store.rates.get(resource_key, resource)
-                window.total += 1
-                if attrs is VERIFY_OK_ATTRS:
-                    window.ok += 1
-                n += 1
-            store.spans[semconv.SPAN_VERIFY] += n
-        return n
+    def _verifications(self, resource_key: bytes, spans: Iterable[Span], out: Pending) -> None:
+        exemplars = self._exemplars
+        append = out.verifications.append
+        for span in spans:
+            if span.name != semconv.SPAN_VERIFY:
+                continue
+            start = span.start_time_unix_nano
+            end = span.end_time_unix_nano
+            if start == 0 or end < start:
+                out.invalid += 1
+                continue
+            trace_id = span.trace_id if exemplars else None
+            span_id = span.span_id if exemplars else None
+            append(
+                (
+                    resource_key,
+                    self._verify_attrs(span),
+                    (end - start) / _NS_PER_MS,
+                    end,
+                    trace_id,
+                    span_id,
+                )
+            )
 
     def _verify_attrs(self, span: Span) -> Attrs:
         succeeded: bool | None = None
@@ -152,3 +155,48 @@ class SpanDeriver:
             (semconv.ERROR_TYPE, error_type[: self._max_error_chars] or ERROR_TYPE_OTHER),
             (semconv.VERIFY_SUCCEEDED, False),
         )
+
+    def record(self, pending: Pending) -> None:
+        """Add ``pending`` to the store (takes its lock; call on the event loop)."""
+        store = self.store
+        # Points of one block share the same key objects: an identity test skips the
+        # series lookup (tuple hashing) for all but the first point of a run. Overflow
+        # series are never reused this way, so every overflowed point is counted.
+        with store.lock:
+            store.invalid_spans += pending.invalid
+            if pending.rollouts:
+                table = store.rollout
+                bounds = table.bounds
+                series = None
+                last: tuple[bytes, Attrs] | None = None
+                for key, attrs, value, end, trace_id, span_id in pending.rollouts:
+                    if series is None or last is None or key is not last[0]:
+                        series = table.get(key, attrs)
+                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
+                    series.record(bounds, value, end, trace_id, span_id)
+                store.spans[semconv.SPAN_ROLLOUT] += len(pending.rollouts)
+            if pending.verifications:
+                table = store.verify
+                bounds = table.bounds
+                rates = store.rates
+                series = None
+                last = None
+                window = None
+                window_key: bytes | None = None
+                for key, attrs, value, end, trace_id, span_id in pending.verifications:
+                    if (
+                        series is None
+                        or last is None
+                        or key is not last[0]
+                        or (attrs is not last[1])
+                    ):
+                        series = table.get(key, attrs)
+                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
+                    if window is None or key is not window_key:
+                        window = rates.get(key)
+                        window_key = None if window.attrs is OVERFLOW_ATTRS else key
+                    series.record(bounds, value, end, trace_id, span_id)
+                    window.total += 1
+                    if attrs is VERIFY_OK_ATTRS:
+                        window.ok += 1
+                store.spans[semconv.SPAN_VERIFY] += len(pending.verifications)

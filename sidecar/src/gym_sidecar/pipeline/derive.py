@@ -5,11 +5,11 @@ the gate so a span group in ``metrics`` mode still yields its metrics (the gate 
 its spans afterwards), and after enrichment so derived series carry the enriched
 resource.
 
-``consume``: for trace batches, records the ``gym.rollout`` / ``gym.verify`` spans of the
-rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), then passes the batch
-on unchanged. Other signals pass straight through. Backpressure from downstream
-propagates to the receiver; the spans are then recorded again when the client retries
-(a client retry is a new request: at-least-once, like every OTLP hop).
+``consume``: for trace batches, reads the ``gym.rollout`` / ``gym.verify`` spans of the
+rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), passes the batch on
+unchanged, and records the points once ``next`` accepted it. Backpressure (or any error)
+from downstream propagates to the receiver and nothing is recorded, so the client's
+retry of the same request is counted once. Other signals pass straight through.
 
 Export: every ``interval_s`` the stage hands one
 ``Batch(Signal.METRICS, ExportMetricsServiceRequest)`` to ``next``. If ``next`` pushes
@@ -76,10 +76,15 @@ class DeriveStage(Stage):
 
     async def consume(self, batch: Batch) -> None:
         self._counts[(batch.signal, "received")].inc(batch.items)
+        pending = None
         if batch.signal is Signal.TRACES:
-            self._deriver.derive(batch.message)  # type: ignore[arg-type]
+            # Read before passing on (the gate removes metrics-mode blocks), record after:
+            # a batch refused downstream is retried by its client and must count once.
+            pending = self._deriver.extract(batch.message)  # type: ignore[arg-type]
         if self.next is not None:
             await self.next.consume(batch)
+        if pending is not None:
+            self._deriver.record(pending)
         self._counts[(batch.signal, "passed")].inc(batch.items)
 
     async def start(self) -> None:
