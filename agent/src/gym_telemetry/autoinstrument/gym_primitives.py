@@ -1,0 +1,205 @@
+"""This project's implementation of the primitives NeMo Gym's telemetry call sites use.
+
+NeMo Gym 0.7.0 ships instrumentation call sites that expect nemo-lens (not installable
+from public packages); without it they resolve to no-ops. The Gym integration puts the
+functions below in their place, right after the defining Gym module has executed and
+before any Gym module imports them -- no Gym file is edited:
+
+- ``nemo_gym.telemetry._fallbacks``: ``is_span_group_enabled``, ``managed_span``,
+  ``span_cm``, ``trace_fn``, ``safe_set_span_attributes`` (used by the HTTP hop in
+  ``server_utils.request``, the sandbox API and rollout collection);
+- ``nemo_gym.telemetry.spans.client_span``: the CLIENT span of every hop;
+- ``nemo_gym.telemetry.contrib.inject_trace_context``: ``traceparent`` + rollout baggage
+  into the hop's headers; ``instrument_fastapi_app`` (the SERVER span is made by
+  ``server_span.ServerSpanMiddleware`` instead, so this reports False).
+
+Every span goes through the tracer of its span group (``span_groups.tracer_for``, scope
+``gym_telemetry.<group>``); the CLIENT span uses group ``http_client``. The gate is the
+same process-wide frozenset the endpoint wrappers read.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any, Final
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry.autoinstrument import propagation
+
+_log = logging.getLogger(__name__)
+
+_ENABLED: Final = span_groups.ENABLED
+#: Attribute-key fragments whose values are replaced by ``REDACTED``.
+SENSITIVE_KEY_PARTS: Final = ("api_key", "apikey", "authorization", "password", "secret", "token")
+REDACTED: Final = "REDACTED"
+#: Scope of ``span_cm`` spans, which belong to no span group.
+UNGROUPED_SCOPE: Final = "nemo_gym"
+
+
+def is_span_group_enabled(group: str) -> bool:
+    """Whether ``group`` is enabled right now."""
+    return group in _ENABLED.groups
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, bool | str | int | float):
+        return value
+    if isinstance(value, list | tuple) and all(
+        isinstance(v, bool | str | int | float) for v in value
+    ):
+        return tuple(value)
+    return None
+
+
+def safe_set_span_attributes(
+    span: Any, attributes: Mapping[str, Any] | None, redact_keys: Any = None
+) -> None:
+    """Set the scalar (or scalar-sequence) attributes on ``span``; drop the rest.
+
+    ``None`` values and non-scalar values are dropped; keys that look sensitive (or are
+    in ``redact_keys``) get the value ``REDACTED``. Never raises.
+    """
+    if span is None or not attributes:
+        return
+    try:
+        extra = {str(k).lower() for k in redact_keys} if redact_keys else set()
+        clean: dict[str, Any] = {}
+        for key, raw in attributes.items():
+            value = _clean(raw)
+            if value is None:
+                continue
+            lowered = key.lower()
+            sensitive = lowered in extra or any(part in lowered for part in SENSITIVE_KEY_PARTS)
+            clean[key] = REDACTED if sensitive else value
+        if clean:
+            span.set_attributes(clean)
+    except Exception:  # attributes are best effort
+        _log.debug("gym_telemetry: could not set span attributes", exc_info=True)
+
+
+@contextmanager
+def _current(span: Span) -> Iterator[Span]:
+    token = context_api.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        raise
+    finally:
+        context_api.detach(token)
+        span.end()
+
+
+def _with_rollout(attributes: dict[str, Any]) -> dict[str, Any]:
+    rollout_id = rollout_correlation.current_rollout_id()
+    if rollout_id:
+        attributes[semconv.ROLLOUT_ID] = rollout_id
+    return attributes
+
+
+@contextmanager
+def managed_span(
+    group: str, name: str, tracer: Any = None, **attributes: Any
+) -> Iterator[Span | None]:
+    """A span of ``group`` (its own tracer), current while the block runs; None when off."""
+    if group not in _ENABLED.groups:
+        yield None
+        return
+    span = span_groups.tracer_for(group).start_span(name, attributes=_with_rollout({}))
+    safe_set_span_attributes(span, attributes)
+    with _current(span):
+        yield span
+
+
+@contextmanager
+def span_cm(
+    name: str, tracer: Any = None, record_exception: bool = True, **attributes: Any
+) -> Iterator[Span | None]:
+    """An ungated span (scope ``nemo_gym`` unless a tracer is given)."""
+    chosen = tracer if tracer is not None else trace.get_tracer(UNGROUPED_SCOPE)
+    span = chosen.start_span(name, attributes=_with_rollout({}))
+    safe_set_span_attributes(span, attributes)
+    with _current(span):
+        yield span
+
+
+def trace_fn(group: str, name: str, tracer: Any = None) -> Callable[[Any], Any]:
+    """Decorator: run the function inside ``managed_span(group, name)`` (gated per call)."""
+
+    def decorator(func: Any) -> Any:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if group not in _ENABLED.groups:
+                    return await func(*args, **kwargs)
+                with managed_span(group, name):
+                    return await func(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if group not in _ENABLED.groups:
+                return func(*args, **kwargs)
+            with managed_span(group, name):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+@contextmanager
+def client_span(name: str, tracer: Any = None, **attributes: Any) -> Iterator[Span]:
+    """A CLIENT span of group ``http_client``, current while the block runs.
+
+    Gym gates the call site on ``http_client`` itself, so this always records.
+    """
+    span = span_groups.tracer_for(semconv.GROUP_HTTP_CLIENT).start_span(
+        name, kind=SpanKind.CLIENT, attributes=_with_rollout({})
+    )
+    safe_set_span_attributes(span, attributes)
+    with _current(span):
+        yield span
+
+
+def inject_trace_context(headers: MutableMapping[str, str]) -> None:
+    """Write ``traceparent`` and the rollout-id baggage into ``headers``. Never raises."""
+    try:
+        propagation.inject(headers)
+    except Exception:  # a request without trace context is still a valid request
+        _log.debug("gym_telemetry: could not inject trace context", exc_info=True)
+
+
+def instrument_fastapi_app(app: Any) -> bool:
+    """Not needed: every app already gets its SERVER span from the middleware layer."""
+    return False
+
+
+#: Gym module -> {attribute: replacement}, applied by the Gym integration.
+REPLACEMENTS: Final[dict[str, dict[str, Any]]] = {
+    "nemo_gym.telemetry._fallbacks": {
+        "is_span_group_enabled": is_span_group_enabled,
+        "managed_span": managed_span,
+        "span_cm": span_cm,
+        "trace_fn": trace_fn,
+        "safe_set_span_attributes": safe_set_span_attributes,
+        "NEMO_LENS_AVAILABLE": False,
+    },
+    "nemo_gym.telemetry.spans": {"client_span": client_span},
+    "nemo_gym.telemetry.contrib": {
+        "inject_trace_context": inject_trace_context,
+        "instrument_fastapi_app": instrument_fastapi_app,
+    },
+}

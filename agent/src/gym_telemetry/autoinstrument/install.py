@@ -1,0 +1,158 @@
+"""The patches auto-instrumentation installs, each right after its target module loads.
+
+``install()`` registers post-import hooks (``import_hooks.when_imported``) for:
+
+- ``fastapi.applications``: ``FastAPI(...)`` defaults its built-in telemetry (fastapi
+  >= 0.165) to off -- tracing, metrics and logs -- unless the caller passed
+  ``telemetry=`` explicitly; ``build_middleware_stack`` wraps the built stack in
+  ``ServerSpanMiddleware`` (the one SERVER span per request), except for an app whose
+  caller switched FastAPI's own tracing on (never two SERVER spans).
+- ``fastapi.routing``: ``APIRouter.add_api_route`` passes every endpoint through
+  ``routes.instrument_route`` (covers subclass routes, tool routes and servers that
+  build their own ``FastAPI()``).
+- ``nemo_gym.telemetry._fallbacks`` / ``.spans`` / ``.contrib`` / ``.endpoints``: Gym's
+  own telemetry primitives and endpoint wrappers become this project's
+  (``gym_primitives.REPLACEMENTS``, ``routes.ENDPOINT_REPLACEMENTS``).
+- ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` first runs
+  ``identity.start_server_telemetry(self)`` (identity + SDK), then Gym's own.
+
+Importing this module and ``install()`` import nothing beyond the standard library; each
+patch imports what it needs when its target loads. Nothing else happens until a Gym
+server starts; no Gym file is modified.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from types import ModuleType
+from typing import Any, Final
+
+from gym_telemetry.autoinstrument.import_hooks import when_imported
+
+_log = logging.getLogger(__name__)
+
+#: Attribute marking a function this module put in place (makes patching idempotent).
+PATCHED: Final = "_gym_telemetry_patched"
+#: FastAPI's own telemetry, switched off for apps whose caller did not configure it.
+FASTAPI_TELEMETRY_OFF: Final[dict[str, Any]] = {"tracing": False, "metrics": False, "logs": False}
+GYM_ENDPOINTS_MODULE: Final = "nemo_gym.telemetry.endpoints"
+#: Gym's telemetry modules whose functions are replaced (see ``gym_primitives``).
+GYM_TELEMETRY_MODULES: Final = (
+    "nemo_gym.telemetry._fallbacks",
+    "nemo_gym.telemetry.spans",
+    "nemo_gym.telemetry.contrib",
+    GYM_ENDPOINTS_MODULE,
+)
+
+
+class _Installed:
+    __slots__ = ("done", "lock")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.lock = threading.Lock()
+
+
+_INSTALLED: Final = _Installed()
+
+
+def _already(func: Any) -> bool:
+    return bool(getattr(func, PATCHED, False))
+
+
+def patch_fastapi_applications(module: ModuleType) -> None:
+    """Defaults FastAPI's built-in telemetry to off; wraps every app's stack."""
+    from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware
+
+    app_cls = module.FastAPI
+    original_init = app_cls.__init__
+    original_build = app_cls.build_middleware_stack
+    if _already(original_build):
+        return
+    import inspect
+
+    has_option = "telemetry" in inspect.signature(original_init).parameters
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if has_option and kwargs.get("telemetry") is None:
+            kwargs["telemetry"] = dict(FASTAPI_TELEMETRY_OFF)
+        original_init(self, *args, **kwargs)
+
+    @functools.wraps(original_build)
+    def build_middleware_stack(self: Any) -> Any:
+        stack = original_build(self)
+        own = getattr(self, "_telemetry", None)
+        if isinstance(own, dict) and own.get("tracing"):
+            return stack  # the caller chose FastAPI's own SERVER spans: do not add a second
+        return ServerSpanMiddleware(stack)
+
+    setattr(build_middleware_stack, PATCHED, True)
+    setattr(__init__, PATCHED, True)
+    app_cls.__init__ = __init__
+    app_cls.build_middleware_stack = build_middleware_stack
+
+
+def patch_fastapi_routing(module: ModuleType) -> None:
+    """Every ``APIRouter.add_api_route`` endpoint goes through ``instrument_route``."""
+    from gym_telemetry.autoinstrument.routes import instrument_route
+
+    router_cls = module.APIRouter
+    original = router_cls.add_api_route
+    if _already(original):
+        return
+
+    @functools.wraps(original)
+    def add_api_route(self: Any, path: str, endpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            endpoint = instrument_route(path, endpoint)
+        except Exception:  # boundary: the route is registered uninstrumented
+            _log.warning("gym_telemetry: could not instrument route %s", path, exc_info=True)
+        return original(self, path, endpoint, *args, **kwargs)
+
+    setattr(add_api_route, PATCHED, True)
+    router_cls.add_api_route = add_api_route
+
+
+def patch_gym_telemetry_module(module: ModuleType) -> None:
+    """Replace the attributes of one ``nemo_gym.telemetry`` module with this project's."""
+    from gym_telemetry.autoinstrument.gym_primitives import REPLACEMENTS
+    from gym_telemetry.autoinstrument.routes import ENDPOINT_REPLACEMENTS
+
+    replacements = {**REPLACEMENTS, GYM_ENDPOINTS_MODULE: ENDPOINT_REPLACEMENTS}[module.__name__]
+    for name, value in replacements.items():
+        setattr(module, name, value)
+
+
+def patch_server_utils(module: ModuleType) -> None:
+    """``SimpleServer.setup_telemetry`` starts this project's telemetry first."""
+    from gym_telemetry.autoinstrument.identity import start_server_telemetry
+
+    server_cls = module.SimpleServer
+    original = server_cls.setup_telemetry
+    if _already(original):
+        return
+
+    @functools.wraps(original)
+    def setup_telemetry(self: Any) -> None:
+        start_server_telemetry(self)
+        original(self)
+
+    setattr(setup_telemetry, PATCHED, True)
+    server_cls.setup_telemetry = setup_telemetry
+
+
+def install() -> bool:
+    """Register every hook (module doc). Idempotent and thread-safe; returns True."""
+    with _INSTALLED.lock:
+        if _INSTALLED.done:
+            return True
+        _INSTALLED.done = True
+    when_imported("fastapi.routing", patch_fastapi_routing)
+    when_imported("fastapi.applications", patch_fastapi_applications)
+    for module_name in GYM_TELEMETRY_MODULES:
+        when_imported(module_name, patch_gym_telemetry_module)
+    when_imported("nemo_gym.server_utils", patch_server_utils)
+    return True

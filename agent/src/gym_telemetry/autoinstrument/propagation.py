@@ -1,0 +1,95 @@
+"""What travels between Gym servers: W3C ``traceparent`` and the rollout id as baggage.
+
+Gym carries the rollout id between processes only when its config has
+``observability_enabled: true`` (as a ``/ng-rollout/<id>/`` URL prefix). So every hop
+also carries it as W3C baggage, key ``nemo.gym.rollout.id``, and the receiving server
+restores it into the rollout-correlation ContextVar (Gym's own), where every span of
+that request -- and Gym's own code -- finds it.
+
+Only that one baggage key is written and read; other baggage members in an incoming
+header are ignored, and an outgoing header that already has baggage keeps it. A rollout
+id that does not look like one (Gym's pattern: letters, digits, ``.``, ``_``, ``-``,
+not starting with ``.``/``_``/``-``; at most ``MAX_ROLLOUT_ID_CHARS``) is ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import MutableMapping
+from typing import Final
+from urllib.parse import unquote
+
+from opentelemetry.context import Context
+from opentelemetry.trace import get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gym_telemetry import rollout_correlation, semconv
+
+#: The baggage key carrying the rollout id (same name as the span attribute).
+BAGGAGE_KEY: Final = semconv.ROLLOUT_ID
+#: Longest rollout id accepted from the wire.
+MAX_ROLLOUT_ID_CHARS: Final = 256
+#: Gym's URL prefix for rollout-scoped calls: ``/ng-rollout/<id>/...``.
+ROLLOUT_PATH_PREFIX: Final = "/ng-rollout/"
+
+_ROLLOUT_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_BAGGAGE_KEY_BYTES: Final = BAGGAGE_KEY.encode()
+_TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
+
+
+def valid_rollout_id(value: str) -> bool:
+    """Whether ``value`` is an acceptable rollout id (pattern and length)."""
+    return len(value) <= MAX_ROLLOUT_ID_CHARS and _ROLLOUT_ID_RE.fullmatch(value) is not None
+
+
+def rollout_id_from_path(path: str) -> str | None:
+    """The id in a ``/ng-rollout/<id>/...`` path, or None."""
+    if not path.startswith(ROLLOUT_PATH_PREFIX):
+        return None
+    segment = path[len(ROLLOUT_PATH_PREFIX) :].split("/", 1)[0]
+    return segment if valid_rollout_id(segment) else None
+
+
+def rollout_id_from_baggage(header: bytes) -> str | None:
+    """The ``nemo.gym.rollout.id`` member of a W3C ``baggage`` header value, or None."""
+    if _BAGGAGE_KEY_BYTES not in header:
+        return None
+    try:
+        text = header.decode("latin-1")
+    except Exception:  # bad bytes from the wire: ignore the header
+        return None
+    for member in text.split(","):
+        key, sep, rest = member.partition("=")
+        if not sep or key.strip() != BAGGAGE_KEY:
+            continue
+        value = unquote(rest.split(";", 1)[0].strip())
+        return value if valid_rollout_id(value) else None
+    return None
+
+
+def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | None:
+    """The remote parent context from a ``traceparent`` header, or None when invalid."""
+    carrier = {"traceparent": traceparent.decode("latin-1")}
+    if tracestate:
+        carrier["tracestate"] = tracestate.decode("latin-1")
+    context = _TRACE_CONTEXT.extract(carrier)
+    if not get_current_span(context).get_span_context().is_valid:
+        return None
+    return context
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Write ``traceparent`` (+``tracestate``) of the current span and the rollout baggage.
+
+    Writes no trace context when there is no valid current span. Never raises for a
+    missing rollout id; the caller guards against other failures.
+    """
+    _TRACE_CONTEXT.inject(headers)
+    rollout_id = rollout_correlation.current_rollout_id()
+    if rollout_id and valid_rollout_id(rollout_id):
+        member = f"{BAGGAGE_KEY}={rollout_id}"
+        existing = headers.get("baggage")
+        if existing and BAGGAGE_KEY not in existing:
+            headers["baggage"] = f"{existing},{member}"
+        elif not existing:
+            headers["baggage"] = member

@@ -1,0 +1,238 @@
+"""Which Gym route becomes which span, and the endpoint wrappers that do it.
+
+Two ways a route gets its span, never both:
+
+1. Gym's own call sites: Gym 0.7.0's base classes already wrap ``/run``,
+   ``/v1/responses``, ``/verify`` and the model routes with
+   ``nemo_gym.telemetry.endpoints.traced_*``. The integration replaces those three
+   functions with ``traced_endpoint`` / ``traced_rollout_endpoint`` /
+   ``traced_verify_endpoint`` below, which delegate to ``gym_telemetry.endpoints`` and
+   mark the result.
+2. Every other route of a Gym server process, whoever registers it (a subclass after
+   ``super()``, a server that builds its own ``FastAPI()``), goes through
+   ``fastapi.routing.APIRouter.add_api_route``; ``instrument_route`` wraps it there when
+   its path maps to a group (``route_span``) and it is not marked yet.
+
+The mapping (paths after stripping Gym's ``/ng-rollout/{rollout_id}`` and token-capture
+prefixes):
+
+==========================  ==================  ==============  ===========================
+path                        server type         group           span name
+==========================  ==================  ==============  ===========================
+``/run``                    any                 ``rollout``     ``gym.rollout``
+``/verify``                 any                 ``verify``      ``gym.verify``
+``/v1/responses``           agent               ``agent``       ``gym.agent.responses``
+``/v1/responses``           model               ``model_call``  ``gym.model.responses``
+``/v1/chat/completions``    model               ``model_call``  ``gym.model.chat_completions``
+``/v1/messages``            model               ``model_call``  ``gym.model.messages``
+==========================  ==================  ==============  ===========================
+
+Every request additionally gets its SERVER span from ``server_span``. The wrappers here
+also put the rollout id on that SERVER span once it is known (the agent's ``/run``
+learns it from the request body, after the SERVER span started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from gym_telemetry import endpoints, rollout_correlation, semconv, span_groups
+from gym_telemetry.autoinstrument.correlation import telemetry_rollout_context
+from gym_telemetry.autoinstrument.identity import (
+    RUNTIME,
+    SERVER_TYPE_AGENT,
+    SERVER_TYPE_MODEL,
+)
+
+_log = logging.getLogger(__name__)
+
+#: Attribute set on every endpoint this module wrapped (value: the span group).
+MARKER: Final = "_gym_telemetry_group"
+#: How deep to follow ``__wrapped__`` looking for the marker.
+MAX_UNWRAP_DEPTH: Final = 16
+
+SPAN_AGENT_RESPONSES: Final = "gym.agent.responses"
+SPAN_MODEL_RESPONSES: Final = "gym.model.responses"
+SPAN_MODEL_CHAT: Final = "gym.model.chat_completions"
+SPAN_MODEL_MESSAGES: Final = "gym.model.messages"
+
+_ROLLOUT_PREFIX: Final = "/ng-rollout/{"
+_TOKEN_CAPTURE: Final = "/training-token-capture"
+_MODEL_ROUTES: Final[dict[str, str]] = {
+    "/v1/responses": SPAN_MODEL_RESPONSES,
+    "/v1/chat/completions": SPAN_MODEL_CHAT,
+    "/v1/messages": SPAN_MODEL_MESSAGES,
+}
+_ENABLED: Final = span_groups.ENABLED
+_SERVER: Final = semconv.GROUP_SERVER
+
+
+def normalise_path(path: str) -> str:
+    """Strip Gym's ``/ng-rollout/{rollout_id}`` and token-capture route prefixes."""
+    if path.startswith(_ROLLOUT_PREFIX):
+        close = path.find("}", len(_ROLLOUT_PREFIX))
+        if close != -1:
+            path = path[close + 1 :] or "/"
+    if path.startswith(_TOKEN_CAPTURE + "/"):
+        path = path[len(_TOKEN_CAPTURE) :]
+    return path
+
+
+def route_span(path: str, server_type: str | None) -> tuple[str, str] | None:
+    """``(group, span name)`` for a route of a server of ``server_type``, or None."""
+    path = normalise_path(path)
+    if path == "/run":
+        return semconv.GROUP_ROLLOUT, semconv.SPAN_ROLLOUT
+    if path == "/verify":
+        return semconv.GROUP_VERIFY, semconv.SPAN_VERIFY
+    if server_type == SERVER_TYPE_MODEL and path in _MODEL_ROUTES:
+        return semconv.GROUP_MODEL_CALL, _MODEL_ROUTES[path]
+    if server_type == SERVER_TYPE_AGENT and path == "/v1/responses":
+        return semconv.GROUP_AGENT, SPAN_AGENT_RESPONSES
+    return None
+
+
+def is_marked(endpoint: Any) -> bool:
+    """Whether ``endpoint`` (or something it wraps) was wrapped by this module."""
+    current = endpoint
+    for _ in range(MAX_UNWRAP_DEPTH):
+        if current is None:
+            return False
+        if getattr(current, MARKER, None) is not None:
+            return True
+        current = getattr(current, "__wrapped__", None)
+    return False
+
+
+def _mark(wrapper: Any, group: str) -> Any:
+    with contextlib.suppress(AttributeError, TypeError):  # a callable without __dict__
+        setattr(wrapper, MARKER, group)
+    return wrapper
+
+
+def tag_server_span() -> None:
+    """Put the current rollout id on the request's SERVER span if it lacks it."""
+    rollout_id = rollout_correlation.current_rollout_id()
+    if not rollout_id:
+        return
+    span = trace.get_current_span()
+    if getattr(span, "kind", None) is not SpanKind.SERVER or not span.is_recording():
+        return
+    attributes = getattr(span, "attributes", None)
+    if attributes is not None and semconv.ROLLOUT_ID in attributes:
+        return
+    span.set_attribute(semconv.ROLLOUT_ID, rollout_id)
+
+
+def _tagging(traced: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an (async) traced handler so the SERVER span gets the rollout id first."""
+    if not inspect.iscoroutinefunction(traced):
+        return traced
+
+    @functools.wraps(traced)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _SERVER in _ENABLED.groups:
+            try:
+                tag_server_span()
+            except Exception:  # tagging is best effort
+                _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
+        return await traced(*args, **kwargs)
+
+    return wrapper
+
+
+def traced_endpoint(
+    group: str, span_name: str, handler: Any, static_attributes: dict[str, Any] | None = None
+) -> Any:
+    """``gym_telemetry.endpoints.traced_endpoint``, marked, tagging the SERVER span."""
+    inner = endpoints.traced_endpoint(group, span_name, handler, static_attributes)
+    return _mark(_tagging(inner), group)
+
+
+def traced_rollout_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
+    """``gym_telemetry.endpoints.traced_rollout_endpoint``, marked, tagging the SERVER span.
+
+    When Gym has not set a rollout id (capture off), the id is derived from the ``/run``
+    body with Gym's own rule, as telemetry's id, before the rollout span starts.
+    """
+    inner = _tagging(endpoints.traced_rollout_endpoint(handler, static_attributes))
+    if inspect.iscoroutinefunction(inner):
+        inner = _with_body_rollout(inner)
+    return _mark(inner, semconv.GROUP_ROLLOUT)
+
+
+def traced_verify_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
+    """``gym_telemetry.endpoints.traced_verify_endpoint``, marked, tagging the SERVER span."""
+    inner = endpoints.traced_verify_endpoint(handler, static_attributes)
+    return _mark(_tagging(inner), semconv.GROUP_VERIFY)
+
+
+def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
+    """The rollout id of a ``/run`` body (Gym's rule, or an episode's capture key)."""
+    for value in kwargs.values():
+        episode = getattr(value, "episode_id", None)
+        key = getattr(episode, "capture_key", None)
+        if isinstance(key, str) and key:
+            return key
+        try:
+            from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
+
+            found = maybe_rollout_id_from_run_body(value)
+        except Exception:  # not a run body, or a malformed id: no id
+            found = None
+        if isinstance(found, str) and found:
+            return found
+    return None
+
+
+def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
+    """Set the rollout id from the ``/run`` body before the rollout span starts."""
+
+    @functools.wraps(traced)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rollout_id = None
+        if rollout_correlation.current_rollout_id() is None:
+            try:
+                rollout_id = _rollout_id_from_body(kwargs)
+            except Exception:  # best effort
+                rollout_id = None
+        if rollout_id is None:
+            return await traced(*args, **kwargs)
+        with telemetry_rollout_context(rollout_id):
+            return await traced(*args, **kwargs)
+
+    return wrapper
+
+
+def instrument_route(path: str, endpoint: Any) -> Any:
+    """The endpoint to register for ``path``: wrapped when it maps to a group (see doc)."""
+    if RUNTIME.server_type is None or is_marked(endpoint):
+        return endpoint
+    mapped = route_span(path, RUNTIME.server_type)
+    if mapped is None:
+        return endpoint
+    group, span_name = mapped
+    if group == semconv.GROUP_ROLLOUT:
+        wrapped = traced_rollout_endpoint(endpoint)
+    elif group == semconv.GROUP_VERIFY:
+        wrapped = traced_verify_endpoint(endpoint)
+    else:
+        wrapped = traced_endpoint(group, span_name, endpoint)
+    _log.debug("gym_telemetry: route %s -> %s (%s)", path, span_name, group)
+    return wrapped
+
+
+#: Replacements for ``nemo_gym.telemetry.endpoints``, applied by the Gym integration.
+ENDPOINT_REPLACEMENTS: Final[dict[str, Any]] = {
+    "traced_endpoint": traced_endpoint,
+    "traced_rollout_endpoint": traced_rollout_endpoint,
+    "traced_verify_endpoint": traced_verify_endpoint,
+}

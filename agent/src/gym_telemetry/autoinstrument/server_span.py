@@ -1,0 +1,210 @@
+"""The one SERVER span per request, as the outermost ASGI layer of every FastAPI app.
+
+``ServerSpanMiddleware(app)`` wraps an app's built middleware stack (the Gym
+integration installs it from ``FastAPI.build_middleware_stack``), so it sees every
+request before Gym's own middlewares and the final status after them. Per HTTP request:
+
+1. Nothing at all until this process's Gym server has started telemetry
+   (``RUNTIME.active``), and nothing for non-HTTP scopes.
+2. One pass over the request headers for ``traceparent``, ``tracestate`` and
+   ``baggage``. The rollout id comes from a ``/ng-rollout/<id>/`` path prefix, else from
+   the ``nemo.gym.rollout.id`` baggage member; when found it is telemetry's rollout id
+   for the whole request (``correlation``; Gym's own ContextVar is not touched).
+3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
+   other groups still join the caller's trace; no span.
+4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
+   of the remote parent, current for the request; named ``<METHOD> <route template>``
+   when routing matched (``<METHOD>`` otherwise), with ``http.request.method``,
+   ``http.route``, ``http.response.status_code`` and the rollout id. Status ERROR for an
+   exception or a 5xx.
+
+FastAPI's built-in telemetry is switched off for Gym's apps by the integration, so this
+is the only SERVER span. A nested app (a mounted FastAPI) sees the marker this layer
+puts in the scope and does not add a second span. Telemetry failures are counted
+(``failures()``) and never reach the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gym_telemetry import semconv, span_groups
+from gym_telemetry.autoinstrument.correlation import telemetry_rollout_context
+from gym_telemetry.autoinstrument.identity import RUNTIME
+from gym_telemetry.autoinstrument.propagation import (
+    extract_parent,
+    rollout_id_from_baggage,
+    rollout_id_from_path,
+)
+
+_log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Scope key marking that an outer layer already handles this request.
+SCOPE_MARKER: Final = "gym_telemetry.server_span"
+HTTP_METHOD: Final = "http.request.method"
+HTTP_ROUTE: Final = "http.route"
+HTTP_STATUS: Final = "http.response.status_code"
+
+_GROUP: Final = semconv.GROUP_SERVER
+_ENABLED: Final = span_groups.ENABLED
+_ERROR: Final = Status(StatusCode.ERROR)
+
+
+class _Failures:
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+_FAILURES: Final = _Failures()
+
+
+def failures() -> int:
+    """Telemetry failures swallowed by this layer (the requests were unaffected)."""
+    return _FAILURES.count
+
+
+def _record_failure(where: str) -> None:
+    _FAILURES.count += 1
+    if _FAILURES.count == 1 or _FAILURES.count % 1000 == 0:
+        _log.warning(
+            "gym_telemetry: server span failure in %s (%d so far)",
+            where,
+            _FAILURES.count,
+            exc_info=True,
+        )
+
+
+class ServerSpanMiddleware:
+    """ASGI wrapper adding the SERVER span and the rollout/trace context (module doc)."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not RUNTIME.active or scope["type"] != "http" or SCOPE_MARKER in scope:
+            await self.app(scope, receive, send)
+            return
+        try:
+            traceparent = tracestate = baggage = None
+            for key, value in scope["headers"]:
+                if key == b"traceparent":
+                    traceparent = value
+                elif key == b"baggage":
+                    baggage = value
+                elif key == b"tracestate":
+                    tracestate = value
+            rollout_id = rollout_id_from_path(scope["path"])
+            if rollout_id is None and baggage is not None:
+                rollout_id = rollout_id_from_baggage(baggage)
+            parent = extract_parent(traceparent, tracestate) if traceparent else None
+        except Exception:  # bad headers must not fail the request
+            _record_failure("header parsing")
+            await self.app(scope, receive, send)
+            return
+        scope[SCOPE_MARKER] = True
+        if _GROUP not in _ENABLED.groups:
+            await self._without_span(scope, receive, send, parent, rollout_id)
+        else:
+            await self._with_span(scope, receive, send, parent, rollout_id)
+
+    async def _call(
+        self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
+    ) -> None:
+        if rollout_id is None:
+            await self.app(scope, receive, send)
+            return
+        with telemetry_rollout_context(rollout_id):
+            await self.app(scope, receive, send)
+
+    async def _without_span(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        parent: context_api.Context | None,
+        rollout_id: str | None,
+    ) -> None:
+        if parent is None:
+            await self._call(scope, receive, send, rollout_id)
+            return
+        token = context_api.attach(parent)
+        try:
+            await self._call(scope, receive, send, rollout_id)
+        finally:
+            context_api.detach(token)
+
+    async def _with_span(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        parent: context_api.Context | None,
+        rollout_id: str | None,
+    ) -> None:
+        method = scope.get("method") or "HTTP"
+        try:
+            attributes: dict[str, Any] = {HTTP_METHOD: method}
+            if rollout_id is not None:
+                attributes[semconv.ROLLOUT_ID] = rollout_id
+            span = span_groups.tracer_for(_GROUP).start_span(
+                method, context=parent, kind=SpanKind.SERVER, attributes=attributes
+            )
+            token = context_api.attach(trace.set_span_in_context(span, parent))
+        except Exception:
+            _record_failure("span start")
+            await self._call(scope, receive, send, rollout_id)
+            return
+        status = [0]
+
+        async def send_with_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        failed: BaseException | None = None
+        try:
+            await self._call(scope, receive, send_with_status, rollout_id)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            try:
+                context_api.detach(token)
+                _finish(span, scope, method, status[0], failed)
+            except Exception:
+                _record_failure("span end")
+
+
+def _finish(
+    span: trace.Span, scope: Scope, method: str, status: int, failed: BaseException | None
+) -> None:
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if isinstance(template, str):
+        span.update_name(f"{method} {template}")
+        span.set_attribute(HTTP_ROUTE, template)
+    if status:
+        span.set_attribute(HTTP_STATUS, status)
+    if failed is not None:
+        span.set_attribute(semconv.ERROR_TYPE, type(failed).__qualname__)
+        span.set_status(_ERROR)
+    elif status >= 500:
+        span.set_attribute(semconv.ERROR_TYPE, str(status))
+        span.set_status(_ERROR)
+    span.end()

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Build, cache and reuse a Python 3.11 environment holding the real NeMo Gym release.
+
+Usage::
+
+    python3 scripts/gym_env.py ensure          # build if absent/incomplete; print its python
+    python3 scripts/gym_env.py install-agent   # ensure, then (re)install the agent wheel
+                                               # built from the current tree; print python
+    python3 scripts/gym_env.py path            # print where the env lives (no build)
+
+Why a separate environment: nemo-gym 0.7.0 declares ``Requires-Python >=3.13.14`` and pulls
+~1.5 GB of dependencies (ray, pyarrow, scipy, ...). Its code runs on 3.11, so the env is
+built in three steps: download the wheel alone ignoring ``Requires-Python``, install its
+non-extra ``Requires-Dist`` (plus the agent's own dependencies) with ``--prefer-binary``,
+then install the wheel itself with ``--no-deps --ignore-requires-python``.
+
+Contract:
+- The env lives outside the repository, in
+  ``$GYM_TELEMETRY_CACHE`` (default ``~/.cache/gym-telemetry``)
+  ``/gym-env/nemo-gym-<version>-py<maj.min>-<hash>/``; the hash covers everything
+  installed (Gym version, Python version, the agent's dependency list, this recipe).
+- A ``.complete`` marker is written only after every step succeeded; an env without it
+  is deleted and rebuilt. A lock file serialises concurrent callers (they wait).
+- Only the standard library and pip are needed; packages come from the configured
+  package index (PyPI).
+- ``install-agent`` builds a real (non-editable) wheel of ``agent/`` and force-reinstalls
+  it without dependencies, so what runs is the installed activation path (``.pth``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+GYM_PACKAGE = "nemo-gym"
+GYM_VERSION = os.environ.get("GYM_TELEMETRY_NEMO_GYM_VERSION", "0.7.0")
+# Bump when the build steps change, so old caches are not reused.
+RECIPE_VERSION = "1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+AGENT_DIR = REPO_ROOT / "agent"
+MARKER = ".complete"
+_EXTRA_MARKER = re.compile(r"\bextra\s*==")
+
+
+def _log(msg: str) -> None:
+    print(f"gym_env: {msg}", file=sys.stderr, flush=True)
+
+
+def _base_python() -> str:
+    """The Python 3.11 interpreter the env is created from."""
+    explicit = os.environ.get("GYM_TELEMETRY_GYM_PYTHON")
+    if explicit:
+        return explicit
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    found = shutil.which("python3.11")
+    if found is None:
+        raise SystemExit("gym_env: Python 3.11 is needed (set GYM_TELEMETRY_GYM_PYTHON)")
+    return found
+
+
+def _agent_dependencies() -> list[str]:
+    with (AGENT_DIR / "pyproject.toml").open("rb") as fh:
+        project = tomllib.load(fh)["project"]
+    deps: list[str] = list(project.get("dependencies", []))
+    return sorted(deps)
+
+
+def _python_tag(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def env_dir() -> Path:
+    """Where the env for the current recipe lives (it may not exist yet)."""
+    cache = Path(os.environ.get("GYM_TELEMETRY_CACHE", Path.home() / ".cache" / "gym-telemetry"))
+    pyver = _python_tag(_base_python())
+    key = "\n".join([GYM_PACKAGE, GYM_VERSION, pyver, RECIPE_VERSION, *_agent_dependencies()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache / "gym-env" / f"nemo-gym-{GYM_VERSION}-py{pyver}-{digest}"
+
+
+def env_python(root: Path) -> Path:
+    return root / "bin" / "python"
+
+
+def _run(cmd: list[str], **kwargs: object) -> None:
+    _log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
+
+
+def _gym_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist lines that are not behind an ``extra ==`` marker."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(meta_name).decode()
+    reqs: list[str] = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = line.split(":", 1)[1].strip()
+        _, _, marker = req.partition(";")
+        if _EXTRA_MARKER.search(marker):
+            continue
+        reqs.append(req)
+    return reqs
+
+
+def _build(root: Path) -> None:
+    if root.exists():
+        _log(f"removing incomplete env {root}")
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    _run([_base_python(), "-m", "venv", str(root)])
+    py = str(env_python(root))
+    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "--quiet", "--upgrade", "pip", "wheel"])
+    wheels = root / "gym-wheel"
+    _run(
+        [
+            *pip,
+            "download",
+            "--no-deps",
+            "--ignore-requires-python",
+            "--dest",
+            str(wheels),
+            f"{GYM_PACKAGE}=={GYM_VERSION}",
+        ]
+    )
+    wheel = next(wheels.glob("*.whl"))
+    reqs = [*_gym_requirements(wheel), *_agent_dependencies()]
+    req_file = root / "gym-requirements.txt"
+    req_file.write_text("\n".join(reqs) + "\n")
+    _run([*pip, "install", "--prefer-binary", "-r", str(req_file)])
+    _run([*pip, "install", "--no-deps", "--ignore-requires-python", str(wheel)])
+    _run([py, "-c", "import nemo_gym.server_utils, fastapi, aiohttp, opentelemetry.sdk"])
+    (root / MARKER).write_text(f"{GYM_PACKAGE}=={GYM_VERSION}\n")
+
+
+def ensure() -> Path:
+    """Return the env's python, building the env first when absent or incomplete.
+
+    Blocks while another caller builds it (file lock next to the env directory).
+    """
+    root = env_dir()
+    if (root / MARKER).exists():
+        return env_python(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = root.with_name(root.name + ".lock")
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (root / MARKER).exists():
+                _log(f"building {root} (takes a few minutes the first time)")
+                _build(root)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return env_python(root)
+
+
+def _build_agent_wheel(out_dir: Path) -> Path:
+    uv = shutil.which("uv")
+    if uv is not None:
+        _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out_dir), str(AGENT_DIR)])
+    else:
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--quiet",
+                "--wheel-dir",
+                str(out_dir),
+                str(AGENT_DIR),
+            ]
+        )
+    return next(out_dir.glob("gym_telemetry_agent-*.whl"))
+
+
+def install_agent() -> Path:
+    """Ensure the env, then install the agent from the current tree as a real wheel."""
+    python = ensure()
+    root = python.parent.parent
+    lock_path = root.with_name(root.name + ".lock")
+    with tempfile.TemporaryDirectory() as tmp, lock_path.open("w") as lock:
+        wheel = _build_agent_wheel(Path(tmp))
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _run(
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--force-reinstall",
+                    str(wheel),
+                ]
+            )
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return python
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["ensure", "install-agent", "path"])
+    args = parser.parse_args(argv)
+    if args.command == "path":
+        print(env_dir())
+    elif args.command == "ensure":
+        print(ensure())
+    else:
+        print(install_agent())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
