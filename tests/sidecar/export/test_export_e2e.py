@@ -184,3 +184,32 @@ def test_no_backend_counts_drops_and_warns() -> None:
         grpc_export(sc.grpc_endpoint, "traces", trace_request("n", 6))
         assert sc.metric("gym_sidecar_dropped_items_total", reason="no_backend") == 6
     assert "no backend configured" in sc.log_text()
+
+
+def test_sigterm_drains_the_queue_into_a_slow_backend() -> None:
+    # A 10 s linger: the last partial batch can only leave through the shutdown drain.
+    queue = {"batch_max_bytes": 4096, "max_in_flight": 1, "batch_timeout_s": 10.0}
+    with RecordingSink() as sink:
+        sink.delay_s = 0.05
+        sc = SidecarProcess(backend=sink.endpoint, config={"queue": queue}).start()
+        try:
+            for i in range(30):
+                grpc_export(sc.grpc_endpoint, "traces", trace_request(f"t{i}-", 10))
+        finally:
+            assert sc.stop() == 0, sc.log_text()
+        assert len(names(sink, "t")) == 300
+        assert "could not be sent" not in sc.log_text()
+
+
+def test_shutdown_deadline_logs_the_count_that_could_not_be_sent() -> None:
+    with RecordingSink() as sink:
+        sink.fail_next(10_000, grpc.StatusCode.UNAVAILABLE)
+        sc = SidecarProcess(
+            backend=sink.endpoint, config={"queue": FAST_RETRY, "shutdown_timeout_s": 1.0}
+        ).start()
+        try:
+            grpc_export(sc.grpc_endpoint, "traces", trace_request("lost", 7))
+            assert wait_for(lambda: sink.rejected_calls >= 2)
+        finally:
+            assert sc.stop() == 0, sc.log_text()
+        assert "7 traces items" in sc.log_text()
