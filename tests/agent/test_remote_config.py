@@ -3,8 +3,10 @@ and a real agent process serving a wrapped FastAPI app."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 from gym_telemetry import remote_config, semconv, span_groups
+from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.remote_config import RemoteConfigPoller
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -255,3 +258,38 @@ def test_agent_follows_the_sidecar(
         assert agent.created("verify") == 10
     finally:
         agent.stop()
+
+
+def test_a_hanging_sidecar_never_holds_up_handlers() -> None:
+    # A socket that completes TCP handshakes (backlog) but never answers: the poller's
+    # request hangs until its timeout while handlers keep running.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    span_groups.set_enabled({"verify"})
+    poller = remote_config.start_polling(
+        SERVICE,
+        environ={
+            remote_config.ENV_ADMIN_URL: f"http://127.0.0.1:{silent.getsockname()[1]}",
+            remote_config.ENV_POLL_INTERVAL_S: "30",
+        },
+    )
+    try:
+        assert poller is not None
+        assert wait_until(lambda: poller.polls == 1)
+
+        async def handler(n: int) -> int:
+            return n
+
+        wrapped = traced_verify_endpoint(handler)
+
+        async def many() -> int:
+            return sum([await wrapped(n=i) for i in range(200)])
+
+        assert asyncio.run(many()) == sum(range(200))
+        # All 200 calls finished while the first poll was still waiting for an answer.
+        assert poller.failures == 0 and poller.updates == 0
+        assert span_groups.enabled_groups() == frozenset({"verify"})
+    finally:
+        remote_config.stop_polling(0.1)
+        silent.close()

@@ -135,3 +135,16 @@ def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> N
     counter = "gym_sidecar_span_group_dropped_spans_total"
     assert sample(metrics, counter, group="verify", service="a", mode="off") == 1
     assert sample(metrics, counter, group="verify", service="_other", mode="off") == 2
+
+
+def test_configured_scope_groups_extend_the_table() -> None:
+    metrics = SelfMetrics()
+    sink = Collect(metrics)
+    cfg = SpanGroupsConfig.model_validate(
+        {"spec": "default", "scope_groups": {"my.sandbox.client": "sandbox"}}
+    )
+    stage = build_gate_stage(cfg, sink, metrics)
+    req = ExportTraceServiceRequest()
+    add_resource(req, "svc", {"my.sandbox.client": 2, "my.other.lib": 1, ROLLOUT: 1})
+    run(stage, Batch(Signal.TRACES, req, items=4))
+    assert scope_counts(req) == {("svc", "my.other.lib"): 1, ("svc", ROLLOUT): 1}

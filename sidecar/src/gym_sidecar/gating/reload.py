@@ -104,21 +104,21 @@ class ConfigReloader:
         return True
 
     async def run(self) -> None:
-        """Check the file every ``watch_interval_s`` until :meth:`stop` (0: return)."""
+        """Check the file every ``watch_interval_s`` until :meth:`stop` (0: paused)."""
         if self.path is None:
             return
         if self._signature is None:
             await asyncio.to_thread(self.baseline)
         while True:
             interval = self.state.settings.watch_interval_s
-            if interval <= 0:
-                return
+            # 0 pauses watching; a later SIGHUP may set it again, so keep waking up.
             try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=interval)
+                await asyncio.wait_for(self._stopping.wait(), timeout=interval or 1.0)
                 return
             except TimeoutError:
                 pass
-            await self.check_once()
+            if interval > 0:
+                await self.check_once()
 
     def stop(self) -> None:
         """Make :meth:`run` return at its next wake-up. Safe to call twice."""
