@@ -4,7 +4,8 @@ Routes:
 - ``GET /healthz``: 200 while the process serves (liveness).
 - ``GET /readyz``: 200 once the receivers are up; 503 before that and from the moment
   shutdown begins (so Kubernetes stops routing to a draining sidecar).
-- ``GET /metrics``: :meth:`SelfMetrics.render` in Prometheus text format.
+- ``GET /metrics``: :meth:`SelfMetrics.render` in Prometheus text format, or OpenMetrics
+  (with exemplars) when ``Accept`` asks for ``application/openmetrics-text``.
 
 Adding routes (e.g. the span-group API): build an ``fastapi.APIRouter`` and append it to
 ``Pipeline.admin_routers`` in :mod:`gym_sidecar.pipeline.build`; the server passes that
@@ -17,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from gym_sidecar.selfmetrics import SelfMetrics
 
@@ -53,7 +55,12 @@ def build_admin_app(
         return Response(f"not ready: {state}\n", status_code=503, media_type="text/plain")
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        # OpenMetrics when the scraper asks for it: only that format carries exemplars
+        # (the derived histograms' trace_id/span_id links).
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            body: bytes = openmetrics.generate_latest(metrics.registry)  # type: ignore[no-untyped-call]
+            return Response(body, media_type=openmetrics.CONTENT_TYPE_LATEST)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     for router in routers:

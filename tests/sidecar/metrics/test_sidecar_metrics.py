@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from gym_telemetry import semconv
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sidecar.metrics.collect import points
@@ -154,6 +158,22 @@ def test_metrics_from_real_wrapped_spans(
     )
     assert prom(got, "gym_sidecar_limit_hits_total", limit="metrics.cardinality_limit") == 2
     assert sink.metric_requests() == []  # interval 3600 s: nothing exported yet
+
+    # OpenMetrics (what Prometheus asks for with exemplar storage on) carries exemplars
+    om = urllib.request.Request(
+        sidecar.admin_url + "/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    )
+    with urllib.request.urlopen(om, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        om_text = resp.read().decode()
+    linked = {
+        (s.exemplar.labels["trace_id"], s.exemplar.labels["span_id"])
+        for fam in openmetrics_families(om_text)
+        for s in fam.samples
+        if s.name == "gym_rollout_duration_ms_bucket" and s.exemplar is not None
+    }
+    assert linked and linked <= {(s["trace_id"], s["span_id"]) for s in rollouts}
 
     # the gate ran after derivation: rollout spans forwarded, verify spans (metrics) not
     assert sink.wait_spans(5)
