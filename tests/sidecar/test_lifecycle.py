@@ -76,14 +76,15 @@ def test_sighup_keeps_running(sink: RecordingSink) -> None:
     assert sc.returncode == 0
 
 
-def test_port_in_use_exits_1_with_message() -> None:
+@pytest.mark.parametrize("flag", ["--grpc-listen", "--http-listen", "--admin-listen"])
+def test_port_in_use_exits_1_with_message(flag: str) -> None:
     import socket
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        sc = SidecarProcess(extra_args=["--http-listen", f"127.0.0.1:{port}"])
+        sc = SidecarProcess(extra_args=[flag, f"127.0.0.1:{port}"])
         with pytest.raises(RuntimeError, match="exited early with code 1"):
             sc.start()
     assert f"cannot listen on 127.0.0.1:{port}" in sc.log_text()

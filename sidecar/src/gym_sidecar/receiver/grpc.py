@@ -75,6 +75,8 @@ class GrpcReceiver:
             options=[
                 ("grpc.max_receive_message_length", self.limits.grpc_transport_max_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                # Without this a second sidecar could silently share the port.
+                ("grpc.so_reuseport", 0),
             ]
         )
         handlers = []
@@ -92,9 +94,12 @@ class GrpcReceiver:
                 )
             )
         server.add_generic_rpc_handlers(tuple(handlers))
-        port = server.add_insecure_port(self.listen)
+        try:
+            port = server.add_insecure_port(self.listen)
+        except RuntimeError:  # grpc reports every bind failure this way
+            port = 0
         if port == 0:
-            raise OSError(f"gRPC receiver could not bind {self.listen}")
+            raise OSError(f"cannot listen on {self.listen} (gRPC receiver)")
         await server.start()
         self._server = server
         self.bound_port = port
