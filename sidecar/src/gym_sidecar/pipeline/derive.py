@@ -99,7 +99,11 @@ class DeriveStage(Stage):
             next_at += interval
             if next_at < time.monotonic():  # fell behind (long pause): skip, don't burst
                 next_at = time.monotonic() + interval
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as exc:  # boundary: a bug in one export must not stop the timer
+                self.store.exports["error"] += 1
+                self._log_failure("crashed (%r); retrying next interval", exc)
 
     async def flush(self) -> bool:
         """Export what is due now. True if ``next`` accepted it (or there was nothing)."""
