@@ -200,3 +200,28 @@ def test_http_post_after_stop_is_refused(sink: RecordingSink) -> None:
         url = sc.http_url
     with pytest.raises(httpx.HTTPError):
         http_post(url, "traces", trace_request("late", 1).SerializeToString())
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_ipv6_listeners(sink: RecordingSink) -> None:
+    grpc_port, http_port = free_port(), free_port()
+    flags = ["--grpc-listen", f"[::1]:{grpc_port}", "--http-listen", f"[::1]:{http_port}"]
+    with SidecarProcess(backend=sink.endpoint, extra_args=flags) as sc:
+        grpc_export(f"[::1]:{grpc_port}", "traces", trace_request("v6g", 1))
+        resp = http_post(
+            f"http://[::1]:{http_port}", "traces", trace_request("v6h", 1).SerializeToString()
+        )
+        assert resp.status_code == 200
+        assert sink.wait_for(lambda: {"v6g-0", "v6h-0"} <= {s.span.name for s in sink.spans()})
+    assert sc.returncode == 0
