@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from tests.support.sink import RecordingSink
 ROLLOUT_BOUNDS = [100.0, 400.0, 2000.0]
 VERIFY_BOUNDS = [50.0, 200.0, 1000.0]
 SERVICE = "math_with_judge"
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -76,6 +78,7 @@ def app(sidecar: SidecarProcess) -> Iterator[str]:
             "PATH": "/usr/bin:/bin",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         },
+        cwd=REPO_ROOT,
     )
     try:
         wait_listening(port, timeout_s=30)

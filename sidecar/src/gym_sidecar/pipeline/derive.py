@@ -47,7 +47,12 @@ SHUTDOWN_RETRY_S: Final = 0.05
 
 
 class DeriveStage(Stage):
-    """Derives ``gym.rollout.*`` / ``gym.verify.*`` metrics; see the module docstring."""
+    """Derives ``gym.rollout.*`` / ``gym.verify.*`` metrics; see the module docstring.
+
+    The constructor registers a Prometheus collector on ``metrics.registry``: build one
+    derive stage per :class:`SelfMetrics`. ``consume`` and ``flush`` run on the event
+    loop; the collector may be read from any thread.
+    """
 
     name = "derive"
 
