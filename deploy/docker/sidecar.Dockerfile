@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# gym-telemetry sidecar (also the injection webhook: `gym-sidecar webhook ...`).
+# Build from the repository root:
+#   docker build -f deploy/docker/sidecar.Dockerfile -t gym-telemetry-sidecar:0.1.0 .
+#
+# Configuration: mount a YAML file and point GYM_SIDECAR_CONFIG (or `run --config`) at
+# it, and/or set GYM_SIDECAR_<KEY> variables (GYM_SIDECAR_BACKEND__URL=...); the
+# environment wins over the file. Ports: 4317 OTLP/gRPC, 4318 OTLP/HTTP, 13133 admin
+# (/healthz, /readyz, /metrics, /v1/span-groups). Listeners default to 127.0.0.1; set
+# GYM_SIDECAR_ADMIN_LISTEN=0.0.0.0:13133 (and the OTLP ones) to reach them from outside
+# the container's network namespace.
+
+ARG PYTHON_IMAGE=python:3.13-slim-bookworm
+
+# --- build: the locked dependency set into a self-contained virtualenv ------------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/gym-sidecar
+RUN pip install "uv==0.13.9"
+WORKDIR /src
+COPY pyproject.toml uv.lock ./
+COPY agent/ agent/
+COPY sidecar/ sidecar/
+# --frozen: exactly uv.lock; --no-editable: the venv does not need /src at run time.
+RUN uv sync --frozen --no-dev --no-editable --package gym-telemetry-sidecar
+
+# --- runtime: slim, non-root, no build tools ------------------------------------------
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="gym-telemetry-sidecar" \
+      org.opencontainers.image.description="OTLP sidecar for NeMo Gym fleets" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 gym \
+    && useradd --system --uid 10001 --gid gym --no-create-home --shell /usr/sbin/nologin gym
+COPY --from=build /opt/gym-sidecar /opt/gym-sidecar
+ENV PATH=/opt/gym-sidecar/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HEALTHCHECK_URL=http://127.0.0.1:13133/healthz
+USER 10001:10001
+EXPOSE 4317 4318 13133
+# No curl in a slim image: the interpreter already there does the request.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os,sys,urllib.request as u; sys.exit(0 if u.urlopen(os.environ['HEALTHCHECK_URL'], timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["gym-sidecar"]
+CMD ["run"]

