@@ -7,6 +7,7 @@ counts, sums and bucket counts are checked exactly, not within timing tolerances
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from gym_telemetry import semconv
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
 )
@@ -40,13 +42,15 @@ def sink() -> Iterator[RecordingSink]:
 
 
 @pytest.fixture
-def sidecar(sink: RecordingSink) -> Iterator[SidecarProcess]:
+def sidecar(sink: RecordingSink, request: pytest.FixtureRequest) -> Iterator[SidecarProcess]:
+    """A sidecar forwarding to ``sink``; indirect parametrization overrides ``metrics``."""
     config = {
         "metrics": {
             "interval_s": 3600,  # the only export is the one SIGTERM flushes
             "cardinality_limit": 3,
             "rollout_buckets_ms": ROLLOUT_BOUNDS,
             "verify_buckets_ms": VERIFY_BOUNDS,
+            **getattr(request, "param", {}),
         },
         # verify in `metrics` mode: the gate drops its spans *after* derivation
         "span_groups": {"spec": "all", "modes": {"verify": "metrics"}},
@@ -237,6 +241,49 @@ def test_metrics_from_real_wrapped_spans(
     assert counts == {ok_key: 5, err_key: 1, over_key: 1}
     [rate] = by_metric[semconv.METRIC_VERIFY_SUCCESS_RATE]
     assert rate.point.as_double == pytest.approx(5 / 7)
+
+
+@pytest.mark.parametrize("sidecar", [{"interval_s": 0.5, "temporality": "delta"}], indirect=True)
+def test_periodic_delta_exports_add_up(
+    sink: RecordingSink, sidecar: SidecarProcess, app: str
+) -> None:
+    def rollout_points() -> list[Any]:
+        return [
+            p.point
+            for req in sink.metric_requests()
+            for p in points(req, semconv.METRIC_ROLLOUT_DURATION)
+        ]
+
+    with httpx.Client(base_url=app, timeout=30) as client:
+        sent = 0
+        for batch in (4, 3):
+            for _ in range(batch):
+                assert client.post("/run", json={"sleep_ms": 2}).status_code == 200
+            assert client.post("/flush").json() == {"flushed": True}
+            sent += batch
+            # the timer, not shutdown, exports each batch
+            assert sink.wait_for(
+                lambda n=sent: sum(p.count for p in rollout_points()) == n,
+                timeout_s=10,
+            )
+        truth = [s for s in client.get("/spans").json() if s["name"] == semconv.SPAN_ROLLOUT]
+
+    assert sidecar.metric("gym_rollout_duration_ms_count") == 7  # Prometheus: cumulative
+    assert sidecar.stop() == 0
+    pts = rollout_points()
+    assert len(pts) >= 2  # two periodic exports at least, each with only its new points
+    assert sum(p.count for p in pts) == 7  # and nothing repeated by the shutdown flush
+    assert sum(p.sum for p in pts) == pytest.approx(
+        sum((s["end"] - s["start"]) / 1e6 for s in truth), rel=1e-9
+    )
+    for prev, cur in itertools.pairwise(pts):
+        assert cur.start_time_unix_nano == prev.time_unix_nano  # contiguous windows
+    temporalities = {
+        p.temporality
+        for req in sink.metric_requests()
+        for p in points(req, semconv.METRIC_ROLLOUT_DURATION)
+    }
+    assert temporalities == {AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA}
 
 
 def check_exemplars(point: Any, spans: list[dict[str, Any]], ms: dict[str, float]) -> None:
