@@ -168,7 +168,7 @@ class AgentApp:
                 cwd=Path(__file__).resolve().parents[2],
             )
         try:
-            wait_listening(self.port, timeout_s=30)
+            wait_listening(self.port, timeout_s=60)
         except TimeoutError:
             self.stop()
             raise AssertionError(self.log_path.read_text()) from None
@@ -256,6 +256,12 @@ def test_agent_follows_the_sidecar(
         assert "verify" in stats["enabled"] and "job" in stats["enabled"]
         agent.verify(1)
         assert agent.created("verify") == 10
+    except AssertionError:
+        # Shown by pytest on failure: what each side saw.
+        print("--- agent stats:", agent.stats() if agent.proc.poll() is None else "exited")
+        print("--- agent log:\n" + agent.log_path.read_text(errors="replace")[-4000:])
+        print("--- sidecar log:\n" + sidecar.log_text()[-4000:])
+        raise
     finally:
         agent.stop()
 
