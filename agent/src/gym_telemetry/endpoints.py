@@ -38,11 +38,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
 from opentelemetry import context as context_api
-from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
-from opentelemetry.util import types as otel_types
 
 from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
 
 _log = logging.getLogger(__name__)
 
@@ -53,11 +52,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _ENABLED: Final = span_groups.ENABLED
 _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
 _tracer_for = span_groups.tracer_for
-_set_span_in_context = trace.set_span_in_context
 _current_rollout_id = rollout_correlation.current_rollout_id
-_attach = context_api.attach
 _detach = context_api.detach
-_ERROR_STATUS: Final = Status(StatusCode.ERROR)
 
 
 # --- telemetry failures: counted, logged rate-limited -------------------------------------
@@ -145,33 +141,53 @@ def _is_async(handler: Callable[..., Any]) -> bool:
 class _Site:
     """Everything fixed at wrap time for one wrapped handler, and its recording path."""
 
-    __slots__ = ("attributes", "failure_attributes", "group", "span_name", "success_attributes")
+    __slots__ = (
+        "attributes",
+        "failure_attributes",
+        "group",
+        "recorder",
+        "span_name",
+        "success_attributes",
+        "tracer",
+    )
 
     def __init__(
         self,
         group: str,
         span_name: str,
         attributes: dict[str, Any],
-        success_attributes: otel_types.Attributes,
-        failure_attributes: otel_types.Attributes,
+        success_attributes: dict[str, Any] | None,
+        failure_attributes: dict[str, Any] | None,
     ) -> None:
         self.group = group
         self.span_name = span_name
         self.attributes = attributes
         self.success_attributes = success_attributes
         self.failure_attributes = failure_attributes
+        self.tracer: object = None
+        self.recorder: LeanRecorder | SdkRecorder | None = None
 
-    def start(self) -> tuple[Span, object, bool]:
-        """Start the span (static attributes + rollout id) and make it current."""
+    def _recorder(self) -> LeanRecorder | SdkRecorder:
+        # The group's tracer changes only when the provider does (reset_tracers): one
+        # dict lookup and one identity test per call.
         tracer = _tracers.get(self.group)
         if tracer is None:
             tracer = _tracer_for(self.group)
-        attributes = self.attributes
+        recorder = self.recorder
+        if tracer is not self.tracer or recorder is None or recorder.provisional:
+            recorder = self.recorder = recorder_for(tracer)
+            self.tracer = tracer
+        return recorder
+
+    def start(self) -> tuple[Span, object, bool]:
+        """Start the span (static attributes + rollout id) and make it current."""
+        recorder = self._recorder()
         rollout_id = _current_rollout_id()
-        if rollout_id is not None:
-            attributes = {**attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
-        span = tracer.start_span(self.span_name, attributes=attributes)
-        token = _attach(_set_span_in_context(span))
+        if rollout_id is None:
+            attributes = self.attributes.copy()
+        else:
+            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+        span, token = recorder.start(self.span_name, attributes)
         return span, token, rollout_id is not None
 
     def finish(self, span: Span, token: object, had_rollout_id: bool) -> None:
@@ -184,15 +200,18 @@ class _Site:
         self._end(span, token, had_rollout_id, self.failure_attributes)
 
     @staticmethod
-    def _end(span: Span, token: object, had_rollout_id: bool, extra: otel_types.Attributes) -> None:
+    def _end(span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None) -> None:
         _detach(token)  # type: ignore[arg-type]
         if not had_rollout_id:
-            # The handler may have set the id itself (Gym's agent /run does).
+            # The handler may have set the id itself and left it set.
             rollout_id = _current_rollout_id()
             if rollout_id is not None:
                 span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
         if extra:
-            span.set_attributes(extra)
+            if type(span) is LeanSpan:
+                span._attrs.update(extra)  # pre-cleaned constants
+            else:
+                span.set_attributes(extra)
         span.end()
 
 
@@ -260,8 +279,8 @@ def _wrap(
     handler: Callable[..., Any],
     static_attributes: Mapping[str, Any] | None,
     *,
-    success_attributes: otel_types.Attributes = None,
-    failure_attributes: otel_types.Attributes = None,
+    success_attributes: dict[str, Any] | None = None,
+    failure_attributes: dict[str, Any] | None = None,
 ) -> Callable[..., Any]:
     site = _Site(
         group,

@@ -1,0 +1,372 @@
+"""How the endpoint wrappers record a span: a lean path over the SDK's own pipeline.
+
+A stock SDK span (``Tracer.start_span`` + ``end``) spends most of its time on generality
+the wrappers do not need: it copies and re-validates every attribute through
+``BoundedAttributes`` (with a lock per write), builds a second ``ReadableSpan`` copy at
+``end``, and runs the span-start and span-ending hooks of every processor.
+
+``LeanRecorder`` records the same span through the same SDK objects (the provider's
+sampler, id generator, resource, span processors and so the same batch queue and
+exporter) with less work:
+
+- attributes are validated once at wrap time; the span holds a plain dict;
+- the span *is* a ``ReadableSpan`` and is handed to ``on_end`` as is (it ignores
+  writes after ``end``), instead of being copied;
+- processors whose ``on_start`` / ``_on_ending`` are known no-ops (the SDK's batch and
+  simple processors, this package's processor) are not called for them;
+- with the SDK's default sampler (parent-based, always-on root) the decision is taken
+  inline; any other sampler is asked through ``should_sample`` as the SDK would.
+
+The span it makes current is a full ``opentelemetry.trace.Span``: handler code may call
+``trace.get_current_span().set_attribute(...)``, ``add_event``, ``record_exception``,
+``set_status``; children started by any tracer parent on it.
+
+The lean path is used only when the group's tracer is an SDK ``Tracer`` whose layout
+passed a one-time self-check; otherwise (no SDK, an unusual SDK version, a foreign
+tracer) ``SdkRecorder`` goes through ``tracer.start_span`` unchanged.
+``GYM_TELEMETRY_RECORDER=sdk`` forces the SDK path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
+
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util import types as otel_types
+
+from gym_telemetry.export import GymSpanProcessor
+
+_log = logging.getLogger(__name__)
+
+#: ``sdk`` forces every span through ``Tracer.start_span`` (default: ``lean``).
+ENV_RECORDER: Final = "GYM_TELEMETRY_RECORDER"
+
+try:  # where the API keeps the current span in a Context (stable since 1.0)
+    from opentelemetry.trace.propagation import _SPAN_KEY as SPAN_KEY
+except ImportError:  # pragma: no cover - very old or very new API
+    SPAN_KEY = "current-span"
+
+_time_ns = time.time_ns
+_get_current = context_api.get_current
+_set_value = context_api.set_value
+_attach = context_api.attach
+_detach = context_api.detach
+_INTERNAL: Final = SpanKind.INTERNAL
+_UNSET_STATUS: Final = Status(StatusCode.UNSET)
+_RANDOM_BIT: Final = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
+_FLAGS_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_FLAGS_SAMPLED_RANDOM: Final = TraceFlags(TraceFlags.SAMPLED | _RANDOM_BIT)
+_EMPTY_STATE: Final = trace_api.TraceState()
+_MAX_ATTRIBUTES: Final = 128
+_MAX_EVENTS: Final = 128
+
+# Processors whose on_start / _on_ending do nothing: the lean path skips calling them.
+_QUIET_PROCESSORS: Final = (BatchSpanProcessor, SimpleSpanProcessor, GymSpanProcessor)
+
+
+def clean_value(value: Any) -> Any:
+    """An attribute value OpenTelemetry accepts, or None to drop it: a bool, str, int or
+    float, or a homogeneous sequence of one of those (returned as a tuple)."""
+    if isinstance(value, bool | str | int | float):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        items = tuple(value)
+        kinds = {type(v) for v in items}
+        if not kinds or (len(kinds) == 1 and kinds <= {bool, str, int, float}):
+            return items
+    return None
+
+
+class LeanSpan(trace_api.Span, ReadableSpan):
+    """A recording span that is its own ``ReadableSpan`` (see the module docstring).
+
+    Not thread-safe for concurrent writers (one request's code writes to it); writes
+    after ``end`` are ignored.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        recorder: LeanRecorder,
+        attributes: dict[str, Any],
+    ) -> None:
+        # The fields ReadableSpan.__init__ sets (checked by LeanRecorder's self-check).
+        self._name = name
+        self._context = context
+        self._kind = _INTERNAL
+        self._instrumentation_info = recorder.instrumentation_info
+        self._instrumentation_scope = recorder.instrumentation_scope
+        self._parent = parent
+        self._start_time = _time_ns()
+        self._end_time: int | None = None
+        self._attributes = attributes
+        self._attrs = attributes  # the same dict, typed for writing
+        self._events: tuple[Event, ...] | list[Event] = ()
+        self._links: tuple[trace_api.Link, ...] = ()
+        self._resource = recorder.resource
+        self._status = _UNSET_STATUS
+        self._recorder = recorder
+        self._token: object = None
+
+    # --- trace_api.Span -------------------------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        return self._context  # type: ignore[return-value]
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def set_attribute(self, key: str, value: otel_types.AttributeValue) -> None:
+        if self._end_time is not None or not key:
+            return
+        cleaned = clean_value(value)
+        if cleaned is None:
+            return
+        attributes = self._attrs
+        if key in attributes or len(attributes) < _MAX_ATTRIBUTES:
+            attributes[key] = cleaned
+
+    def set_attributes(self, attributes: Mapping[str, otel_types.AttributeValue]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def add_event(
+        self,
+        name: str,
+        attributes: otel_types.Attributes = None,
+        timestamp: int | None = None,
+    ) -> None:
+        if self._end_time is not None:
+            return
+        events = self._events
+        if not isinstance(events, list):
+            events = self._events = list(events)
+        if len(events) >= _MAX_EVENTS:
+            return
+        clean = {}
+        for key, value in (attributes or {}).items():
+            cleaned = clean_value(value)
+            if cleaned is not None:
+                clean[key] = cleaned
+        events.append(Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: otel_types.Attributes = None) -> None:
+        if self._end_time is not None or not context.is_valid:
+            return
+        self._links = (*self._links, trace_api.Link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end_time is not None:
+            return
+        new = status if isinstance(status, Status) else Status(status, description)
+        # Same precedence as the SDK: OK is final, UNSET never overrides.
+        if self._status.status_code is StatusCode.OK or new.status_code is StatusCode.UNSET:
+            return
+        self._status = new
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: otel_types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        import traceback  # only on the error path
+
+        stacktrace = "".join(
+            traceback.format_exception(type(exception), exception, exception.__traceback__)
+        )
+        event_attributes: dict[str, Any] = {
+            "exception.type": type(exception).__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": stacktrace,
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            event_attributes.update(attributes)
+        self.add_event("exception", event_attributes, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end_time is not None:
+            return
+        self._end_time = end_time if end_time is not None else _time_ns()
+        if isinstance(self._events, list):
+            self._events = tuple(self._events)
+        self._recorder.ended(self)
+
+
+class SdkRecorder:
+    """Records through ``tracer.start_span`` (any OpenTelemetry tracer)."""
+
+    lean = False
+
+    def __init__(self, tracer: trace_api.Tracer, provisional: bool = False) -> None:
+        self.tracer = tracer
+        #: True while the tracer is a proxy with no SDK behind it yet: resolve again.
+        self.provisional = provisional
+
+    def start(self, name: str, attributes: dict[str, Any]) -> tuple[trace_api.Span, object]:
+        span = self.tracer.start_span(name, attributes=attributes)
+        token = _attach(trace_api.set_span_in_context(span))
+        return span, token
+
+
+class LeanRecorder:
+    """Records spans for one SDK tracer (one span group) the lean way."""
+
+    lean = True
+    provisional = False
+
+    def __init__(self, tracer: sdk_trace.Tracer) -> None:
+        self.tracer = tracer
+        self.sampler = tracer.sampler
+        self.default_sampler = _is_default_sampler(tracer.sampler)
+        self.id_generator = tracer.id_generator
+        self.random_ids = bool(getattr(self.id_generator, "is_trace_id_random", lambda: False)())
+        self.resource: Resource = tracer.resource
+        self.instrumentation_info = getattr(tracer, "instrumentation_info", None)
+        self.instrumentation_scope = tracer._instrumentation_scope
+        self.processor = tracer.span_processor
+        self._seen_processors: object = None
+        self._quiet = False
+        self.max_attributes = _MAX_ATTRIBUTES
+
+    def _processors_quiet(self) -> bool:
+        processors = getattr(self.processor, "_span_processors", None)
+        if processors is None:
+            return False
+        if processors is not self._seen_processors:
+            self._quiet = all(isinstance(p, _QUIET_PROCESSORS) for p in processors)
+            self._seen_processors = processors
+        return self._quiet
+
+    def start(self, name: str, attributes: dict[str, Any]) -> tuple[trace_api.Span, object]:
+        """Start a span with ``attributes`` (already clean; owned by the span from now
+        on), make it current and return it with the context token."""
+        is_enabled = getattr(self.tracer, "_is_enabled", None)
+        if is_enabled is not None and not is_enabled():
+            return SdkRecorder(self.tracer).start(name, attributes)
+        ctx = _get_current()
+        parent_span: trace_api.Span | None = ctx.get(SPAN_KEY)  # type: ignore[assignment]
+        parent = parent_span.get_span_context() if parent_span is not None else None
+        if parent is not None and parent.is_valid:
+            trace_id = parent.trace_id
+            parent_random = int(parent.trace_flags) & _RANDOM_BIT
+            sampled = parent.trace_flags.sampled
+            trace_state = parent.trace_state
+        else:
+            parent = None
+            trace_id = self.id_generator.generate_trace_id()
+            parent_random = _RANDOM_BIT if self.random_ids else 0
+            sampled = True
+            trace_state = _EMPTY_STATE
+        if not self.default_sampler:
+            result = self.sampler.should_sample(ctx, trace_id, name, _INTERNAL, attributes, ())
+            sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
+            if not result.decision.is_recording():  # type: ignore[no-untyped-call]
+                sampled = False
+            elif result.attributes:
+                attributes.update(result.attributes)
+            trace_state = result.trace_state or trace_state
+        if not sampled:
+            flags = TraceFlags(parent_random)
+            context = SpanContext(
+                trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
+            )
+            span: trace_api.Span = trace_api.NonRecordingSpan(context)
+            return span, _attach(_set_value(SPAN_KEY, span, ctx))
+        flags = _FLAGS_SAMPLED_RANDOM if parent_random else _FLAGS_SAMPLED
+        context = SpanContext(
+            trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
+        )
+        lean = LeanSpan(name, context, parent, self, attributes)
+        if not self._processors_quiet():
+            self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
+        return lean, _attach(_set_value(SPAN_KEY, lean, ctx))
+
+    def ended(self, span: LeanSpan) -> None:
+        processor = self.processor
+        if not self._processors_quiet():
+            on_ending = getattr(processor, "_on_ending", None)
+            if on_ending is not None:
+                on_ending(span)
+        processor.on_end(span)
+
+
+def _is_default_sampler(sampler: Any) -> bool:
+    """True for ParentBased(ALWAYS_ON) with the default delegates (the SDK default)."""
+    if not isinstance(sampler, sampling.ParentBased):
+        return False
+    root = getattr(sampler, "_root", None)
+    delegates = (
+        getattr(sampler, "_remote_parent_sampled", None),
+        getattr(sampler, "_remote_parent_not_sampled", None),
+        getattr(sampler, "_local_parent_sampled", None),
+        getattr(sampler, "_local_parent_not_sampled", None),
+    )
+    return root is sampling.ALWAYS_ON and delegates == (
+        sampling.ALWAYS_ON,
+        sampling.ALWAYS_OFF,
+        sampling.ALWAYS_ON,
+        sampling.ALWAYS_OFF,
+    )
+
+
+def _layout_ok(recorder: LeanRecorder) -> bool:
+    """One-time check that LeanSpan carries every field ReadableSpan expects."""
+    try:
+        reference = set(vars(ReadableSpan("probe", resource=recorder.resource)))
+        probe_context = SpanContext(1, 1, False, _FLAGS_SAMPLED, _EMPTY_STATE)
+        probe = LeanSpan("probe", probe_context, None, recorder, {"k": "v"})
+        missing = reference - set(vars(probe))
+        if missing:
+            _log.info("gym_telemetry: SDK span layout changed (%s); using the SDK path", missing)
+            return False
+        probe._end_time = 2
+        probe.to_json()
+        return True
+    except Exception as exc:  # any surprise: use the SDK's own path
+        _log.info("gym_telemetry: lean span self-check failed (%r); using the SDK path", exc)
+        return False
+
+
+_layout_checked: dict[str, bool] = {}
+
+
+def recorder_for(tracer: trace_api.Tracer) -> LeanRecorder | SdkRecorder:
+    """The recorder for ``tracer`` (lean when possible)."""
+    real = tracer
+    if isinstance(real, trace_api.ProxyTracer):
+        inner = getattr(real, "_real_tracer", None)
+        if inner is None:
+            return SdkRecorder(tracer, provisional=True)  # no provider yet: resolve again
+        real = inner
+    if os.environ.get(ENV_RECORDER, "").strip().lower() == "sdk":
+        return SdkRecorder(real)
+    if not isinstance(real, sdk_trace.Tracer):
+        return SdkRecorder(real)
+    try:
+        recorder = LeanRecorder(real)
+    except Exception as exc:  # an SDK without the attributes we read
+        _log.info("gym_telemetry: lean recorder unavailable (%r); using the SDK path", exc)
+        return SdkRecorder(real)
+    ok = _layout_checked.get("ok")
+    if ok is None:
+        ok = _layout_checked["ok"] = _layout_ok(recorder)
+    return recorder if ok else SdkRecorder(real)
