@@ -85,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeats):
         for size, payload in payloads.items():
             n = args.n if size == "small" else max(1, args.n // 20)
-            results.setdefault((size, "parse"), []).append(
-                time_loop(lambda p=payload: parse(p), n)
-            )
+            results.setdefault((size, "parse"), []).append(time_loop(lambda p=payload: parse(p), n))
             for name, stage in stages.items():
                 gate = stage.gate
                 results.setdefault((size, name), []).append(
