@@ -87,7 +87,8 @@ ListenAddress = Annotated[str, AfterValidator(_check_listen)]
 
 
 class LimitsConfig(BaseModel):
-    """Size limits on what clients send. Each refusal is counted in ``limit_hits``."""
+    """Limits on what clients send and how much at once. Each refusal is counted in
+    ``limit_hits{limit=<key>}``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,6 +102,13 @@ class LimitsConfig(BaseModel):
     """grpc core's own receive limit (also bounds its gzip inflation). Messages above it
     are refused by grpc itself with RESOURCE_EXHAUSTED, before the sidecar sees them, so
     those refusals are not counted; keep it above ``grpc_max_message_bytes``."""
+    http_max_concurrent_requests: int = Field(default=256, gt=0)
+    """OTLP/HTTP requests handled at once; more get 429 + Retry-After before their body
+    is read, so memory stays below this many times ``http_max_decompressed_bytes``."""
+    grpc_max_concurrent_requests: int = Field(default=256, gt=0)
+    """OTLP/gRPC calls handled at once; more get RESOURCE_EXHAUSTED + RetryInfo."""
+    overload_retry_after_s: float = Field(default=1.0, gt=0)
+    """The delay clients are told to wait when a concurrency limit refuses them."""
 
     @model_validator(mode="after")
     def _transport_above_message(self) -> LimitsConfig:

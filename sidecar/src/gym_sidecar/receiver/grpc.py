@@ -9,6 +9,8 @@ grpc core handles client-side per-message compression (gzip), bounded by
 Answers:
 - OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
 - INVALID_ARGUMENT for undecodable or oversized messages (clients must not retry);
+- RESOURCE_EXHAUSTED with RetryInfo when ``limits.grpc_max_concurrent_requests`` calls
+  are already being handled (counted in ``limit_hits``);
 - RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` detail on backpressure (the OTel
   SDK exporters retry after the given delay).
 
@@ -69,6 +71,7 @@ class GrpcReceiver:
         self.metrics = metrics
         self.bound_port: int | None = None
         self._server: Any = None
+        self._in_flight = 0
 
     async def start(self) -> None:
         server = grpc.aio.server(
@@ -118,6 +121,20 @@ class GrpcReceiver:
         signal = spec.signal.value
 
         async def export(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            if self._in_flight >= self.limits.grpc_max_concurrent_requests:
+                metrics.limit_hits.labels("grpc_max_concurrent_requests").inc()
+                status = retry_info_status(
+                    "sidecar is handling too many calls at once; retry later",
+                    self.limits.overload_retry_after_s,
+                )
+                await context.abort(status.code, status.details, status.trailing_metadata)
+            self._in_flight += 1
+            try:
+                return await handle(request, context)
+            finally:
+                self._in_flight -= 1
+
+        async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             if len(request) > max_bytes:
                 metrics.limit_hits.labels("grpc_max_message_bytes").inc()
                 metrics.bad_requests.labels(TRANSPORT, "too_large").inc()

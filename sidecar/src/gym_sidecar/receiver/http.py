@@ -11,7 +11,9 @@ Answers (the body is encoded like the request; protobuf when that is unknown):
   ``limits.http_max_decompressed_bytes`` once inflated; inflation stops at the limit
   (``zlib`` ``max_length``), so a gzip bomb costs at most that much memory;
 - 415 for another content type or content encoding; 404/405 for other paths/methods;
-- 429 + ``Retry-After`` on backpressure (the OTel SDK exporters retry on it).
+- 429 + ``Retry-After`` on backpressure (the OTel SDK exporters retry on it), and when
+  ``limits.http_max_concurrent_requests`` requests are already in flight (checked
+  before the body is read).
 
 Every limit that bites is counted in ``limit_hits{limit=...}`` and every refused request
 in ``bad_requests{transport="http", reason=...}``.
@@ -75,6 +77,14 @@ _RPC_CODE = {
 }
 
 
+def _content_type(scope: Scope) -> str:
+    """The request's media type, lower-cased, without parameters ("" when absent)."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-type":
+            return str(value.decode("latin-1").split(";", 1)[0].strip().lower())
+    return ""
+
+
 def _encode(message: Message, content_type: str) -> bytes:
     if content_type == JSON:
         return json_format.MessageToJson(message, indent=None).encode()
@@ -88,12 +98,35 @@ class OtlpHttpApp:
         self.head = head
         self.limits = limits
         self.metrics = metrics
+        self._in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        if self._in_flight >= self.limits.http_max_concurrent_requests:
+            self.metrics.limit_hits.labels("http_max_concurrent_requests").inc()
+            status = status_pb2.Status(
+                code=code_pb2.RESOURCE_EXHAUSTED,
+                message="sidecar is handling too many requests at once; retry later",
+            )
+            reply_type = JSON if _content_type(scope) == JSON else PROTOBUF
+            await _respond(
+                send,
+                429,
+                _encode(status, reply_type),
+                reply_type,
+                [("retry-after", max(1, math.ceil(self.limits.overload_retry_after_s)))],
+            )
+            return
+        self._in_flight += 1
+        try:
+            await self._handle(scope, receive, send)
+        finally:
+            self._in_flight -= 1
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        content_type = _content_type(scope)
         reply_type = JSON if content_type == JSON else PROTOBUF
         try:
             spec = _BY_PATH.get(scope["path"])

@@ -1,0 +1,113 @@
+"""Concurrency limits of the receivers: refused with a retry hint, counted, then served.
+
+HTTP runs against a real sidecar process: a raw socket sends headers and half a body,
+which keeps one request in flight deterministically. gRPC runs the real grpc.aio
+receiver in-process in front of a stage that holds each batch until released, since a
+gRPC call cannot be held open half-sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+import httpx
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from gym_sidecar.config import LimitsConfig
+from gym_sidecar.pipeline.stage import Batch, Stage
+from gym_sidecar.receiver.grpc import GrpcReceiver
+from gym_sidecar.selfmetrics import SelfMetrics
+
+from tests.sidecar.otlp_samples import SERVICES, http_post, trace_request
+from tests.support.sidecar_proc import SidecarProcess
+from tests.support.sink import RecordingSink
+
+
+def test_http_concurrency_limit_429_then_serves() -> None:
+    body = trace_request("held", 2).SerializeToString()
+    with (
+        RecordingSink() as sink,
+        SidecarProcess(
+            backend=sink.endpoint,
+            env={
+                "GYM_SIDECAR_LIMITS__HTTP_MAX_CONCURRENT_REQUESTS": "1",
+                "GYM_SIDECAR_LIMITS__OVERLOAD_RETRY_AFTER_S": "2",
+            },
+        ) as sc,
+    ):
+        held = socket.create_connection(("127.0.0.1", sc.http_port))
+        held.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        resp = httpx.Response(0)
+        for _ in range(100):  # until the held request is being handled
+            resp = http_post(sc.http_url, "traces", body)
+            if resp.status_code == 429:
+                break
+        assert resp.status_code == 429
+        assert resp.headers["retry-after"] == "2"
+        assert "too many" in status_pb2.Status.FromString(resp.content).message
+        assert sc.metric("gym_sidecar_limit_hits_total", limit="http_max_concurrent_requests") >= 1
+        held.sendall(body[10:])  # finish the held request: it is accepted
+        assert b"200 OK" in held.recv(4096)
+        held.close()
+        assert http_post(sc.http_url, "traces", body).status_code == 200
+    assert sc.returncode == 0
+
+
+class HoldingStage(Stage):
+    """Keeps every batch until ``release`` is set (a real stage, for holding calls open)."""
+
+    name = "holding"
+
+    def __init__(self, metrics: SelfMetrics) -> None:
+        super().__init__(None, metrics)
+        self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.batches: list[Batch] = []
+
+    async def consume(self, batch: Batch) -> None:
+        self.entered.set()
+        await self.release.wait()
+        self.batches.append(batch)
+
+
+def test_grpc_concurrency_limit_resource_exhausted_with_retry_info() -> None:
+    async def scenario() -> None:
+        metrics = SelfMetrics()
+        stage = HoldingStage(metrics)
+        limits = LimitsConfig(grpc_max_concurrent_requests=1, overload_retry_after_s=1.5)
+        receiver = GrpcReceiver("127.0.0.1:0", stage, limits, metrics)
+        await receiver.start()
+        try:
+            target = f"127.0.0.1:{receiver.bound_port}"
+            async with grpc.aio.insecure_channel(target) as channel:
+                call = channel.unary_unary(f"/{SERVICES['traces']}/Export")
+                payload = trace_request("g", 1).SerializeToString()
+                first = asyncio.ensure_future(call(payload, timeout=10))
+                await asyncio.wait_for(stage.entered.wait(), 10)
+                try:
+                    await call(payload, timeout=10)
+                    raise AssertionError("second call should be refused")
+                except grpc.aio.AioRpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    status = rpc_status.from_call(err)
+                    assert status is not None
+                    info = error_details_pb2.RetryInfo()
+                    assert status.details[0].Unpack(info)
+                    assert info.retry_delay == duration_pb2.Duration(seconds=1, nanos=500_000_000)
+                stage.release.set()
+                await first
+                await call(payload, timeout=10)  # the limit frees up again
+            assert len(stage.batches) == 2
+            hits = metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get()
+            assert hits == 1
+        finally:
+            await receiver.stop(1)
+
+    asyncio.run(scenario())
