@@ -86,6 +86,22 @@ def test_sidecar_image_shape() -> None:
     assert not any("uv" in args for kw, args in runtime if kw == "RUN")  # no build tools
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_build_context_filter_keeps_every_copied_path(dockerfile: Path) -> None:
+    """Each Dockerfile's <name>.dockerignore excludes everything but what it COPYs."""
+    ignore = Path(str(dockerfile) + ".dockerignore").read_text().splitlines()
+    kept = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
+    assert "**" in ignore
+    for keyword, args in instructions(dockerfile):
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for source in sources:
+            path = source.rstrip("/")
+            assert path in kept, f"{dockerfile.name}: COPY {source} is excluded from the context"
+            assert (REPO / path).exists(), f"{dockerfile.name}: COPY {source}: no such path"
+
+
 def healthcheck_command() -> list[str]:
     [args] = [a for kw, a in instructions(DOCKER / "sidecar.Dockerfile") if kw == "HEALTHCHECK"]
     cmd: list[str] = json.loads(args[args.index("CMD") + 3 :].strip())

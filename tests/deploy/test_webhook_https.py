@@ -199,9 +199,11 @@ def test_pod_without_annotation_is_not_injected(webhook: Webhook) -> None:
 
 def test_pod_in_opted_in_namespace_is_injected_unless_it_opts_out(webhook: Webhook) -> None:
     pod = deployment_pod(annotations={})
+    del pod["metadata"]["annotations"]  # the patch must create the map
     uid, body = review(pod)
     out = applied(pod, webhook.post(NAMESPACE_OPT_IN_PATH, body), uid)
     assert len(sidecars(out)) == 1
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "native-sidecar"}
 
     opted_out = deployment_pod(annotations={INJECT_ANNOTATION: "false"})
     uid, body = review(opted_out)

@@ -83,7 +83,7 @@ def handle_review(body: bytes, config: InjectorConfig, namespace_opted_in: bool)
     if not patch:
         return Outcome(response_review(uid), "unchanged", "already injected")
     if was_injected:
-        return Outcome(response_review(uid, patch), "unchanged", "completed a prior injection")
+        return Outcome(response_review(uid, patch), "injected", "completed a prior injection")
     where = f"{request.namespace or '?'}/{request.name or pod_name(pod)}"
     logger.info("injecting the sidecar into pod %s (%s)", where, decision.reason)
     return Outcome(response_review(uid, patch), "injected", decision.reason)
