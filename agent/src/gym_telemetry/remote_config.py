@@ -114,7 +114,10 @@ class RemoteConfigPoller:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.poll_once()
+            try:
+                self.poll_once()
+            except Exception as exc:  # thread boundary: a bug here must not end polling
+                self._failed(f"poller error: {exc!r}")
             spread = self.poll_interval_s * self.jitter
             if self._stop.wait(self.poll_interval_s + random.uniform(-spread, spread)):
                 return
