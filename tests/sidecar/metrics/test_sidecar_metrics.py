@@ -89,7 +89,11 @@ def app(sidecar: SidecarProcess) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
-        proc.wait(15)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def bucket_index(bounds: list[float], value: float) -> int:
