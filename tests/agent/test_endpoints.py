@@ -278,3 +278,48 @@ def test_unknown_group_wraps_and_never_records(
     assert "unknown span group" in caplog.text
     assert asyncio.run(wrapped()) == 3
     assert spans.all() == []
+
+
+class GymLikeServer:
+    """Handlers as bound methods, the way Gym's server classes register them."""
+
+    def __init__(self) -> None:
+        self.name = "bound"
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        return VerifyResponse(reward=0.0 if body.answer != body.expected else 1.0)
+
+    def setup_webserver(self) -> FastAPI:
+        app = FastAPI(**fastapi_telemetry_off())
+        attributes = {"nemo.gym.server.name": self.name}
+        app.post("/verify")(traced_verify_endpoint(self.verify, attributes))
+        return app
+
+
+def test_bound_method_handlers_keep_their_schema(serve: Any, spans: Spans) -> None:
+    span_groups.set_enabled({"verify"})
+    served = serve(GymLikeServer().setup_webserver())
+    assert httpx.post(served.url + "/verify", json={"answer": 1}).status_code == 422
+    r = httpx.post(served.url + "/verify", json={"answer": "a", "expected": "a"})
+    assert r.json() == {"reward": 1.0}
+    schema = httpx.get(served.url + "/openapi.json").json()
+    assert "self" not in str(schema["paths"]["/verify"])
+    assert spans.one("gym.verify").attributes["nemo.gym.server.name"] == "bound"  # type: ignore[index]
+
+
+def test_sync_callable_wrapping_an_async_handler_is_awaited_like_fastapi_does(
+    spans: Spans,
+) -> None:
+    span_groups.set_enabled({"server"})
+
+    async def inner(x: int) -> int:
+        return x * 2
+
+    @functools.wraps(inner)
+    def outer(x: int) -> Any:  # returns the coroutine; FastAPI awaits it (it unwraps)
+        return inner(x)
+
+    wrapped = traced_endpoint("server", "gym.outer", outer)
+    assert asyncio.iscoroutinefunction(wrapped)
+    assert asyncio.run(wrapped(x=4)) == 8
+    assert len(spans.named("gym.outer")) == 1

@@ -34,7 +34,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
 from opentelemetry import context as context_api
@@ -125,14 +125,29 @@ def _freeze_attributes(static_attributes: Mapping[str, Any] | None) -> dict[str,
     return out
 
 
-def _is_async(handler: Callable[..., Any]) -> bool:
+def _async_kind(handler: Callable[..., Any]) -> str:
+    """``"coroutine"`` for an ``async def`` (or a bound one), ``"maybe"`` when only what it
+    wraps or its ``__call__`` is async (FastAPI awaits those too), ``"sync"`` otherwise."""
     if inspect.iscoroutinefunction(handler):
-        return True
-    unwrapped = inspect.unwrap(handler)
-    if inspect.iscoroutinefunction(unwrapped):
-        return True
+        return "coroutine"
+    if inspect.iscoroutinefunction(inspect.unwrap(handler)):
+        return "maybe"
     call = getattr(handler, "__call__", None)  # noqa: B004 - callable instances
-    return call is not None and not inspect.isroutine(handler) and inspect.iscoroutinefunction(call)
+    if call is not None and not inspect.isroutine(handler) and inspect.iscoroutinefunction(call):
+        return "maybe"
+    return "sync"
+
+
+def _awaiting(handler: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """An ``async def`` calling ``handler`` and awaiting the result only if awaitable."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        result = handler(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return call
 
 
 # --- the recording path -------------------------------------------------------------------
@@ -220,9 +235,13 @@ def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any
     enabled = _ENABLED
     errors = _ERRORS
 
-    if _is_async(handler):
+    kind = _async_kind(handler)
+    if kind != "sync":
+        original = handler
+        if kind == "maybe":
+            handler = _awaiting(handler)
 
-        @functools.wraps(handler)
+        @functools.wraps(original)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             if group not in enabled.groups:
                 return await handler(*args, **kwargs)

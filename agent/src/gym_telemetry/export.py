@@ -9,10 +9,11 @@ the batch processor's worker thread.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -135,3 +136,48 @@ class GymSpanProcessor(SpanProcessor):
         if delegate is None:
             return True
         return bool(delegate.force_flush(timeout_millis))
+
+
+# Loggers of the SDK's export machinery that repeat themselves while the sidecar is down
+# (one line per retry and per failed batch, from the batch worker thread).
+EXPORT_LOGGERS: Final[tuple[str, ...]] = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+)
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets one record per (logger, message template) through every ``interval_s``;
+    the next one that passes says how many were suppressed in between. Thread-safe."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval_s:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            suppressed = self._suppressed.pop(key, 0)
+        if suppressed:
+            record.msg = f"{record.msg} [{suppressed} similar messages suppressed]"
+        return True
+
+
+def rate_limit_export_logs(interval_s: float = 60.0) -> None:
+    """Install one ``RateLimitFilter`` on each of ``EXPORT_LOGGERS`` (idempotent)."""
+    for name in EXPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RateLimitFilter) for f in logger.filters):
+            logger.addFilter(RateLimitFilter(interval_s))

@@ -62,7 +62,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import span_groups as _span_groups
-from gym_telemetry.export import GymSpanProcessor, TrackingExporter
+from gym_telemetry.export import GymSpanProcessor, TrackingExporter, rate_limit_export_logs
 from gym_telemetry.resource import build_resource
 
 _log = logging.getLogger(__name__)
@@ -273,6 +273,7 @@ def init_telemetry(
 
             processor = _STATE.processor
             assert processor is not None
+            rate_limit_export_logs()
             exporter = TrackingExporter(_make_exporter(endpoint))
             processor.plug(_make_batch_processor(exporter), exporter)
             _STATE.exporter = exporter
