@@ -308,3 +308,30 @@ def test_rotated_certificate_is_served_without_restart(tmp_path: Path) -> None:
     first, second, new_pem = asyncio.run(scenario())
     assert first != second
     assert ssl.DER_cert_to_PEM_cert(second).strip() == new_pem.strip()
+
+
+def run_cli(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gym_sidecar.cli", "webhook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def test_cli_reports_every_config_error() -> None:
+    result = run_cli("--listen", "nowhere", "--kubernetes-version", "soon")
+    assert result.returncode == 2
+    assert "listen: " in result.stderr and "kubernetes_version: " in result.stderr
+    # Checks across fields run once each field is valid.
+    result = run_cli("--cert", "c.pem")
+    assert result.returncode == 2
+    assert "cert_file and key_file go together" in result.stderr
+
+
+def test_cli_exits_1_when_the_certificate_is_unreadable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.pem")
+    result = run_cli("--listen", f"127.0.0.1:{free_port()}", "--cert", missing, "--key", missing)
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr

@@ -15,13 +15,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "GYM_INJECTOR_"
 """Prefix of every environment variable the injector reads."""
 ENV_NESTED_DELIMITER = "__"
 
 MiB = 1024 * 1024
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) -> (host, port); raises ValueError readably."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -113,6 +128,18 @@ class InjectorConfig(BaseModel):
     """First version where native sidecars are on by default (beta in 1.29)."""
     unknown_version_mode: Literal["native", "container"] = "container"
     """``auto`` without ``kubernetes_version``: plain container works on every version."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> InjectorConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: set both or neither")
+        return self
 
     @field_validator("kubernetes_version", "native_min_version")
     @classmethod

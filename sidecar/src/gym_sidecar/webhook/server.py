@@ -28,21 +28,13 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gym_sidecar.webhook.admission import encode_review
-from gym_sidecar.webhook.config import InjectorConfig
+from gym_sidecar.webhook.config import InjectorConfig, split_listen
 from gym_sidecar.webhook.review import Outcome, fail_open, handle_review
 
 logger = logging.getLogger(__name__)
 
 POD_OPT_IN_PATH = "/mutate/pod-opt-in"
 NAMESPACE_OPT_IN_PATH = "/mutate/namespace-opt-in"
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port); raises ValueError with a readable message."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class CertificateReloader:
