@@ -429,3 +429,19 @@ def test_spans_without_ids_give_no_exemplar_and_exemplars_can_be_off() -> None:
     for t in (tail, tail2):
         [v] = points(t.metric_requests()[0], semconv.METRIC_VERIFY_DURATION)
         assert v.point.count == 1 and len(v.point.exemplars) == 0
+
+
+def test_shutdown_gives_up_after_half_the_deadline_while_pushed_back() -> None:
+    stage, tail, _ = make(interval_s=3600)
+
+    async def go() -> float:
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(1000)]})))
+        tail.refuse = 10_000
+        t0 = asyncio.get_running_loop().time()
+        await stage.shutdown(1.0)
+        return asyncio.get_running_loop().time() - t0
+
+    took = run(go())
+    assert tail.metric_requests() == []
+    assert stage.store.exports["backpressure"] >= 2
+    assert took < 0.95  # the queue behind keeps the rest of the deadline

@@ -18,8 +18,8 @@ them (counted in ``gym_sidecar_derived_exports_total{outcome}``).
 
 Shutdown: ``shutdown(deadline_s)`` stops the timer and flushes the last partial interval
 into ``next`` before returning. The runtime shuts stages down in pipeline order, so this
-happens before the queue drains; if the queue pushes back, the flush is retried until the
-deadline.
+happens before the queue drains; if the queue pushes back, the flush is retried for up
+to half of the deadline.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ _log = logging.getLogger(__name__)
 
 SHUTDOWN_RETRY_S: Final = 0.05
 """Pause between flush attempts while the queue pushes back during shutdown."""
+SHUTDOWN_SHARE: Final = 0.5
+"""Share of the shutdown deadline the final flush may spend retrying."""
 
 
 class DeriveStage(Stage):
@@ -142,7 +144,12 @@ class DeriveStage(Stage):
             _log.warning("derived metrics export " + fmt, exc)
 
     async def shutdown(self, deadline_s: float) -> None:
-        """Stop the timer, then flush the last partial interval into ``next``."""
+        """Stop the timer, then flush the last partial interval into ``next``.
+
+        While ``next`` pushes back, the flush is retried for at most half of
+        ``deadline_s``, so the queue behind keeps the rest of the deadline to drain. A
+        downstream error other than backpressure is not retried.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -151,18 +158,24 @@ class DeriveStage(Stage):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
             self._timer = None
-        deadline = time.monotonic() + deadline_s
+        deadline = time.monotonic() + deadline_s * SHUTDOWN_SHARE
         while True:
+            refused_before = self.store.exports["backpressure"]
             remaining = deadline - time.monotonic()
             try:
                 if await asyncio.wait_for(self.flush(), timeout=max(remaining, 0.001)):
                     return
             except TimeoutError:
                 break
-            if time.monotonic() + SHUTDOWN_RETRY_S >= deadline:
+            pushed_back = self.store.exports["backpressure"] > refused_before
+            if not pushed_back or time.monotonic() + SHUTDOWN_RETRY_S >= deadline:
                 break
             await asyncio.sleep(SHUTDOWN_RETRY_S)
-        _log.warning("derived metrics: last interval not flushed within %.1fs", deadline_s)
+        _log.warning(
+            "derived metrics: the last interval was not flushed (see earlier warnings); "
+            "%d points not exported",
+            self.store.collect().points,
+        )
 
 
 def build_derive_stage(cfg: MetricsConfig, next_stage: Stage, metrics: SelfMetrics) -> Stage:
