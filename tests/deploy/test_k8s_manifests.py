@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,36 @@ def test_overlay_pod_injected_with_the_base_config_is_valid(tmp_path: Path) -> N
     secret_env = [e for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})]
     assert secret_env[0]["name"] == "GYM_SIDECAR_SPAN_GROUPS__TOKEN"
     assert secret_env[0]["valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+@needs_kubectl
+def test_injected_sidecar_environment_loads_in_the_sidecar(tmp_path: Path) -> None:
+    """The variables the injector sets plus the namespace's ConfigMap make a config the
+    sidecar accepts (``gym-sidecar check-config``), with the admin port reachable."""
+    config = injector_config(render("base"), tmp_path)
+    cm = find(render("overlays/gym-namespace"), "ConfigMap", "gym-telemetry-sidecar")
+    config_file = tmp_path / config.config_key
+    config_file.write_text(cm["data"][config.config_key])
+    template = find(render("overlays/gym-namespace"), "Deployment", "simple-agent")
+    pod = mutate({"apiVersion": "v1", "kind": "Pod", **template["spec"]["template"]}, config)
+    sidecar = pod["spec"]["initContainers"][0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
+    for var in sidecar["env"]:
+        # What the kubelet would fill in from the downward API and the Secret.
+        env[var["name"]] = var.get("value", f"from-{var['name'].lower()}")
+    assert env.pop("GYM_SIDECAR_CONFIG").startswith("/etc/gym-sidecar/")
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_sidecar.cli", "check-config", str(config_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    effective = yaml.safe_load(result.stdout)
+    assert effective["admin_listen"] == f"0.0.0.0:{config.admin_port}"
+    assert effective["span_groups"]["spec"] == "per_rollout"
 
 
 @needs_kubectl

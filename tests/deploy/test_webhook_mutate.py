@@ -9,6 +9,7 @@ import pytest
 from gym_sidecar.enrich.downward_api import (
     ENV_TO_ATTRIBUTE,
     PODINFO_DEFAULT_DIR,
+    PODINFO_DIR_ENV,
     PODINFO_VOLUME_NAME,
 )
 from gym_sidecar.webhook.config import (
@@ -93,6 +94,7 @@ def test_downward_api_variables_and_volume_match_enrichment() -> None:
     assert env["K8S_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["K8S_CONTAINER_NAME"]["value"] == "helper"
+    assert env[PODINFO_DIR_ENV]["value"] == PODINFO_DEFAULT_DIR
     mount = next(m for m in sidecar["volumeMounts"] if m["name"] == PODINFO_VOLUME_NAME)
     assert mount["mountPath"] == PODINFO_DEFAULT_DIR
     volume = next(v for v in out["spec"]["volumes"] if v["name"] == PODINFO_VOLUME_NAME)

@@ -17,6 +17,7 @@ from gym_sidecar.enrich.downward_api import (
     ENV_TO_ATTRIBUTE,
     PODINFO_ANNOTATIONS_FILE,
     PODINFO_DEFAULT_DIR,
+    PODINFO_DIR_ENV,
     PODINFO_LABELS_FILE,
     PODINFO_VOLUME_NAME,
 )
@@ -87,6 +88,7 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
         for name, path in _FIELD_REFS.items()
     ]
     env.append({"name": _APP_CONTAINER_VAR, "value": app_container})
+    env.append({"name": PODINFO_DIR_ENV, "value": PODINFO_DEFAULT_DIR})
     # Probes and Prometheus reach the admin listener on the pod IP, not on loopback.
     env.append({"name": "GYM_SIDECAR_ADMIN_LISTEN", "value": f"0.0.0.0:{config.admin_port}"})
     mounts: list[dict[str, Any]] = [
