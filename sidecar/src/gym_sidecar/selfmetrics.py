@@ -77,6 +77,18 @@ class SelfMetrics:
         self.queue_capacity_bytes = Gauge(
             "gym_sidecar_queue_capacity_bytes", "Configured queue bound in bytes.", registry=r
         )
+        self.queue_corrupt_records = Counter(
+            "gym_sidecar_queue_corrupt_records",
+            "On-disk queue records found corrupt or truncated and skipped, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.queue_replayed = Counter(
+            "gym_sidecar_queue_replayed_items",
+            "Items found in the on-disk queue at start and queued again for export.",
+            ["signal"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

@@ -57,6 +57,21 @@ class QueueConfig(BaseModel):
     this long. None: retry until shutdown."""
     backpressure_retry_after_s: float = Field(default=1.0, gt=0)
     """The delay clients are told to wait (RetryInfo / Retry-After) when the queue is full."""
+    persistent: bool = False
+    """Keep the queue in segment files under ``directory`` (see docs/durability.md):
+    clients are answered only once their data is written (and fsynced per ``fsync``),
+    and what is left at exit or after a crash is replayed at the next start."""
+    directory: str | None = None
+    """The on-disk queue's directory (created if missing; one sidecar per directory).
+    Required when ``persistent``."""
+    fsync: Literal["always", "interval"] = "always"
+    """``always``: fsync before answering the client (writes are grouped, one fsync per
+    group). ``interval``: answer once written to the OS, fsync every
+    ``fsync_interval_ms`` (a power loss or kernel crash can lose that window)."""
+    fsync_interval_ms: int = Field(default=1000, gt=0)
+    segment_max_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """The on-disk queue rolls over to a new segment file past this size; a segment is
+    deleted once every record in it was delivered or dropped."""
 
     @model_validator(mode="after")
     def _check_sizes(self) -> QueueConfig:
@@ -64,4 +79,6 @@ class QueueConfig(BaseModel):
             raise ValueError("batch_max_bytes must not exceed max_bytes")
         if self.retry_initial_interval_s > self.retry_max_interval_s:
             raise ValueError("retry_initial_interval_s must not exceed retry_max_interval_s")
+        if self.persistent and not self.directory:
+            raise ValueError("persistent queue needs queue.directory")
         return self

@@ -1,0 +1,228 @@
+"""The on-disk queue in process, on real files: durability, bound, replay, damage.
+
+These drive :class:`DiskQueue` directly (its callers are the queue stage and the
+sender); the same behaviour through a real sidecar process is in the other fault tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from gym_sidecar.export import segments
+from gym_sidecar.export.config import QueueConfig
+from gym_sidecar.export.disk_queue import DiskQueue, build_queue
+from gym_sidecar.export.queue import MemoryQueue
+from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.selfmetrics import SelfMetrics
+
+from tests.faults.support import small_filesystem
+
+
+def corrupt(metrics: SelfMetrics, kind: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "gym_sidecar_queue_corrupt_records_total", {"kind": kind}
+    )
+    return value or 0.0
+
+
+def make(path: Path, metrics: SelfMetrics, **kw: object) -> DiskQueue:
+    kw.setdefault("segment_max_bytes", 1024)
+    return DiskQueue(path, 1 << 20, metrics, **kw)  # type: ignore[arg-type]
+
+
+def payload(i: int, size: int = 100) -> bytes:
+    return f"{i:08d}".encode().ljust(size, b"x")
+
+
+async def drain_all(q: DiskQueue, ack: bool = True) -> list[bytes]:
+    out: list[bytes] = []
+    q.drain()
+    while (lease := await q.get(1 << 20, 0.0)) is not None:
+        out.extend(e.payload for e in lease.entries)
+        if ack:
+            await q.ack(lease)
+    return out
+
+
+def test_put_get_ack_deletes_segments_and_frees_the_bound(tmp_path: Path) -> None:
+    async def run() -> None:
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(50):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        assert q.used_bytes == 50 * 100
+        assert q.segment_count() > 1  # 1 KiB segments rolled over
+        assert await drain_all(q) == [payload(i) for i in range(50)]
+        await asyncio.sleep(0.1)  # deletions run in a thread
+        assert q.used_bytes == 0
+        await q.close()
+        assert segments.list_segments(tmp_path) == []
+
+    asyncio.run(run())
+
+
+def test_bound_refuses(tmp_path: Path) -> None:
+    async def run() -> None:
+        q = DiskQueue(tmp_path, 1000, SelfMetrics())
+        assert await q.put(Signal.TRACES, payload(0, 600), 1)
+        assert not await q.put(Signal.TRACES, payload(1, 600), 1)  # past the bound
+        assert q.used_bytes == 600
+        assert await q.put(Signal.TRACES, payload(2, 400), 1)
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_disk_full_refuses_then_recovers(tmp_path: Path) -> None:
+    """A real 64 KiB tmpfs fills up: puts are refused (never half-written), the queue
+    keeps working, and once records are delivered the space comes back."""
+    try:
+        fs_cm = small_filesystem(64)
+        fs = fs_cm.__enter__()
+    except PermissionError as err:
+        pytest.skip(f"cannot mount a tmpfs here: {err}")
+    try:
+
+        async def run() -> None:
+            q = DiskQueue(fs, 1 << 20, SelfMetrics(), segment_max_bytes=8192)
+            accepted = 0
+            for i in range(200):
+                if not await q.put(Signal.TRACES, payload(i, 1000), 1):
+                    break
+                accepted += 1
+            assert 30 < accepted < 70  # the filesystem, not the 1 MiB bound, said no
+            got = await drain_all(q)
+            assert got == [payload(i, 1000) for i in range(accepted)]  # nothing torn
+            await asyncio.sleep(0.2)  # deletions run in a thread
+            q._draining = False
+            assert await q.put(Signal.TRACES, payload(999, 1000), 1)
+            await q.close()
+
+        asyncio.run(run())
+    finally:
+        fs_cm.__exit__(None, None, None)
+
+
+def test_replay_after_close_keeps_unacked_and_leased(tmp_path: Path) -> None:
+    async def run() -> None:
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(20):
+            assert await q.put(Signal.TRACES if i % 2 else Signal.LOGS, payload(i), 1)
+        lease = await q.get(250, 0.0)  # leased, never acked
+        assert lease is not None
+        assert await q.close() == {}
+        q2 = make(tmp_path, m)
+        got = await drain_all(q2)
+        assert sorted(got) == sorted(payload(i) for i in range(20))
+        assert (
+            m.registry.get_sample_value(
+                "gym_sidecar_queue_replayed_items_total", {"signal": "traces"}
+            )
+            == 10
+        )
+        await q2.close()
+
+    asyncio.run(run())
+
+
+def test_fsync_interval_mode_writes_before_answering(tmp_path: Path) -> None:
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics(), fsync="interval", fsync_interval_s=0.05)
+        assert await q.put(Signal.METRICS, payload(7), 3)
+        # Written to the file (page cache) before put returned: another reader sees it.
+        records = [r for _, p in segments.list_segments(tmp_path) for r in segments.scan(p).records]
+        assert [(r.signal, r.items) for r in records] == [(Signal.METRICS, 3)]
+        await asyncio.sleep(0.15)
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_damage_is_counted_skipped_and_the_rest_delivered(tmp_path: Path) -> None:
+    async def fill() -> None:
+        q = make(tmp_path, SelfMetrics(), segment_max_bytes=400)
+        for i in range(12):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        await q.close()
+
+    asyncio.run(fill())
+    segs = segments.list_segments(tmp_path)
+    assert len(segs) >= 4
+    # 1st segment: flip a payload byte of its first record (checksum).
+    data = bytearray(segs[0][1].read_bytes())
+    data[len(segments.MAGIC) + segments.HEADER_BYTES + 20] ^= 0xFF
+    segs[0][1].write_bytes(bytes(data))
+    # 2nd: cut mid-record (truncated tail).
+    raw = segs[1][1].read_bytes()
+    segs[1][1].write_bytes(raw[: len(raw) - 30])
+    # 3rd: wrong magic (whole segment).
+    raw = segs[2][1].read_bytes()
+    segs[2][1].write_bytes(b"XXXXXXXX" + raw[8:])
+
+    async def replay() -> list[bytes]:
+        m = SelfMetrics()
+        q = make(tmp_path, m, segment_max_bytes=400)
+        got = await drain_all(q)
+        assert corrupt(m, "checksum") == 1
+        assert corrupt(m, "truncated") == 1
+        assert corrupt(m, "bad_magic") == 1
+        await q.close()
+        return got
+
+    got = asyncio.run(replay())
+    lost = {payload(i) for i in range(12)} - set(got)
+    per_segment = 3  # 400-byte segments of 113-byte records
+    assert len(lost) == 1 + 1 + per_segment
+    assert set(got) <= {payload(i) for i in range(12)}
+
+
+def test_damage_found_when_leasing_is_dropped_and_counted(tmp_path: Path) -> None:
+    async def run() -> None:
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(3):
+            assert await q.put(Signal.TRACES, payload(i), 5)
+        (_, path), *_ = segments.list_segments(tmp_path)
+        with path.open("r+b") as f:  # damage record 1 behind the queue's back
+            f.seek(len(segments.MAGIC) + 113 + segments.HEADER_BYTES + 5)
+            f.write(b"!")
+        got = await drain_all(q)
+        assert got == [payload(0), payload(2)]
+        assert corrupt(m, "checksum") == 1
+        assert (
+            m.registry.get_sample_value(
+                "gym_sidecar_dropped_items_total", {"signal": "traces", "reason": "corrupt_segment"}
+            )
+            == 5
+        )
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_one_process_per_directory(tmp_path: Path) -> None:
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics())
+        with pytest.raises(OSError, match="in use"):
+            make(tmp_path, SelfMetrics())
+        await q.close()
+        make(tmp_path, SelfMetrics())
+
+    asyncio.run(run())
+
+
+def test_build_queue_defaults_to_memory(tmp_path: Path) -> None:
+    assert isinstance(build_queue(QueueConfig(), SelfMetrics()), MemoryQueue)
+    cfg = QueueConfig(persistent=True, directory=str(tmp_path / "q"))
+
+    async def run() -> None:
+        q = build_queue(cfg, SelfMetrics())
+        assert isinstance(q, DiskQueue)
+        await q.close()
+
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="directory"):
+        QueueConfig(persistent=True)
