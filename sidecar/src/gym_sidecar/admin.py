@@ -8,7 +8,7 @@ Routes:
   (with exemplars) when ``Accept`` asks for ``application/openmetrics-text``.
 
 Adding routes (e.g. the span-group API): build an ``fastapi.APIRouter`` and append it to
-``Pipeline.admin_routers`` in :mod:`gym_sidecar.pipeline.build`; the server passes that
+``routers`` in :func:`gym_sidecar.pipeline.build.build_pipeline`; the server passes that
 list to :func:`build_admin_app`, which includes each router as it is. Routers must not
 reuse the three paths above.
 """
