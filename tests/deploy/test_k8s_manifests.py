@@ -156,22 +156,24 @@ def test_sidecar_config_maps_load(kustomization: str, tmp_path: Path) -> None:
 
 
 @needs_kubectl
-def test_overlay_pod_injected_with_the_base_config_is_valid(tmp_path: Path) -> None:
+def test_overlay_pods_injected_with_the_base_config_are_valid(tmp_path: Path) -> None:
     config = injector_config(render("base"), tmp_path)
     assert config.config_map == "gym-telemetry-sidecar"
     assert config.native_sidecar()
     overlay = render("overlays/gym-namespace")
     namespace = find(overlay, "Namespace")
     assert namespace["metadata"]["labels"][INJECT_ANNOTATION] == "true"
-    template = find(overlay, "Deployment", "simple-agent")["spec"]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", **template}
-    assert decide(pod, namespace_opted_in=True).inject
-    injected = mutate(pod, config)
-    validate_k8s(injected)
-    sidecar = injected["spec"]["initContainers"][0]
-    secret_env = [e for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})]
-    assert secret_env[0]["name"] == "GYM_SIDECAR_SPAN_GROUPS__TOKEN"
-    assert secret_env[0]["valueFrom"]["secretKeyRef"]["optional"] is True
+    for kind, name in (("Deployment", "simple-agent"), ("Job", "rollouts")):
+        template = find(overlay, kind, name)["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod", **template}
+        assert decide(pod, namespace_opted_in=True).inject
+        injected = mutate(pod, config)
+        validate_k8s(injected)
+        sidecar = injected["spec"]["initContainers"][0]
+        assert sidecar["restartPolicy"] == "Always"
+        secret_env = [e for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+        assert secret_env[0]["name"] == "GYM_SIDECAR_SPAN_GROUPS__TOKEN"
+        assert secret_env[0]["valueFrom"]["secretKeyRef"]["optional"] is True
 
 
 @needs_kubectl
