@@ -7,6 +7,7 @@ environment: ``OTEL_EXPORTER_OTLP_ENDPOINT`` -> the sidecar, ``GYM_TELEMETRY_*``
 app serves:
 
 - ``POST /verify``: a handler wrapped with ``traced_verify_endpoint``;
+- with ``--fastapi-telemetry``, FastAPI's own built-in spans (scope ``fastapi``);
 - ``GET /_stats``: how many spans each gym_telemetry group's tracer has *created* in
   this process (counted by a span processor's ``on_start``), the enabled groups, and
   the poller's counters. Tests count spans created, not time.
@@ -46,8 +47,9 @@ class CreatedSpans(SpanProcessor):
         pass
 
 
-def build_app(counter: CreatedSpans) -> FastAPI:
-    app = FastAPI(**fastapi_telemetry_off())
+def build_app(counter: CreatedSpans, fastapi_telemetry: bool = False) -> FastAPI:
+    # FastAPI's built-in telemetry (scope "fastapi") stays on only when asked for.
+    app = FastAPI() if fastapi_telemetry else FastAPI(**fastapi_telemetry_off())
 
     async def verify(body: dict[str, Any]) -> dict[str, Any]:
         return {"reward": 1.0, "echo": body.get("n")}
@@ -75,6 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--service", required=True)
+    parser.add_argument("--fastapi-telemetry", action="store_true")
     args = parser.parse_args()
     assert init_telemetry(args.service, server_name=args.service, server_type="resources")
     provider = trace.get_tracer_provider()
@@ -82,7 +85,12 @@ def main() -> None:
     counter = CreatedSpans()
     provider.add_span_processor(counter)
     try:
-        uvicorn.run(build_app(counter), host="127.0.0.1", port=args.port, log_level="warning")
+        uvicorn.run(
+            build_app(counter, args.fastapi_telemetry),
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+        )
     finally:
         shutdown_telemetry(2.0)
 

@@ -21,6 +21,7 @@ from gym_telemetry import remote_config, semconv, span_groups
 from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.remote_config import RemoteConfigPoller
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.sidecar.gating.helpers import add_resource
 from tests.support.ports import free_port, wait_listening
@@ -32,6 +33,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 VERIFY_SCOPE = semconv.scope_name(semconv.GROUP_VERIFY)
 SERVICE = "res-under-test"
 POLL_INTERVAL_S = 0.3
+SERVER_KIND = Span.SpanKind.SPAN_KIND_SERVER
 
 
 def request(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
@@ -136,7 +138,9 @@ def test_bad_answers_are_failures_not_changes(sidecar: SidecarProcess) -> None:
 class AgentApp:
     """``tests.agent.span_groups_app`` in a subprocess, pointed at ``sidecar``."""
 
-    def __init__(self, sidecar: SidecarProcess, log_dir: Path) -> None:
+    def __init__(
+        self, sidecar: SidecarProcess, log_dir: Path, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_"))}
@@ -161,6 +165,7 @@ class AgentApp:
                     str(self.port),
                     "--service",
                     SERVICE,
+                    *extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -299,3 +304,40 @@ def test_a_hanging_sidecar_never_holds_up_handlers() -> None:
     finally:
         remote_config.stop_polling(0.1)
         silent.close()
+
+
+def test_fastapi_builtin_spans_are_gated_as_server(
+    sidecar: SidecarProcess, sink: RecordingSink, tmp_path: Path
+) -> None:
+    # FastAPI's own telemetry is not controlled by the agent's span groups: the sidecar
+    # must recognise its real scope name and drop it when ``server`` is off.
+    agent = AgentApp(sidecar, tmp_path, ("--fastapi-telemetry",))
+    try:
+        agent.verify(2)
+
+        def fastapi_spans() -> int:
+            return sum(1 for s in sink.spans() if s.scope == "fastapi")
+
+        def server_spans() -> int:
+            return sum(
+                1 for s in sink.spans() if s.scope == "fastapi" and s.span.kind == SERVER_KIND
+            )
+
+        # A request's SERVER span ends after its children, so once both requests' SERVER
+        # spans have arrived, none of their spans is still on its way.
+        assert sink.wait_for(lambda: server_spans() == 2)
+        per_request = fastapi_spans() // 2
+        assert per_request >= 1
+        put(sidecar, {"spec": "rollout,verify"})
+        before = fastapi_spans()
+        agent.verify(3)
+        dropped = "gym_sidecar_span_group_dropped_spans_total"
+        assert wait_until(
+            lambda: (
+                sidecar.metric(dropped, group="server", service=SERVICE, mode="off")
+                == 3 * per_request
+            )
+        )
+        assert fastapi_spans() == before
+    finally:
+        agent.stop()
