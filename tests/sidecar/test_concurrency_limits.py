@@ -1,4 +1,4 @@
-"""Concurrency limits of the receivers: refused with a retry hint, counted, then served.
+"""Concurrency and slow-body limits of the receivers: refused, counted, then served.
 
 HTTP runs against a real sidecar process: a raw socket sends headers and half a body,
 which keeps one request in flight deterministically. gRPC runs the real grpc.aio
@@ -111,3 +111,22 @@ def test_grpc_concurrency_limit_resource_exhausted_with_retry_info() -> None:
             await receiver.stop(1)
 
     asyncio.run(scenario())
+
+
+def test_http_trickling_body_times_out_with_408() -> None:
+    body = trace_request("slow", 2).SerializeToString()
+    with SidecarProcess(env={"GYM_SIDECAR_LIMITS__HTTP_BODY_TIMEOUT_S": "0.5"}) as sc:
+        slow = socket.create_connection(("127.0.0.1", sc.http_port))
+        slow.settimeout(10)
+        slow.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        answer = slow.recv(4096)
+        slow.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"body not received within 0.5s" in answer
+        assert sc.metric("gym_sidecar_limit_hits_total", limit="http_body_timeout_s") == 1
+        assert http_post(sc.http_url, "traces", body).status_code == 200
+    assert sc.returncode == 0

@@ -109,6 +109,9 @@ class LimitsConfig(BaseModel):
     """OTLP/gRPC calls handled at once; more get RESOURCE_EXHAUSTED + RetryInfo."""
     overload_retry_after_s: float = Field(default=1.0, gt=0)
     """The delay clients are told to wait when a concurrency limit refuses them."""
+    http_body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for an OTLP/HTTP request body to arrive in full; slower: 408, so a
+    trickling client cannot hold a concurrency slot for ever."""
 
     @model_validator(mode="after")
     def _transport_above_message(self) -> LimitsConfig:

@@ -11,6 +11,7 @@ Answers (the body is encoded like the request; protobuf when that is unknown):
   ``limits.http_max_decompressed_bytes`` once inflated; inflation stops at the limit
   (``zlib`` ``max_length``), so a gzip bomb costs at most that much memory;
 - 415 for another content type or content encoding; 404/405 for other paths/methods;
+- 408 when the body does not arrive within ``limits.http_body_timeout_s``;
 - 429 + ``Retry-After`` on backpressure (the OTel SDK exporters retry on it), and when
   ``limits.http_max_concurrent_requests`` requests are already in flight (checked
   before the body is read).
@@ -21,6 +22,7 @@ in ``bad_requests{transport="http", reason=...}``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import zlib
@@ -70,6 +72,7 @@ class _Refusal(Exception):
 _RPC_CODE = {
     400: code_pb2.INVALID_ARGUMENT,
     404: code_pb2.NOT_FOUND,
+    408: code_pb2.DEADLINE_EXCEEDED,
     405: code_pb2.UNIMPLEMENTED,
     413: code_pb2.INVALID_ARGUMENT,
     415: code_pb2.INVALID_ARGUMENT,
@@ -145,7 +148,17 @@ class OtlpHttpApp:
                 raise _Refusal(
                     415, f"unsupported content encoding {encoding!r}; use gzip", "encoding"
                 )
-            body = await self._read_body(headers, receive)
+            try:
+                body = await asyncio.wait_for(
+                    self._read_body(headers, receive), self.limits.http_body_timeout_s
+                )
+            except TimeoutError:
+                raise _Refusal(
+                    408,
+                    f"body not received within {self.limits.http_body_timeout_s}s",
+                    "timeout",
+                    "http_body_timeout_s",
+                ) from None
             if encoding == "gzip":
                 body = self._gunzip(body)
             try:
