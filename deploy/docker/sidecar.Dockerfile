@@ -29,11 +29,15 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="gym-telemetry-sidecar" \
       org.opencontainers.image.description="OTLP sidecar for NeMo Gym fleets" \
       org.opencontainers.image.licenses="Apache-2.0"
+# /var/lib/gym-sidecar: the data directory (local store when no backend is set, disk
+# queue); mount a volume there to keep it, or a tmpfs with a read-only root filesystem.
 RUN groupadd --system --gid 10001 gym \
-    && useradd --system --uid 10001 --gid gym --no-create-home --shell /usr/sbin/nologin gym
+    && useradd --system --uid 10001 --gid gym --no-create-home --shell /usr/sbin/nologin gym \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/gym-sidecar
 COPY --from=build /opt/gym-sidecar /opt/gym-sidecar
 ENV PATH=/opt/gym-sidecar/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    XDG_DATA_HOME=/var/lib \
     HEALTHCHECK_URL=http://127.0.0.1:13133/healthz
 USER 10001:10001
 EXPOSE 4317 4318 13133

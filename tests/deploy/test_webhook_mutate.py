@@ -97,6 +97,9 @@ def test_downward_api_variables_and_volume_match_enrichment() -> None:
     assert env[PODINFO_DIR_ENV]["value"] == PODINFO_DEFAULT_DIR
     mount = next(m for m in sidecar["volumeMounts"] if m["name"] == PODINFO_VOLUME_NAME)
     assert mount["mountPath"] == PODINFO_DEFAULT_DIR
+    data = next(m for m in sidecar["volumeMounts"] if m["name"] == "gym-telemetry-data")
+    assert data["mountPath"] == env["XDG_DATA_HOME"]["value"] + "/gym-sidecar"
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     volume = next(v for v in out["spec"]["volumes"] if v["name"] == PODINFO_VOLUME_NAME)
     paths = {i["fieldRef"]["fieldPath"] for i in volume["downwardAPI"]["items"]}
     assert paths == {"metadata.labels", "metadata.annotations"}

@@ -112,6 +112,8 @@ class InjectorConfig(BaseModel):
     )
     """Set on every app container that does not already set the variable."""
     resources: SidecarResources = Field(default_factory=SidecarResources)
+    data_size_limit: str = "1Gi"
+    """``sizeLimit`` of the sidecar's emptyDir data volume (local store, disk queue)."""
     admin_port: int = Field(default=13133, gt=0, lt=65536)
     """Sidecar admin listener port: probes hit ``/healthz`` and ``/readyz`` there."""
     grpc_port: int = Field(default=4317, gt=0, lt=65536)

@@ -31,6 +31,10 @@ DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 CONFIG_VOLUME_NAME = "gym-telemetry-sidecar-config"
 CONFIG_MOUNT_DIR = "/etc/gym-sidecar"
+DATA_VOLUME_NAME = "gym-telemetry-data"
+DATA_PARENT_DIR = "/var/lib"
+"""The sidecar's default data directory is ``$XDG_DATA_HOME/gym-sidecar``: with the root
+filesystem read-only, it must be a writable volume (an emptyDir)."""
 
 # Where each downward-API variable comes from; the names are enrichment's constants.
 _FIELD_REFS: dict[str, str] = {
@@ -91,8 +95,11 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
     env.append({"name": PODINFO_DIR_ENV, "value": PODINFO_DEFAULT_DIR})
     # Probes and Prometheus reach the admin listener on the pod IP, not on loopback.
     env.append({"name": "GYM_SIDECAR_ADMIN_LISTEN", "value": f"0.0.0.0:{config.admin_port}"})
+    # The sidecar's data directory when its config names none (local store, disk queue).
+    env.append({"name": "XDG_DATA_HOME", "value": DATA_PARENT_DIR})
     mounts: list[dict[str, Any]] = [
-        {"name": PODINFO_VOLUME_NAME, "mountPath": PODINFO_DEFAULT_DIR, "readOnly": True}
+        {"name": PODINFO_VOLUME_NAME, "mountPath": PODINFO_DEFAULT_DIR, "readOnly": True},
+        {"name": DATA_VOLUME_NAME, "mountPath": f"{DATA_PARENT_DIR}/gym-sidecar"},
     ]
     if config.config_map is not None:
         env.append(
@@ -158,6 +165,7 @@ def _volumes(config: InjectorConfig) -> list[dict[str, Any]]:
             },
         }
     ]
+    volumes.append({"name": DATA_VOLUME_NAME, "emptyDir": {"sizeLimit": config.data_size_limit}})
     if config.config_map is not None:
         volumes.append({"name": CONFIG_VOLUME_NAME, "configMap": {"name": config.config_map}})
     return volumes
