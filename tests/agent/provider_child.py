@@ -24,6 +24,7 @@ from gym_telemetry import endpoints, provider, rollout_correlation, span_groups
 from pydantic import BaseModel
 
 from tests.support.ports import free_port
+from tests.support.sink import RecordingSink
 
 
 class Body(BaseModel):
@@ -97,6 +98,15 @@ def main() -> None:
     out["crashed_status"] = crashed
     out["max_latency_s"] = max(latencies)
 
+    late_sink = None
+    if scenario == "late_sidecar":  # the sidecar comes up while the agent is retrying
+        time.sleep(float(os.environ.get("CHILD_SINK_DELAY_S", "0.6")))
+        out["failed_before_sink"] = provider.export_stats()["failed"]
+        late_sink = RecordingSink(port=int(str(endpoint).rsplit(":", 1)[1])).start()
+        with httpx.Client(timeout=10) as client:
+            for i in range(n):
+                client.post(url + "/verify", json={"answer": f"late-{i}"})
+
     burst = int(os.environ.get("CHILD_BURST", "0"))
     if burst:
         tracer = span_groups.tracer_for("verify")
@@ -111,6 +121,9 @@ def main() -> None:
     out["shutdown_s"] = time.monotonic() - t0
     out["shutdown_again"] = gym_telemetry.shutdown_telemetry()
     out["stats"] = provider.export_stats()
+    if late_sink is not None:
+        out["sink_spans"] = late_sink.span_count
+        late_sink.stop()
     server.should_exit = True
     thread.join(5)
     print(json.dumps(out), flush=True)

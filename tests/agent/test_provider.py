@@ -114,6 +114,21 @@ def test_no_sidecar_listening_handlers_answer_and_nothing_blocks() -> None:
     assert out["stats"]["exported"] == 0
 
 
+def test_sidecar_started_later_receives_the_spans() -> None:
+    port = free_port()
+    out = _child(
+        "late_sidecar",
+        f"127.0.0.1:{port}",
+        env={"CHILD_REQUESTS": "5", "OTEL_BSP_SCHEDULE_DELAY": "100", "CHILD_DEADLINE_S": "10"},
+    )
+    assert out["statuses"] == [200]
+    assert out["max_latency_s"] < 1.0
+    # 5 x (verify + rollout) + 1 crashed verify before the sink, 5 verify after it. The
+    # batch that failed while nothing listened is retried until the sink is there.
+    assert out["sink_spans"] == 16
+    assert out["shutdown"] is True
+
+
 def test_hanging_sidecar_cannot_hold_shutdown_past_its_deadline() -> None:
     # A socket that listens but never accepts: TCP connects, gRPC never gets an answer.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hung:

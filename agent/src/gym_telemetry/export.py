@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -26,12 +27,19 @@ class TrackingExporter(SpanExporter):
     ``export`` never raises (an exception counts as a failure). ``unreachable()`` is
     True when the last export failed or the current one has been running longer than
     ``stuck_after_s`` (a local sidecar answers in milliseconds; longer means the
-    exporter is in its retry back-off). ``shutdown_telemetry`` uses it to skip waiting
-    for a sidecar that is not there.
+    exporter is in its retry back-off); ``accepts_connections()`` then tells a sidecar
+    that is gone from one that came back or hangs. ``shutdown_telemetry`` uses both to
+    skip waiting for a sidecar that is not there.
     """
 
-    def __init__(self, inner: SpanExporter, stuck_after_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        inner: SpanExporter,
+        stuck_after_s: float = 0.25,
+        address: tuple[str, int] | None = None,
+    ) -> None:
         self.inner = inner
+        self.address = address
         self.stuck_after_s = stuck_after_s
         self.exported = 0
         self.failed = 0
@@ -62,6 +70,18 @@ class TrackingExporter(SpanExporter):
         if started is not None and time.monotonic() - started > self.stuck_after_s:
             return True
         return not self.last_ok
+
+    def accepts_connections(self, timeout_s: float = 0.2) -> bool:
+        """Whether something accepts TCP connections at the export address (True when
+        the address is unknown). Blocks up to ``timeout_s``; for shutdown, never for a
+        handler."""
+        if self.address is None:
+            return True
+        try:
+            with socket.create_connection(self.address, timeout=timeout_s):
+                return True
+        except OSError:
+            return False
 
     def shutdown(self) -> None:
         """Shut the wrapped exporter down once (later calls do nothing)."""

@@ -14,7 +14,10 @@
 - the W3C propagators (tracecontext + baggage) as the global text-map propagator,
   unless ``OTEL_PROPAGATORS`` chose others;
 - the span groups: ``span_groups`` argument, else ``GYM_TELEMETRY_SPAN_GROUPS``, else
-  ``"default"``.
+  ``"default"``; then the span-group poller (``gym_telemetry.remote_config``) follows
+  the sidecar's configuration from its own daemon thread;
+- export log lines of the SDK rate-limited (one per message per minute) so a sidecar
+  that is down does not flood the log.
 
 Precedence everywhere: argument > environment (standard ``OTEL_*`` names) > default.
 ``OTEL_SDK_DISABLED=true`` makes ``init_telemetry`` a no-op that returns False.
@@ -53,6 +56,7 @@ import os
 import threading
 import time
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -131,8 +135,22 @@ def _protocol() -> str:
     return value.strip().lower()
 
 
-def _make_exporter(endpoint: str | None) -> SpanExporter:
-    """OTLP exporter: argument > OTEL_EXPORTER_OTLP_TRACES_ENDPOINT > ..._ENDPOINT > default."""
+def _address(endpoint: str, default_port: int) -> tuple[str, int] | None:
+    """(host, port) of an OTLP endpoint given as ``host:port`` or a URL; None if unclear."""
+    try:
+        parts = urlsplit(endpoint if "://" in endpoint else "//" + endpoint)
+        if not parts.hostname:
+            return None
+        return parts.hostname, parts.port or default_port
+    except ValueError:
+        return None
+
+
+def _make_exporter(endpoint: str | None) -> tuple[SpanExporter, tuple[str, int] | None]:
+    """OTLP exporter and the address it sends to.
+
+    Endpoint: argument > OTEL_EXPORTER_OTLP_TRACES_ENDPOINT > ..._ENDPOINT > default.
+    """
     if _protocol().startswith("http"):
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -142,7 +160,8 @@ def _make_exporter(endpoint: str | None) -> SpanExporter:
             url = endpoint or os.environ.get(ENV_TRACES_ENDPOINT)
             if url is None and os.environ.get(ENV_ENDPOINT):
                 url = os.environ[ENV_ENDPOINT].rstrip("/") + "/v1/traces"
-            return HttpExporter(endpoint=url or DEFAULT_HTTP_ENDPOINT)
+            url = url or DEFAULT_HTTP_ENDPOINT
+            return HttpExporter(endpoint=url), _address(url, 4318)
         except ImportError:
             _log.warning(
                 "gym_telemetry: %s=%s but the OTLP/HTTP exporter is not installed; using gRPC",
@@ -160,7 +179,7 @@ def _make_exporter(endpoint: str | None) -> SpanExporter:
     insecure: bool | None = None
     if "://" not in target and os.environ.get(ENV_INSECURE) is None:
         insecure = True  # the sidecar is local: plaintext unless told otherwise
-    return OTLPSpanExporter(endpoint=target, insecure=insecure)
+    return OTLPSpanExporter(endpoint=target, insecure=insecure), _address(target, 4317)
 
 
 def _env_int(name: str) -> int | None:
@@ -274,7 +293,8 @@ def init_telemetry(
             processor = _STATE.processor
             assert processor is not None
             rate_limit_export_logs()
-            exporter = TrackingExporter(_make_exporter(endpoint))
+            inner, address = _make_exporter(endpoint)
+            exporter = TrackingExporter(inner, address=address)
             processor.plug(_make_batch_processor(exporter), exporter)
             _STATE.exporter = exporter
             _install_propagators()
@@ -340,13 +360,6 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         if batch is None:
             return True
         deadline = time.monotonic() + max(0.0, timeout_s)
-        if exporter is not None and exporter.unreachable():
-            # The sidecar is down (last export failed, or the exporter is in its retry
-            # back-off): waiting cannot deliver anything. Abort the retries first so the
-            # final flush fails fast instead of eating the whole deadline.
-            _log.info("gym_telemetry: sidecar unreachable at shutdown; not waiting to flush")
-            with contextlib.suppress(Exception):
-                exporter.shutdown()
         done = threading.Event()
 
         def run() -> None:
@@ -360,13 +373,21 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         thread = threading.Thread(target=run, name="gym-telemetry-shutdown", daemon=True)
         thread.start()
         aborted = False
+        probed = False
         while True:
             remaining = deadline - time.monotonic()
             if done.wait(min(0.05, max(0.0, remaining))) or remaining <= 0:
                 break
-            if not aborted and exporter is not None and exporter.unreachable():
-                # The final export found no sidecar and went into its retry back-off.
+            if aborted or probed or exporter is None or not exporter.unreachable():
+                continue
+            # The last export failed or the final one is in its retry back-off. If nothing
+            # even accepts connections there, waiting cannot deliver anything: abort the
+            # retries so the flush fails fast instead of eating the whole deadline. If
+            # something listens (a sidecar that came back, or one that hangs), wait.
+            probed = True
+            if not exporter.accepts_connections():
                 aborted = True
+                _log.info("gym_telemetry: sidecar unreachable at shutdown; not waiting")
                 with contextlib.suppress(Exception):
                     exporter.shutdown()
         finished = done.is_set()
