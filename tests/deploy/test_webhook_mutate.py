@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -160,3 +161,16 @@ def test_config_precedence_and_errors(tmp_path: Any) -> None:
     assert len(err.value.errors) == 3
     with pytest.raises(ValueError):
         parse_version("latest")
+
+
+def test_fail_open_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    from gym_sidecar.webhook import review
+
+    review._last_warning[0] = float("-inf")
+    with caplog.at_level(logging.DEBUG, logger=review.__name__):
+        for _ in range(5):
+            outcome = review.handle_review(b"not json", NATIVE, namespace_opted_in=False)
+            assert outcome.kind == "failed_open" and outcome.review.response is not None
+            assert outcome.review.response.allowed
+    levels = [r.levelno for r in caplog.records if "without the sidecar" in r.getMessage()]
+    assert levels == [logging.WARNING] + [logging.DEBUG] * 4

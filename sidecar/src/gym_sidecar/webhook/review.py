@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,8 +36,19 @@ class Outcome:
     reason: str
 
 
+FAIL_OPEN_LOG_INTERVAL_S = 10.0
+"""At most one WARNING per this many seconds; the others go to DEBUG (all are counted)."""
+_last_warning = [float("-inf")]
+
+
 def fail_open(uid: str, reason: str) -> Outcome:
-    logger.warning("admitting pod without the sidecar (uid=%s): %s", uid or "?", reason)
+    """An allowing answer without a patch, carrying ``reason`` as an admission warning."""
+    now = time.monotonic()
+    level = logging.DEBUG
+    if now - _last_warning[0] >= FAIL_OPEN_LOG_INTERVAL_S:
+        _last_warning[0] = now
+        level = logging.WARNING
+    logger.log(level, "admitting pod without the sidecar (uid=%s): %s", uid or "?", reason)
     review = response_review(uid, warnings=[WARNING_PREFIX + "sidecar not injected: " + reason])
     return Outcome(review, "failed_open", reason)
 
