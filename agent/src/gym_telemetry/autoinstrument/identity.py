@@ -13,8 +13,11 @@ runs ``start_server_telemetry(server)`` here:
 - then ``gym_telemetry.provider.init_telemetry`` (exporter to the sidecar,
   ``GYM_TELEMETRY_SPAN_GROUPS``).
 
-``RUNTIME`` is what the per-request code reads: ``active`` (SDK set up) and the server
-type (which decides how ``/v1/responses`` maps to a span group).
+````RUNTIME`` is what the per-request code reads: ``active`` (SDK set up), the server
+type (which decides how ``/v1/responses`` maps to a span group) and the paths that get
+no SERVER span (``GYM_TELEMETRY_EXCLUDED_PATHS``, comma-separated exact paths; default
+Gym's liveness/readiness routes ``/``, ``/health``, ``/healthz``, ``/livez``, ``/readyz``;
+empty string: none excluded).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ _log = logging.getLogger(__name__)
 
 #: Set by Gym's launcher for each server process: that server's top-level config key.
 ENV_GYM_SERVER_NAME: Final = "NEMO_GYM_CONFIG_PATH"
+#: Comma-separated exact request paths that get no SERVER span (health probes).
+ENV_EXCLUDED_PATHS: Final = "GYM_TELEMETRY_EXCLUDED_PATHS"
+#: Gym's liveness/readiness routes, polled by the launcher and by Kubernetes probes.
+DEFAULT_EXCLUDED_PATHS: Final = "/,/health,/healthz,/livez,/readyz"
 
 SERVER_TYPE_RESOURCES: Final = semconv.SERVER_TYPES[0]
 SERVER_TYPE_AGENT: Final = semconv.SERVER_TYPES[1]
@@ -52,10 +59,11 @@ _TYPE_BY_BASE: Final[dict[str, str]] = {
 class _Runtime:
     """Process-wide state read on every request (one attribute load each)."""
 
-    __slots__ = ("active", "server_name", "server_type")
+    __slots__ = ("active", "excluded_paths", "server_name", "server_type")
 
     def __init__(self) -> None:
         self.active = False
+        self.excluded_paths: frozenset[str] = frozenset()
         self.server_name: str | None = None
         self.server_type: str | None = None
 
@@ -78,6 +86,14 @@ def service_name_for(server_name: str | None) -> str:
     return f"{prefix}/{server_name}" if server_name else prefix
 
 
+def excluded_paths(environ: dict[str, str] | None = None) -> frozenset[str]:
+    """The paths from ``GYM_TELEMETRY_EXCLUDED_PATHS`` (default: Gym's health routes)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_EXCLUDED_PATHS)
+    spec = DEFAULT_EXCLUDED_PATHS if raw is None else raw
+    return frozenset(p.strip() for p in spec.split(",") if p.strip())
+
+
 def start_server_telemetry(server: object) -> bool:
     """Record the identity of this Gym server process and set up the SDK. Never raises.
 
@@ -90,6 +106,7 @@ def start_server_telemetry(server: object) -> bool:
         bind_rollout_fallback()
         RUNTIME.server_name = str(server_name) if server_name else None
         RUNTIME.server_type = server_type
+        RUNTIME.excluded_paths = excluded_paths()
         active = provider.init_telemetry(
             service_name_for(RUNTIME.server_name),
             server_name=RUNTIME.server_name,

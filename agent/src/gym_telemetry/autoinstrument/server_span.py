@@ -5,7 +5,8 @@ integration installs it from ``FastAPI.build_middleware_stack``), so it sees eve
 request before Gym's own middlewares and the final status after them. Per HTTP request:
 
 1. Nothing at all until this process's Gym server has started telemetry
-   (``RUNTIME.active``), and nothing for non-HTTP scopes.
+   (``RUNTIME.active``), for non-HTTP scopes, and for the excluded paths (health
+   probes, ``GYM_TELEMETRY_EXCLUDED_PATHS``).
 2. One pass over the request headers for ``traceparent``, ``tracestate`` and
    ``baggage``. The rollout id comes from a ``/ng-rollout/<id>/`` path prefix, else from
    the ``nemo.gym.rollout.id`` baggage member; when found it is telemetry's rollout id
@@ -97,7 +98,12 @@ class ServerSpanMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not RUNTIME.active or scope["type"] != "http" or SCOPE_MARKER in scope:
+        if (
+            not RUNTIME.active
+            or scope["type"] != "http"
+            or SCOPE_MARKER in scope
+            or scope["path"] in RUNTIME.excluded_paths
+        ):
             await self.app(scope, receive, send)
             return
         try:
