@@ -18,8 +18,12 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.pipeline.stage import Batch, Stage
-from gym_sidecar.receiver.grpc import GrpcReceiver
+from gym_sidecar.receiver.grpc import RETRY_INFO_TRAILER, GrpcReceiver
 from gym_sidecar.selfmetrics import SelfMetrics
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.sidecar.otlp_samples import SERVICES, http_post, trace_request
 from tests.support.sidecar_proc import SidecarProcess
@@ -101,6 +105,10 @@ def test_grpc_concurrency_limit_resource_exhausted_with_retry_info() -> None:
                     info = error_details_pb2.RetryInfo()
                     assert status.details[0].Unpack(info)
                     assert info.retry_delay == duration_pb2.Duration(seconds=1, nanos=500_000_000)
+                    # The same hint as a bare trailer, the form the Python SDK reads.
+                    trailers = dict(err.trailing_metadata() or ())
+                    bare = error_details_pb2.RetryInfo.FromString(trailers[RETRY_INFO_TRAILER])
+                    assert bare == info
                 stage.release.set()
                 await first
                 await call(payload, timeout=10)  # the limit frees up again
@@ -108,6 +116,55 @@ def test_grpc_concurrency_limit_resource_exhausted_with_retry_info() -> None:
             hits = metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get()
             assert hits == 1
         finally:
+            await receiver.stop(1)
+
+    asyncio.run(scenario())
+
+
+def _sdk_spans(count: int) -> tuple[ReadableSpan, ...]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    for i in range(count):
+        provider.get_tracer("t").start_span(f"sdk-{i}").end()
+    provider.shutdown()
+    return memory.get_finished_spans()
+
+
+def test_python_sdk_exporter_honours_our_retry_hint() -> None:
+    """The OTel Python gRPC exporter takes our delay, not its own 1 s, 2 s, 4 s backoff.
+
+    The hint (60 s) is longer than the exporter's timeout (8 s): an exporter that reads it
+    gives up after the first refusal; one that ignored it would retry after ~1 s and ~2 s
+    within its timeout and be refused again (counted in ``limit_hits``).
+    """
+
+    async def scenario() -> None:
+        metrics = SelfMetrics()
+        stage = HoldingStage(metrics)
+        limits = LimitsConfig(grpc_max_concurrent_requests=1, overload_retry_after_s=60)
+        receiver = GrpcReceiver("127.0.0.1:0", stage, limits, metrics)
+        await receiver.start()
+        target = f"127.0.0.1:{receiver.bound_port}"
+        exporter = OTLPSpanExporter(endpoint=target, insecure=True, timeout=8)
+        spans = _sdk_spans(2)
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                call = channel.unary_unary(f"/{SERVICES['traces']}/Export")
+                held = asyncio.ensure_future(
+                    call(trace_request("g", 1).SerializeToString(), timeout=30)
+                )
+                await asyncio.wait_for(stage.entered.wait(), 10)
+                refused = await asyncio.to_thread(exporter.export, spans)
+                assert refused is SpanExportResult.FAILURE
+                hits = metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get()
+                assert hits == 1, f"the SDK retried {hits - 1} times despite the 60 s hint"
+                stage.release.set()
+                await held
+            assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.SUCCESS
+            assert len(stage.batches) == 2
+        finally:
+            exporter.shutdown()
             await receiver.stop(1)
 
     asyncio.run(scenario())

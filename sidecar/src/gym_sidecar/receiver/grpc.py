@@ -11,8 +11,9 @@ Answers:
 - INVALID_ARGUMENT for undecodable or oversized messages (clients must not retry);
 - RESOURCE_EXHAUSTED with RetryInfo when ``limits.grpc_max_concurrent_requests`` calls
   are already being handled (counted in ``limit_hits``);
-- RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` detail on backpressure (the OTel
-  SDK exporters retry after the given delay).
+- RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` on backpressure, both as a status
+  detail and as a bare ``google.rpc.retryinfo-bin`` trailer (the OTel SDK exporters
+  retry after the given delay; the Python one reads only the trailer).
 
 Lifecycle: :meth:`GrpcReceiver.start` binds and serves on the running loop;
 :meth:`GrpcReceiver.stop` stops accepting and waits up to ``grace_s`` for in-flight
@@ -22,7 +23,7 @@ calls (which finish handing their data to the pipeline). Both are safe to repeat
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf import duration_pb2
@@ -50,13 +51,34 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def retry_info_status(message: str, retry_after_s: float) -> grpc.Status:
-    """A RESOURCE_EXHAUSTED status carrying RetryInfo(retry_delay=retry_after_s)."""
+RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
+"""The bare RetryInfo trailer: the only place the OTel Python gRPC exporter reads a delay."""
+
+
+class RetryStatus(NamedTuple):
+    """What ``context.abort`` needs: code, message and trailing metadata."""
+
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, bytes], ...]
+
+
+def retry_info_status(message: str, retry_after_s: float) -> RetryStatus:
+    """A RESOURCE_EXHAUSTED status carrying RetryInfo(retry_delay=retry_after_s).
+
+    The RetryInfo goes out twice: as a detail of the ``grpc-status-details-bin`` status
+    (the gRPC richer-error model, read by the Go/Java SDKs and the Collector) and as a
+    bare ``google.rpc.retryinfo-bin`` trailer (read by the Python SDK's exporter, which
+    otherwise falls back to its own 1 s, 2 s, 4 s ... backoff).
+    """
     seconds = int(retry_after_s)
     delay = duration_pb2.Duration(seconds=seconds, nanos=int((retry_after_s - seconds) * 1e9))
+    info = error_details_pb2.RetryInfo(retry_delay=delay)
     status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message)
-    status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-    return rpc_status.to_status(status)
+    status.details.add().Pack(info)
+    rich = rpc_status.to_status(status)
+    trailers = (*rich.trailing_metadata, (RETRY_INFO_TRAILER, info.SerializeToString()))
+    return RetryStatus(rich.code, rich.details, trailers)
 
 
 class GrpcReceiver:
