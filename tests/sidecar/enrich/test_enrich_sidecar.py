@@ -146,6 +146,7 @@ def test_docker_metadata_by_container_id(
     assert res["container.name"] == "gym-math-1"
     assert res["container.image.name"] == "registry.local:5000/gym/math"
     assert res["container.image.tags"] == ["0.4"]
+    assert res["container.image.tag"] == "0.4"  # the older key, also named by issue 6
     assert res["container.label.com.docker.compose.project"] == "gym"
     assert res["container.label.com.docker.compose.service"] == "math"
     assert engine.count(f"/containers/{CID}/json") == 1  # cached after one lookup

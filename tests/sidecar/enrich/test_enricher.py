@@ -182,6 +182,7 @@ def test_docker_miss_enriches_without_docker_then_fills(engine: EngineContractSe
                 "container.name": "gym-model-1",
                 "container.image.name": "gym/model",
                 "container.image.tags": ["1.2"],
+                "container.image.tag": "1.2",
                 "container.label.com.docker.compose.project": "gym",
                 "container.label.com.docker.compose.service": "model",
             }

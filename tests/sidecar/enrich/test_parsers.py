@@ -152,6 +152,7 @@ def test_container_attributes_from_inspect_document() -> None:
         "container.name": "gym-judge-1",
         "container.image.name": "gym/judge",
         "container.image.tags": ("0.3",),
+        "container.image.tag": "0.3",
         "container.label.com.docker.compose.service": "judge",
     }
     assert container_attributes({"Config": None, "Name": 5}, []) == {}

@@ -2,8 +2,9 @@
 
 Keyed by the resource's ``container.id`` (the agent finds it in /proc/self/cgroup or
 mountinfo) or, without one, by the client's IP on a Docker network (compose). Adds
-``container.name``, ``container.image.name``, ``container.image.tags``, ``container.id``
-(peer lookups only) and the configured container labels as ``container.label.<key>``.
+``container.name``, ``container.image.name``, ``container.image.tags`` and the older
+``container.image.tag`` (see ``keys``), ``container.id`` (peer lookups only) and the
+configured container labels as ``container.label.<key>``.
 
 Contract:
 - Lookups never run on the event loop: :meth:`DockerLookup.request` queues one on a
@@ -42,6 +43,7 @@ from gym_sidecar.enrich.config import DockerConfig
 from gym_sidecar.enrich.keys import (
     CONTAINER_ID,
     CONTAINER_IMAGE_NAME,
+    CONTAINER_IMAGE_TAG,
     CONTAINER_IMAGE_TAGS,
     CONTAINER_LABEL_PREFIX,
     CONTAINER_NAME,
@@ -128,6 +130,7 @@ def container_attributes(inspect: Mapping[str, Any], labels: list[str]) -> Docke
         out[CONTAINER_IMAGE_NAME] = image_name
         if tag:
             out[CONTAINER_IMAGE_TAGS] = (tag,)
+            out[CONTAINER_IMAGE_TAG] = tag
     container_labels = config.get("Labels")
     if isinstance(container_labels, Mapping):
         for key in labels:
