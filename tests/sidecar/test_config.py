@@ -100,6 +100,17 @@ def test_all_errors_reported_at_once_with_key_paths(tmp_path: Path) -> None:
     assert len(errors) == 8
 
 
+def test_metrics_interval_key_is_nested(tmp_path: Path) -> None:
+    """Issue 5's ``metrics_interval_s`` is ``metrics.interval_s`` (docs/metrics.md)."""
+    cfg = load_config(write(tmp_path, "metrics: {interval_s: 30}\n"), {})
+    assert cfg.metrics.interval_s == 30
+    env = {"GYM_SIDECAR_METRICS__INTERVAL_S": "2.5"}
+    assert load_config(None, env).metrics.interval_s == 2.5
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "metrics_interval_s: 30\n"), {})
+    assert info.value.errors == ["metrics_interval_s: Extra inputs are not permitted"]
+
+
 def test_file_errors_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml", {})
