@@ -86,6 +86,9 @@ class SidecarProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Without a backend the sidecar writes into its local store, by default under
+        # $XDG_DATA_HOME: keep each test's store in its own directory.
+        env.setdefault("XDG_DATA_HOME", str(self._dir / "xdg-data"))
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env

@@ -7,6 +7,8 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
   2 on invalid configuration, 1 when it cannot start, e.g. a port in use).
 - ``check-config FILE``: load FILE with the environment and flags applied, print the
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
+- ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
+  (see :mod:`gym_sidecar.inspect.commands`).
 
 Every config flag has an environment twin (``--grpc-listen`` and
 ``GYM_SIDECAR_GRPC_LISTEN``); flags win over the environment, which wins over the file.
@@ -25,6 +27,7 @@ from typing import Any
 import yaml
 
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
+from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
 from gym_sidecar.webhook.cli import add_webhook
 
 EXIT_OK = 0
@@ -40,6 +43,8 @@ _CONFIG_FLAGS: dict[str, str] = {
     "backend_protocol": "backend.protocol",
     "backend_compression": "backend.compression",
     "log_level": "log_level",
+    "local_store": "local_store.enabled",
+    "store_dir": "local_store.data_dir",
 }
 
 
@@ -53,6 +58,12 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--backend-protocol", choices=["grpc", "http/protobuf"])
     g.add_argument("--backend-compression", choices=["gzip", "none"])
     g.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--local-store",
+        action=argparse.BooleanOptionalAction,
+        help="write into the embedded local store (default: only when there is no --backend)",
+    )
+    g.add_argument("--store-dir", metavar="DIR", help="the local store's data directory")
 
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,7 +136,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_run, _add_check_config, add_webhook]
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_run,
+    _add_check_config,
+    add_webhook,
+    add_rollouts,
+    add_trace,
+    add_stats,
+]
 
 
 def _setup_logging(level: str) -> None:

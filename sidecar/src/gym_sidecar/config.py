@@ -7,7 +7,8 @@ Sources, highest precedence first:
    (``GYM_SIDECAR_BACKEND__URL``, ``GYM_SIDECAR_QUEUE__MAX_BYTES``); a value starting
    with ``{`` or ``[`` is parsed as YAML, so ``GYM_SIDECAR_ENRICH__ATTRIBUTES='{a: b}'``
    works; the ``--backend*`` flags' twins are also spelled ``GYM_SIDECAR_BACKEND``,
-   ``GYM_SIDECAR_BACKEND_PROTOCOL`` and ``GYM_SIDECAR_BACKEND_COMPRESSION``;
+   ``GYM_SIDECAR_BACKEND_PROTOCOL`` and ``GYM_SIDECAR_BACKEND_COMPRESSION``, and those of
+   ``--local-store`` / ``--store-dir`` ``GYM_SIDECAR_LOCAL_STORE`` / ``GYM_SIDECAR_STORE_DIR``;
 3. the YAML file given with ``--config``;
 4. the defaults below.
 
@@ -41,6 +42,7 @@ from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.store.config import LocalStoreConfig
 
 ENV_PREFIX = "GYM_SIDECAR_"
 """Prefix of every environment variable the sidecar reads."""
@@ -134,6 +136,7 @@ class SidecarConfig(BaseModel):
     enrich: EnrichConfig = Field(default_factory=EnrichConfig)
     span_groups: SpanGroupsConfig = Field(default_factory=SpanGroupsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    local_store: LocalStoreConfig = Field(default_factory=LocalStoreConfig)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline for draining the pipeline and the export queue on SIGTERM/SIGINT."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -182,8 +185,11 @@ FLAG_ENV_ALIASES: dict[str, str] = {
     "GYM_SIDECAR_BACKEND": "backend__url",
     "GYM_SIDECAR_BACKEND_PROTOCOL": "backend__protocol",
     "GYM_SIDECAR_BACKEND_COMPRESSION": "backend__compression",
+    "GYM_SIDECAR_LOCAL_STORE": "local_store__enabled",
+    "GYM_SIDECAR_STORE_DIR": "local_store__data_dir",
 }
-"""Env twins of the ``--backend*`` flags, besides their nested spellings."""
+"""Env twins of the ``--backend*``, ``--local-store`` and ``--store-dir`` flags, besides
+their nested spellings."""
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

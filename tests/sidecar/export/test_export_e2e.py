@@ -180,7 +180,8 @@ def test_full_queue_pushes_back_and_sdk_retries_then_succeed() -> None:
 
 
 def test_no_backend_counts_drops_and_warns() -> None:
-    with SidecarProcess(backend=None) as sc:
+    # --no-local-store: without it the sidecar would write into its embedded store
+    with SidecarProcess(backend=None, extra_args=["--no-local-store"]) as sc:
         grpc_export(sc.grpc_endpoint, "traces", trace_request("n", 6))
         assert sc.metric("gym_sidecar_dropped_items_total", reason="no_backend") == 6
     assert "no backend configured" in sc.log_text()

@@ -55,7 +55,7 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
     routers: list[APIRouter] = []
     reload_hooks: list[ReloadHook] = []
 
-    stage = build_export_stage(cfg.backend, cfg.queue, metrics)
+    stage = build_export_stage(cfg.backend, cfg.queue, metrics, cfg.local_store)
 
     stage = build_gate_stage(cfg.span_groups, stage, metrics)
     extras = gate_extras(stage, cfg)

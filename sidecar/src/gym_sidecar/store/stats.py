@@ -1,0 +1,182 @@
+"""The numbers of ``gym-sidecar stats``: rollout and verify figures over a window.
+
+Two sources, shown side by side:
+
+- spans: exact percentiles of the stored ``gym.rollout`` / ``gym.verify`` spans that
+  started in the window (nearest-rank), and the fraction of verifications that
+  completed (``succeeded``);
+- derived metric points (``gym.rollout.duration_ms``, ``gym.verify.duration_ms``,
+  ``gym.verify.count``): percentiles estimated from the histogram buckets (linear within
+  a bucket, the way Prometheus' ``histogram_quantile`` does) over the window. Cumulative
+  series contribute their last point in the window minus their last point before it;
+  delta series the sum of their points in the window. This source also covers groups
+  whose spans were gated in ``metrics`` mode and so never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gym_telemetry import semconv
+
+from gym_sidecar.store.queries import STATUS_ERROR
+
+QUANTILES: Final = (0.5, 0.95, 0.99)
+_CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Count and p50/p95/p99 (ms) of one duration, from one source."""
+
+    count: int
+    quantiles: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Everything ``stats`` prints."""
+
+    window_s: float | None
+    rollout_spans: Distribution
+    verify_spans: Distribution
+    verify_span_success: tuple[int, int]
+    """(completed, total) verifications among the spans."""
+    rollout_points: Distribution
+    verify_points: Distribution
+    verify_point_success: tuple[int, int]
+    """(succeeded=true, total) from ``gym.verify.count``."""
+
+
+def nearest_rank(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile by nearest rank (None for no values)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def bucket_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
+    """The ``q`` quantile of an explicit-bucket histogram (linear within the bucket).
+
+    Values in the overflow bucket are reported as the last bound (the histogram does not
+    know more); None when the histogram is empty.
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    target = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= target:
+            if i >= len(bounds):
+                return bounds[-1] if bounds else None
+            lower = bounds[i - 1] if i > 0 else 0.0
+            return lower + (bounds[i] - lower) * (target - seen) / n
+        seen += n
+    return bounds[-1] if bounds else None
+
+
+def _span_distribution(
+    conn: sqlite3.Connection, name: str, since_ns: int | None
+) -> tuple[list[float], list[tuple[dict[str, Any], int]]]:
+    sql = "SELECT start_ns, end_ns, attributes, status_code FROM spans WHERE name = ?"
+    args: list[Any] = [name]
+    if since_ns is not None:
+        sql += " AND start_ns >= ?"
+        args.append(since_ns)
+    durations: list[float] = []
+    details: list[tuple[dict[str, Any], int]] = []
+    for r in conn.execute(sql, args):
+        durations.append(max(0, r["end_ns"] - r["start_ns"]) / 1e6)
+        details.append((json.loads(r["attributes"]), int(r["status_code"])))
+    durations.sort()
+    return durations, details
+
+
+def _window_values(conn: sqlite3.Connection, name: str, since_ns: int | None) -> list[Any]:
+    """Per series, the value accumulated in the window (see the module docstring)."""
+    rows = conn.execute(
+        "SELECT service, attributes, start_ns, time_ns, value FROM metric_points "
+        "WHERE name = ? ORDER BY time_ns",
+        (name,),
+    ).fetchall()
+    series: dict[tuple[str, str, int], list[tuple[int, Any]]] = defaultdict(list)
+    deltas: list[Any] = []
+    for r in rows:
+        value = json.loads(r["value"])
+        if value.get("temporality") == _CUMULATIVE:
+            series[(r["service"], r["attributes"], r["start_ns"])].append((r["time_ns"], value))
+        elif since_ns is None or r["time_ns"] >= since_ns:
+            deltas.append((r["attributes"], value))
+    out: list[Any] = list(deltas)
+    for (_service, attrs, _start), points in series.items():
+        inside = [v for t, v in points if since_ns is None or t >= since_ns]
+        if not inside:
+            continue
+        before = [v for t, v in points if since_ns is not None and t < since_ns]
+        out.append((attrs, _minus(inside[-1], before[-1] if before else None)))
+    return out
+
+
+def _minus(last: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    if base is None:
+        return last
+    if "buckets" in last:
+        return {
+            **last,
+            "count": last["count"] - base["count"],
+            "buckets": [a - b for a, b in zip(last["buckets"], base["buckets"], strict=False)],
+        }
+    return {**last, "value": last["value"] - base["value"]}
+
+
+def _histogram(conn: sqlite3.Connection, name: str, since_ns: int | None) -> Distribution:
+    bounds: list[float] = []
+    merged: list[int] = []
+    for _attrs, value in _window_values(conn, name, since_ns):
+        if not bounds:
+            bounds = list(value["bounds"])
+            merged = [0] * len(value["buckets"])
+        if list(value["bounds"]) != bounds:
+            continue  # bounds changed between restarts: keep the first set's points only
+        merged = [a + b for a, b in zip(merged, value["buckets"], strict=False)]
+    return Distribution(sum(merged), tuple(bucket_quantile(bounds, merged, q) for q in QUANTILES))
+
+
+def compute(conn: sqlite3.Connection, window_s: float | None, now_ns: int | None = None) -> Stats:
+    """Stats over the last ``window_s`` seconds (everything stored when None)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    since_ns = None if window_s is None else now_ns - int(window_s * 1e9)
+    rollout_ms, _ = _span_distribution(conn, semconv.SPAN_ROLLOUT, since_ns)
+    verify_ms, verify_details = _span_distribution(conn, semconv.SPAN_VERIFY, since_ns)
+    completed = sum(
+        1
+        for attrs, status in verify_details
+        if attrs.get(semconv.VERIFY_SUCCEEDED) is not False and status != STATUS_ERROR
+    )
+    ok = total = 0
+    for attrs, value in _window_values(conn, semconv.METRIC_VERIFY_COUNT, since_ns):
+        n = int(value["value"])
+        total += n
+        if json.loads(attrs).get(semconv.VERIFY_SUCCEEDED) is True:
+            ok += n
+    return Stats(
+        window_s=window_s,
+        rollout_spans=Distribution(
+            len(rollout_ms), tuple(nearest_rank(rollout_ms, q) for q in QUANTILES)
+        ),
+        verify_spans=Distribution(
+            len(verify_ms), tuple(nearest_rank(verify_ms, q) for q in QUANTILES)
+        ),
+        verify_span_success=(completed, len(verify_ms)),
+        rollout_points=_histogram(conn, semconv.METRIC_ROLLOUT_DURATION, since_ns),
+        verify_points=_histogram(conn, semconv.METRIC_VERIFY_DURATION, since_ns),
+        verify_point_success=(ok, total),
+    )

@@ -1,0 +1,143 @@
+"""OTLP requests for the store tests: Gym-shaped traces and gym.* metric points."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gym_telemetry import semconv
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from tests.sidecar.metrics.traces import set_attrs
+
+AGENT = "nemo-gym/simple_agent"
+RESOURCES = "nemo-gym/weather"
+
+
+@dataclass
+class Rollout:
+    """One rollout's spans across two services: agent /run -> rollout -> client -> verify."""
+
+    rollout_id: str
+    start_ns: int
+    duration_ms: float
+    verify_ok: bool = True
+    trace_id: bytes = field(default_factory=lambda: os.urandom(16))
+    pad: str = ""
+    """Added as an attribute to every span (to make rows big)."""
+
+
+def _span(ss: object, trace_id: bytes, parent: bytes, name: str, start: int, end: int) -> Span:
+    span: Span = ss.spans.add()  # type: ignore[attr-defined]
+    span.trace_id = trace_id
+    span.span_id = os.urandom(8)
+    span.parent_span_id = parent
+    span.name = name
+    span.start_time_unix_nano = start
+    span.end_time_unix_nano = end
+    return span
+
+
+def trace_request(rollouts: list[Rollout]) -> ExportTraceServiceRequest:
+    """Two ResourceSpans (agent, resources server) holding every rollout's spans."""
+    req = ExportTraceServiceRequest()
+    agent = req.resource_spans.add()
+    set_attrs(agent.resource.attributes, {semconv.SERVICE_NAME: AGENT})
+    agent_rollout = agent.scope_spans.add()
+    agent_rollout.scope.name = semconv.scope_name(semconv.GROUP_ROLLOUT)
+    agent_server = agent.scope_spans.add()
+    agent_server.scope.name = semconv.scope_name(semconv.GROUP_SERVER)
+    res = req.resource_spans.add()
+    set_attrs(res.resource.attributes, {semconv.SERVICE_NAME: RESOURCES})
+    res_server = res.scope_spans.add()
+    res_server.scope.name = semconv.scope_name(semconv.GROUP_SERVER)
+    res_verify = res.scope_spans.add()
+    res_verify.scope.name = semconv.scope_name(semconv.GROUP_VERIFY)
+    for r in rollouts:
+        end = r.start_ns + int(r.duration_ms * 1e6)
+        extra = {"pad": r.pad} if r.pad else {}
+        run = _span(agent_server, r.trace_id, b"", "POST /run", r.start_ns, end + 1000)
+        run.kind = Span.SpanKind.SPAN_KIND_SERVER
+        set_attrs(run.attributes, {"http.route": "/run", **extra})
+        rollout = _span(
+            agent_rollout, r.trace_id, run.span_id, semconv.SPAN_ROLLOUT, r.start_ns, end
+        )
+        set_attrs(rollout.attributes, {semconv.ROLLOUT_ID: r.rollout_id, **extra})
+        if not r.verify_ok:
+            rollout.status.code = Status.STATUS_CODE_ERROR
+        call = _span(agent_server, r.trace_id, rollout.span_id, "HTTP POST", end - 2_000_000, end)
+        call.kind = Span.SpanKind.SPAN_KIND_CLIENT
+        verify_route = _span(
+            res_server, r.trace_id, call.span_id, "POST /verify", end - 1_900_000, end - 100_000
+        )
+        verify_route.kind = Span.SpanKind.SPAN_KIND_SERVER
+        set_attrs(verify_route.attributes, {"http.route": "/verify", **extra})
+        verify = _span(
+            res_verify,
+            r.trace_id,
+            verify_route.span_id,
+            semconv.SPAN_VERIFY,
+            end - 1_500_000,
+            end - 500_000,
+        )
+        set_attrs(
+            verify.attributes,
+            {semconv.ROLLOUT_ID: r.rollout_id, semconv.VERIFY_SUCCEEDED: r.verify_ok, **extra},
+        )
+        if not r.verify_ok:
+            verify.status.code = Status.STATUS_CODE_ERROR
+            verify.status.message = "VerifierCrash: on purpose"
+            set_attrs(verify.attributes, {semconv.ERROR_TYPE: "VerifierCrash"})
+    return req
+
+
+def histogram_request(
+    name: str,
+    bounds: list[float],
+    counts: list[int],
+    start_ns: int,
+    time_ns: int,
+    temporality: int = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
+    service: str = RESOURCES,
+) -> ExportMetricsServiceRequest:
+    """One histogram point of ``name`` plus a non-gym gauge (which the store skips)."""
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    set_attrs(rm.resource.attributes, {semconv.SERVICE_NAME: service})
+    sm = rm.scope_metrics.add()
+    m = sm.metrics.add()
+    m.name = name
+    m.histogram.aggregation_temporality = temporality  # type: ignore[assignment]
+    dp = m.histogram.data_points.add()
+    dp.start_time_unix_nano = start_ns
+    dp.time_unix_nano = time_ns
+    dp.count = sum(counts)
+    dp.explicit_bounds.extend(bounds)
+    dp.bucket_counts.extend(counts)
+    other = sm.metrics.add()
+    other.name = "process.cpu.time"
+    other.gauge.data_points.add().as_double = 1.0
+    return req
+
+
+def count_request(ok: int, failed: int, start_ns: int, time_ns: int) -> ExportMetricsServiceRequest:
+    """Cumulative ``gym.verify.count`` split by ``succeeded``."""
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    set_attrs(rm.resource.attributes, {semconv.SERVICE_NAME: RESOURCES})
+    m = rm.scope_metrics.add().metrics.add()
+    m.name = semconv.METRIC_VERIFY_COUNT
+    m.sum.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE  # type: ignore[assignment]
+    m.sum.is_monotonic = True
+    for succeeded, n in ((True, ok), (False, failed)):
+        dp = m.sum.data_points.add()
+        set_attrs(dp.attributes, {semconv.VERIFY_SUCCEEDED: succeeded})
+        dp.start_time_unix_nano = start_ns
+        dp.time_unix_nano = time_ns
+        dp.as_int = n
+    return req
