@@ -30,6 +30,29 @@ from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response (headers and a Content-Length body), however the
+    server's writes were split into segments."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_http_concurrency_limit_429_then_serves() -> None:
     body = trace_request("held", 2).SerializeToString()
     with (
@@ -58,7 +81,7 @@ def test_http_concurrency_limit_429_then_serves() -> None:
         assert "too many" in status_pb2.Status.FromString(resp.content).message
         assert sc.metric("gym_sidecar_limit_hits_total", limit="http_max_concurrent_requests") >= 1
         held.sendall(body[10:])  # finish the held request: it is accepted
-        assert b"200 OK" in held.recv(4096)
+        assert b"200 OK" in _read_response(held)
         held.close()
         assert http_post(sc.http_url, "traces", body).status_code == 200
     assert sc.returncode == 0
@@ -180,7 +203,7 @@ def test_http_trickling_body_times_out_with_408() -> None:
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body[:10]
         )
-        answer = slow.recv(4096)
+        answer = _read_response(slow)
         slow.close()
         assert answer.startswith(b"HTTP/1.1 408"), answer
         assert b"body not received within 0.5s" in answer
