@@ -71,6 +71,11 @@ class TrackingExporter(SpanExporter):
             return True
         return not self.last_ok
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether an export call is running right now."""
+        return self._export_started is not None
+
     def accepts_connections(self, timeout_s: float = 0.2) -> bool:
         """Whether something accepts TCP connections at the export address (True when
         the address is unknown). Blocks up to ``timeout_s``; for shutdown, never for a

@@ -364,7 +364,9 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
 
         def run() -> None:
             try:
-                _shutdown_batch(batch, max(0.0, deadline - time.monotonic()))
+                # Leave the batch processor a little less than the deadline, so that
+                # its own join/close finishes before the caller is answered.
+                _shutdown_batch(batch, max(0.0, 0.9 * (deadline - time.monotonic())))
             except Exception as exc:  # background thread: log and finish
                 _log.warning("gym_telemetry: exporter shutdown failed: %r", exc)
             finally:
@@ -395,7 +397,13 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
             with contextlib.suppress(Exception):  # abort retries; the thread is a daemon
                 batch.span_exporter.shutdown()
             _log.warning("gym_telemetry: shutdown deadline (%.1fs) passed before flush", timeout_s)
-        delivered = exporter is None or (not aborted and exporter.last_ok)
+        # The batch processor returns from shutdown at its own deadline even when an
+        # export is still in flight or spans are still queued: check what actually left.
+        inner = getattr(batch, "_batch_processor", None)
+        queued = len(getattr(inner, "_queue", ()) or ())
+        delivered = queued == 0 and (
+            exporter is None or (not aborted and exporter.last_ok and not exporter.in_flight)
+        )
         return finished and delivered
     except Exception as exc:  # boundary: shutdown must never raise into the caller
         _log.warning("gym_telemetry: shutdown_telemetry failed: %r", exc)
