@@ -1,226 +1,39 @@
-"""Real NeMo Gym servers as processes, started the way Gym's launcher starts them.
+"""Real NeMo Gym servers as processes: the launcher now lives in the product.
 
-``GymStack`` takes the YAML configs of ``examples/gym_stack/configs``, puts every server
-on a free loopback port, resolves the whole config with Gym's own parser (in the cached
-Gym environment, as ``gym env start`` does) and starts the chosen servers as
-``<gym python> app.py`` in the server's directory with ``NEMO_GYM_CONFIG_DICT`` (the
-resolved YAML), ``NEMO_GYM_CONFIG_PATH`` (the server's name) and the server directory
-prepended to ``PYTHONPATH`` -- what Gym's ``run_command`` does.
-
-Server directories resolve like Gym's launcher: ``examples/gym_stack`` first (the stub
-model, the failing verifier), then the Gym install's ``site-packages``.
+:mod:`gym_sidecar.demo.gym_servers` starts Gym servers the way Gym's launcher does (it
+moved there from this module so that ``make demo`` uses the same code as the real-Gym
+tests). This module keeps the names the tests import.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from gym_sidecar.demo.gym_servers import (
+    EXAMPLE_TASK,
+    GymProcess,
+    examples_dir,
+    load_configs,
+    post_json,
+    repo_root,
+    run_body,
+    server_location,
+    site_packages,
+)
+from gym_sidecar.demo.gym_servers import GymServers as GymStack
 
-import yaml
-
-from tests.support.ports import free_port, wait_listening
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples" / "gym_stack"
+REPO = repo_root()
+EXAMPLES = examples_dir()
 CONFIGS = EXAMPLES / "configs"
-EXAMPLE_TASK = {
-    "responses_create_params": {
-        "input": [
-            {"role": "developer", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "what's it like in sf?"},
-        ],
-        "tools": [
-            {
-                "type": "function",
-                "name": "get_weather",
-                "description": "",
-                "strict": True,
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string", "description": ""}},
-                    "required": ["city"],
-                    "additionalProperties": False,
-                },
-            }
-        ],
-    }
-}
 
-_RESOLVE = """
-import sys
-from omegaconf import OmegaConf
-from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
-cfg = OmegaConf.load(sys.argv[1])
-parsed = GlobalConfigDictParser().parse(parse_config=GlobalConfigDictParserConfig(
-    dotenv_path=None, initial_global_config_dict=cfg, skip_load_from_cli=True,
-    skip_load_from_dotenv=True, offline=True))
-sys.stdout.write(OmegaConf.to_yaml(parsed))
-"""
-
-
-def site_packages(python: Path) -> Path:
-    out = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(out.stdout.strip())
-
-
-def load_configs(*names: str) -> dict[str, Any]:
-    """Merge ``examples/gym_stack/configs/<name>`` files (later ones win per top key)."""
-    merged: dict[str, Any] = {}
-    for name in names:
-        merged.update(yaml.safe_load((CONFIGS / name).read_text()))
-    return merged
-
-
-def server_location(config: dict[str, Any], name: str) -> tuple[str, str, dict[str, Any]]:
-    """(server-type dir, server dir, server block) of top-level server ``name``."""
-    first = next(iter(config[name]))
-    second = next(iter(config[name][first]))
-    return first, second, config[name][first][second]
-
-
-@dataclass
-class GymProcess:
-    name: str
-    directory: Path
-    port: int
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@dataclass
-class GymStack:
-    """Start/stop a set of Gym servers (see module doc). Use as a context manager."""
-
-    python: Path
-    config: dict[str, Any]
-    start_names: list[str]
-    env: dict[str, str]
-    workdir: Path
-    processes: dict[str, GymProcess] = field(default_factory=dict)
-    resolved_yaml: str = ""
-
-    def _assign_ports(self) -> None:
-        self.config.setdefault("head_server", {})
-        self.config["head_server"].update({"host": "127.0.0.1", "port": free_port()})
-        for name in self.config:
-            if name == "head_server" or not isinstance(self.config[name], dict):
-                continue
-            _first, _second, block = server_location(self.config, name)
-            block["host"] = "127.0.0.1"
-            block["port"] = free_port()
-
-    def resolve(self) -> str:
-        self._assign_ports()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        raw = self.workdir / "config.yaml"
-        raw.write_text(yaml.safe_dump(self.config))
-        out = subprocess.run(
-            [str(self.python), "-c", _RESOLVE, str(raw)],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=self.workdir,
-            timeout=120,
-        )
-        self.resolved_yaml = out.stdout
-        return self.resolved_yaml
-
-    def start(self, timeout_s: float = 90.0) -> GymStack:
-        resolved = self.resolve()
-        packages = site_packages(self.python)
-        for name in self.start_names:
-            first, second, block = server_location(self.config, name)
-            directory = EXAMPLES / first / second
-            if not directory.is_dir():
-                directory = packages / first / second
-            entrypoint = str(block.get("entrypoint", "app.py"))
-            env = dict(os.environ)
-            env.update(self.env)
-            env["NEMO_GYM_CONFIG_DICT"] = resolved
-            env["NEMO_GYM_CONFIG_PATH"] = name
-            env["PYTHONPATH"] = ":".join(p for p in (str(directory), env.get("PYTHONPATH")) if p)
-            process = GymProcess(name, directory, int(block["port"]), self.workdir / f"{name}.log")
-            with process.log_path.open("wb") as log:
-                process.proc = subprocess.Popen(
-                    [str(self.python), entrypoint],
-                    cwd=directory,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            self.processes[name] = process
-        deadline = time.monotonic() + timeout_s
-        for process in self.processes.values():
-            try:
-                wait_listening(process.port, timeout_s=max(1.0, deadline - time.monotonic()))
-            except TimeoutError:
-                self.stop()
-                raise RuntimeError(
-                    f"{process.name} did not start; log:\n{process.log_path.read_text()[-4000:]}"
-                ) from None
-        return self
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.proc is not None and process.proc.poll() is None:
-                process.proc.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            if process.proc is None:
-                continue
-            try:
-                process.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.proc.kill()
-                process.proc.wait(timeout=5)
-
-    def __enter__(self) -> GymStack:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def url(self, name: str) -> str:
-        return self.processes[name].url
-
-
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> tuple[int, Any]:
-    """POST ``body`` as JSON; return (status, parsed JSON or text)."""
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
-def run_body(task_index: int, rollout_index: int, **extra: Any) -> dict[str, Any]:
-    """An agent ``/run`` body for the example task (Gym rollout id ``<task>-<rollout>``)."""
-    return {
-        **json.loads(json.dumps(EXAMPLE_TASK)),
-        "_ng_task_index": task_index,
-        "_ng_rollout_index": rollout_index,
-        **extra,
-    }
+__all__ = [
+    "CONFIGS",
+    "EXAMPLES",
+    "EXAMPLE_TASK",
+    "REPO",
+    "GymProcess",
+    "GymStack",
+    "load_configs",
+    "post_json",
+    "run_body",
+    "server_location",
+    "site_packages",
+]

@@ -1,0 +1,72 @@
+"""``python -m gym_sidecar.demo [--rollouts N] [--concurrency C] [--failing F] [--keep]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gym_sidecar.demo.run import DemoOptions, run_demo
+from gym_sidecar.inspect.render import make_console
+from gym_sidecar.store.config import default_data_dir
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="make demo", description="Real Gym servers -> sidecar -> local store -> tables."
+    )
+    p.add_argument("--rollouts", type=_positive, default=50, help="rollouts to run (50)")
+    p.add_argument("--concurrency", type=_positive, default=8, help="rollouts at once (8)")
+    p.add_argument(
+        "--failing", type=_non_negative, default=3, help="rollouts whose verifier fails (3)"
+    )
+    p.add_argument(
+        "--store-dir",
+        type=Path,
+        default=default_data_dir(),
+        help=f"the local store's directory (default {default_data_dir()}, the sidecar's)",
+    )
+    p.add_argument(
+        "--workdir", type=Path, default=Path(".data/demo"), help="logs and configs (.data/demo)"
+    )
+    p.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    p.add_argument("--gym-python", type=Path, help="use this Gym environment's python as is")
+    p.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for the store (30)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.failing > args.rollouts:
+        print("make demo: --failing must not exceed --rollouts", file=sys.stderr)
+        return 2
+    opts = DemoOptions(
+        rollouts=args.rollouts,
+        concurrency=args.concurrency,
+        failing=args.failing,
+        store_dir=args.store_dir,
+        workdir=args.workdir,
+        keep=args.keep,
+        gym_python=args.gym_python,
+        wait_s=args.wait_s,
+    )
+    return run_demo(opts, make_console())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

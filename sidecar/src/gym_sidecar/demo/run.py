@@ -1,0 +1,227 @@
+"""The demo's steps: Gym env, sidecar with the local store, Gym servers, rollouts, report.
+
+:func:`run_demo` returns the process exit code (0 when every step worked and every
+rollout got an answer). Every child process it starts is stopped before it returns,
+unless ``keep`` is set, in which case it waits for Ctrl-C first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gym_sidecar.demo.gym_servers import GymServers, load_configs, post_json, repo_root, run_body
+from gym_sidecar.demo.sidecar import SidecarChild
+from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
+from gym_sidecar.store import db, queries, stats
+
+MODEL: Final = "policy_model"
+RESOURCES: Final = "example_single_tool_call"
+AGENT: Final = "example_single_tool_call_simple_agent"
+FAILING_RESOURCES: Final = "failing_weather"
+FAILING_AGENT: Final = "failing_weather_simple_agent"
+SERVERS: Final = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
+METRICS_INTERVAL_S: Final = 2.0
+ENV_BUILD_TIMEOUT_S: Final = 1800
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``python -m gym_sidecar.demo`` was asked to do."""
+
+    rollouts: int
+    concurrency: int
+    failing: int
+    store_dir: Path
+    workdir: Path
+    keep: bool
+    gym_python: Path | None
+    wait_s: float = 30.0
+
+
+def prepare_gym_env(console: Console) -> Path:
+    """Build or reuse the cached Gym environment with this tree's agent; its python."""
+    script = repo_root() / "scripts" / "gym_env.py"
+    cmd = [sys.executable, str(script), "install-agent"]
+    with console.status("Preparing the NeMo Gym environment (first run: several minutes)..."):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None and proc.stdout is not None
+        for line in proc.stderr:
+            console.print(f"  [dim]{line.rstrip()}[/dim]", highlight=False)
+        out = proc.stdout.read()
+        code = proc.wait(timeout=ENV_BUILD_TIMEOUT_S)
+    if code != 0 or not out.strip():
+        raise RuntimeError(f"scripts/gym_env.py install-agent failed with exit code {code}")
+    return Path(out.strip().splitlines()[-1])
+
+
+def _drive(console: Console, servers: GymServers, opts: DemoOptions) -> dict[str, int]:
+    """Run the rollouts; returns answer counts by kind: ``ok 200``, ``failing 500``, ...
+    (``error (...)`` when the agent could not be reached)."""
+    base = (int(time.time()) % 100_000) * 1000  # rollout ids unique across demo runs
+    failing_every = opts.rollouts // opts.failing if opts.failing else 0
+    jobs: list[tuple[str, str, dict[str, Any]]] = []
+    for i in range(opts.rollouts):
+        if (
+            failing_every
+            and i % failing_every == failing_every - 1
+            and i // failing_every < opts.failing
+        ):
+            body = run_body(base + i, 0, fail_verify=True)
+            jobs.append(("failing", servers.url(FAILING_AGENT), body))
+        else:
+            jobs.append(("ok", servers.url(AGENT), run_body(base + i, 0)))
+    outcomes: dict[str, int] = {}
+    progress = Progress(
+        TextColumn("[bold]rollouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    with progress, ThreadPoolExecutor(opts.concurrency) as pool:
+        task = progress.add_task("rollouts", total=len(jobs))
+        futures = {pool.submit(post_json, url + "/run", body): kind for kind, url, body in jobs}
+        for future in as_completed(futures):
+            try:
+                status, _ = future.result()
+                key = f"{futures[future]} {status}"
+            except OSError as exc:
+                key = f"{futures[future]} error ({type(exc).__name__})"
+            outcomes[key] = outcomes.get(key, 0) + 1
+            progress.advance(task)
+    return outcomes
+
+
+def _wait_for_store(path: Path, since_ns: int, expected: int, timeout_s: float) -> tuple[int, int]:
+    """Poll the store until it holds ``expected`` rollouts started since ``since_ns`` and
+    derived points for them; returns (rollouts, points) seen."""
+    window_s = (time.time_ns() - since_ns) / 1e9 + 60
+    deadline = time.monotonic() + timeout_s
+    seen = (0, 0)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError), closing(db.connect(path, readonly=True)) as c:
+            n = len(queries.rollouts(c, since_s=window_s, limit=expected + 1000))
+            points = stats.compute(c, window_s).rollout_points.count
+            seen = (n, points)
+            if n >= expected and points >= expected:
+                return seen
+        time.sleep(0.5)
+    return seen
+
+
+def _report(console: Console, path: Path, since_ns: int, failing: int) -> None:
+    window_s = (time.time_ns() - since_ns) / 1e9 + 5
+    with closing(db.connect(path, readonly=True)) as conn:
+        recent = queries.rollouts(conn, since_s=window_s, limit=12)
+        failed = queries.rollouts(conn, since_s=window_s, failed_only=True, limit=50)
+        console.print(rollouts_table(recent, "Recent rollouts (gym-sidecar rollouts)"))
+        console.print(rollouts_table(failed, "Failed rollouts (gym-sidecar rollouts --failed)"))
+        shown = next((r for r in recent if not r.failed), recent[0] if recent else None)
+        if shown is not None:
+            console.print(f"\n[bold]gym-sidecar trace {shown.rollout_id}[/bold]")
+            console.print(trace_waterfall(queries.trace_spans(conn, shown.trace_id)))
+        console.print("\n[bold]gym-sidecar stats[/bold]")
+        console.print(stats_table(stats.compute(conn, window_s)))
+    if failing and not failed:
+        console.print("[yellow]no failed verification reached the store[/yellow]")
+
+
+def _next_steps(console: Console, store_dir: Path) -> None:
+    flag = f" --store-dir {store_dir}"
+    console.print(
+        Panel(
+            "The same data, any time later (the store keeps it, bounded by age and size):\n"
+            f"  uv run gym-sidecar rollouts{flag} --failed\n"
+            f"  uv run gym-sidecar trace{flag} ROLLOUT_ID\n"
+            f"  uv run gym-sidecar stats{flag} --since 1h\n\n"
+            "The same traces in Jaeger (needs Docker): docker compose up --build, then open\n"
+            "http://localhost:16686 (docs/deployment.md). A sidecar in front of any OTLP\n"
+            "backend keeps the local store too with: gym-sidecar run --backend URL --local-store",
+            title="next",
+            title_align="left",
+        )
+    )
+
+
+def run_demo(opts: DemoOptions, console: Console) -> int:
+    """Run every step; see the module docstring."""
+    console.rule("[bold]gym-telemetry demo")
+    python = opts.gym_python or prepare_gym_env(console)
+    console.print(f"Gym environment: {python}")
+    sidecar = SidecarChild(
+        opts.store_dir,
+        opts.workdir,
+        {
+            "span_groups": {"spec": "per_rollout"},
+            "metrics": {"interval_s": METRICS_INTERVAL_S},
+            "log_level": "warning",
+        },
+    )
+    store_path = sidecar.store_dir / "traces.db"
+    servers: GymServers | None = None
+    code = 0
+    try:
+        with console.status("Starting the sidecar (local store) and the Gym servers..."):
+            sidecar.start()
+            console.print(
+                f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
+                f"store {store_path}"
+            )
+            env = {
+                "GYM_TELEMETRY": "1",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
+                "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
+                "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+            }
+            config = load_configs("stack.yaml", "failing_verifier.yaml")
+            servers = GymServers(python, config, list(SERVERS), env, opts.workdir / "gym")
+            servers.start()
+            console.print(
+                "Gym servers: "
+                + ", ".join(f"{name} {p.url}" for name, p in servers.processes.items())
+            )
+        since_ns = time.time_ns()
+        outcomes = _drive(console, servers, opts)
+        console.print(
+            "agent /run answers: "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items()))
+            + " (failing: the verifier raised on purpose, so /run answers 500)"
+        )
+        if any(k.startswith("ok") and k != "ok 200" for k in outcomes):
+            code = 1
+        with console.status("Waiting for the spans and derived metrics to reach the store..."):
+            seen = _wait_for_store(store_path, since_ns, opts.rollouts, opts.wait_s)
+        if seen[0] < opts.rollouts:
+            console.print(f"[yellow]only {seen[0]} of {opts.rollouts} rollouts stored[/yellow]")
+            code = 1
+        _report(console, store_path, since_ns, opts.failing)
+        _next_steps(console, opts.store_dir)
+        if opts.keep:
+            console.print("[bold]--keep:[/bold] everything keeps running; Ctrl-C stops it.")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+    finally:
+        with console.status("Stopping the Gym servers and the sidecar..."):
+            if servers is not None:
+                servers.stop()
+            exit_code = sidecar.stop()
+        if exit_code not in (0, None):
+            console.print(f"[red]sidecar exited with {exit_code}[/red]; log: {sidecar.log_path}")
+            code = 1
+        else:
+            console.print("stopped cleanly.")
+    return code

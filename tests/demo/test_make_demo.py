@@ -1,0 +1,110 @@
+"""``make demo`` end to end: scripts/demo.sh with a small rollout count.
+
+Runs exactly what README command 1 runs (bootstrap, the cached Gym environment with this
+tree's agent, a sidecar with the local store, five real Gym servers, rollouts, the
+report, a clean stop) and checks what it printed, then reads the same store again with
+``gym-sidecar rollouts --failed``. Needs the cached Gym env (built on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gym, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+ROLLOUTS = 12
+FAILING = 2
+
+
+def _rows(text: str, title: str) -> list[list[str]]:
+    """The cells of the table printed under ``title``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("└"):
+            break
+        if line.startswith("│"):
+            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+    return rows
+
+
+def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
+    tmp_path: Path,
+) -> None:
+    store_dir = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
+    env["COLUMNS"] = "200"
+    result = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "demo.sh"),
+            "--rollouts",
+            str(ROLLOUTS),
+            "--failing",
+            str(FAILING),
+            "--concurrency",
+            "4",
+            "--store-dir",
+            str(store_dir),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2300,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out[-6000:] + result.stderr[-4000:]
+    assert f"ok 200: {ROLLOUTS - FAILING}" in out  # every ok rollout answered 200
+    assert f"failing 500: {FAILING}" in out
+
+    recent = _rows(out, "Recent rollouts")
+    assert len(recent) == min(ROLLOUTS, 12)
+    assert all(row[4] in ("ok", "failed") for row in recent)
+    assert all("policy_model" in row[6] for row in recent)  # one trace crosses 3 servers
+
+    failed = _rows(out, "Failed rollouts")
+    assert len(failed) == FAILING
+    assert all(row[4] == "failed" and "failing_weather" in row[6] for row in failed)
+
+    waterfall = out.split("gym-sidecar trace ", 1)[1]
+    for name in ("POST /run", "gym.rollout", "POST /seed_session", "gym.verify"):
+        assert name in waterfall
+    assert "⇢ policy_model" in waterfall
+
+    stats = out.split("gym-sidecar stats", 1)[1]
+    ok = ROLLOUTS - FAILING
+    assert stats.count(f"({ok}/{ROLLOUTS})") == 2  # spans and gym.verify.count agree
+    assert "stopped cleanly" in out
+
+    # the store outlives the demo: the CLI reads the same rollouts back
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gym_sidecar.cli",
+            "rollouts",
+            "--failed",
+            "--store-dir",
+            str(store_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 0
+    assert sorted(r[0] for r in _rows(again.stdout, "Recent rollouts")) == sorted(
+        r[0] for r in failed
+    )
