@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,38 +63,64 @@ def sidecar(sink: RecordingSink, request: pytest.FixtureRequest) -> Iterator[Sid
         sc.stop()
 
 
-@pytest.fixture
-def app(sidecar: SidecarProcess) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.sidecar.metrics.gym_app",
-            "--port",
-            str(port),
-            "--sidecar",
-            sidecar.grpc_endpoint,
-            "--service",
-            SERVICE,
-        ],
-        env={
-            "GYM_TELEMETRY_POLL_INTERVAL_S": "0",
-            "PATH": "/usr/bin:/bin",
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-        },
-        cwd=REPO_ROOT,
-    )
+def _start_app(sidecar: SidecarProcess, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the app on a free port and wait until it listens. A port taken between
+    ``free_port`` and the app's bind (machines shared by parallel runs) gets a new port;
+    any other early exit fails with the app's output."""
+    for _ in range(3):
+        port = free_port()
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.sidecar.metrics.gym_app",
+                    "--port",
+                    str(port),
+                    "--sidecar",
+                    sidecar.grpc_endpoint,
+                    "--service",
+                    SERVICE,
+                ],
+                env={
+                    "GYM_TELEMETRY_POLL_INTERVAL_S": "0",
+                    "PATH": "/usr/bin:/bin",
+                    "OTEL_BSP_SCHEDULE_DELAY": "100",
+                },
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 90  # a cold start on a loaded 2-core machine
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                wait_listening(port, timeout_s=1)
+                return proc, port
+            except TimeoutError:
+                pass
+        output = log.read_text(errors="replace")
+        _stop(proc)
+        if "address already in use" not in output.lower():
+            raise RuntimeError(f"app did not start (exit {proc.returncode}):\n{output}")
+    raise RuntimeError("app could not find a free port in 3 tries")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
     try:
-        wait_listening(port, timeout_s=30)
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def app(sidecar: SidecarProcess, tmp_path: Path) -> Iterator[str]:
+    proc, port = _start_app(sidecar, tmp_path / "app.log")
+    try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 def bucket_index(bounds: list[float], value: float) -> int:
