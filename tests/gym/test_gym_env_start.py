@@ -1,7 +1,8 @@
 """The same check once through Gym's official launcher, ``gym env start``.
 
-The launcher (run from the cached Gym environment with ``GYM_TELEMETRY=1`` and the
-sidecar address in its environment) starts Ray, its head server, the stub model,
+The launcher, run from the cached Gym environment as
+``gym-telemetry-run gym env start ...`` (which sets ``GYM_TELEMETRY=1``) with the
+sidecar address in its environment, starts Ray, its head server, the stub model,
 ``example_single_tool_call``, ``simple_agent`` and the ``legacy_agent`` environment
 server it generates, each as ``<venv python> app.py`` with ``os.environ`` copied. It
 works offline with ``skip_venv_if_present: true`` and ``uv_venv_dir`` pointing at a
@@ -76,10 +77,9 @@ def test_gym_env_start_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -
         sidecar = SidecarProcess(
             backend=sink.endpoint, config={"span_groups": {"spec": "per_rollout"}}, log_dir=tmp_path
         ).start()
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != "GYM_TELEMETRY"}
         env.update(
             {
-                "GYM_TELEMETRY": "1",
                 "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
                 "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
                 "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
@@ -91,7 +91,14 @@ def test_gym_env_start_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -
         log_path = tmp_path / "gym-env-start.log"
         with log_path.open("wb") as log:
             launcher = subprocess.Popen(
-                [str(env_root / "bin" / "gym"), "env", "start", f"+config_paths=[{config_path}]"],
+                [
+                    # the opentelemetry-instrument-style launcher sets GYM_TELEMETRY=1
+                    str(env_root / "bin" / "gym-telemetry-run"),
+                    str(env_root / "bin" / "gym"),
+                    "env",
+                    "start",
+                    f"+config_paths=[{config_path}]",
+                ],
                 cwd=tmp_path,
                 env=env,
                 stdout=log,
