@@ -95,7 +95,8 @@ class GrpcLoad:
     """Background threads sending span requests over OTLP/gRPC; tracks what was acked.
 
     Each request carries ``batch`` spans with fresh ids. A request answered OK adds its
-    ids to ``acked``; RESOURCE_EXHAUSTED / UNAVAILABLE are counted and the same ids are
+    ids to ``acked``; RESOURCE_EXHAUSTED / UNAVAILABLE (and CANCELLED or DEADLINE_EXCEEDED when
+    the server stops mid-call) are counted and the same ids are
     retried after a short pause (like an SDK exporter would); nothing else is expected.
     """
 
@@ -138,6 +139,7 @@ class GrpcLoad:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         grpc.StatusCode.UNAVAILABLE,
                         grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.CANCELLED,  # the server stopped mid-call
                     ):
                         self.errors.append(f"{code}: {err.details()}")
                     self._stop.wait(0.1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gym_sidecar.export.base import Exporter, ExportResult, Outcome
 from gym_sidecar.export.config import BackendConfig, QueueConfig
+from gym_sidecar.export.disk_queue import DiskQueue, build_queue
 from gym_sidecar.export.fanout import FanOutExporter
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
@@ -19,6 +20,7 @@ from gym_sidecar.store.config import LocalStoreConfig
 
 __all__ = [
     "BackendConfig",
+    "DiskQueue",
     "ExportQueue",
     "ExportResult",
     "Exporter",
@@ -72,6 +74,6 @@ def build_export_stage(
     if not exporters:
         return NoBackendStage(metrics)
     exporter = exporters[0] if len(exporters) == 1 else FanOutExporter(exporters)
-    memory_queue = MemoryQueue(queue.max_bytes)
-    sender = Sender(memory_queue, exporter, queue, metrics)
-    return QueueStage(memory_queue, sender, metrics, queue.backpressure_retry_after_s)
+    export_queue = build_queue(queue, metrics)  # in memory, or on disk (queue.persistent)
+    sender = Sender(export_queue, exporter, queue, metrics)
+    return QueueStage(export_queue, sender, metrics, queue.backpressure_retry_after_s)
