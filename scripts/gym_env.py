@@ -99,9 +99,10 @@ def env_python(root: Path) -> Path:
     return root / "bin" / "python"
 
 
-def _run(cmd: list[str], **kwargs: object) -> None:
+def _run(cmd: list[str]) -> None:
+    """Run a build step; its output goes to stderr (stdout carries only the result)."""
     _log("$ " + " ".join(cmd))
-    subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
 
 
 def _gym_requirements(wheel: Path) -> list[str]:
