@@ -40,6 +40,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.support.ports import free_port
+from tests.support.wait import DEFAULT_TIMEOUT_S, wait_for
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -178,16 +179,11 @@ class RecordingSink:
         with self._lock:
             return list(self.requests["logs"])
 
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         """Poll ``predicate`` until it holds or the timeout passes; return the last value."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.05)
-        return predicate()
+        return wait_for(predicate, timeout_s)
 
-    def wait_spans(self, n: int, timeout_s: float = 20.0) -> bool:
+    def wait_spans(self, n: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         return self.wait_for(lambda: self.span_count >= n, timeout_s)
 
     # -- serving -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tests.support.docker_engine import EngineContractServer, FakeContainer
 from tests.support.sink import attrs
+from tests.support.wait import wait_for_async as wait_for
 
 CID = "c0ffee00" * 8
 
@@ -149,14 +150,6 @@ def engine(tmp_path: Path) -> Iterator[EngineContractServer]:
 def docker_enricher(engine: EngineContractServer, **docker: Any) -> Enricher:
     cfg = {"base_url": engine.base_url, "api_version": "1.45", **docker}
     return enricher({"docker": cfg})
-
-
-async def wait_for(predicate: Any, timeout_s: float = 10.0) -> bool:
-    for _ in range(int(timeout_s / 0.02)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(predicate())
 
 
 def test_docker_miss_enriches_without_docker_then_fills(engine: EngineContractServer) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from gym_sidecar.pipeline.stage import Batch, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from tests.support.wait import wait_for  # noqa: F401  (re-exported for the export tests)
+from tests.support.wait import wait_for_async as wait_until  # noqa: F401  (re-exported)
 
 
 def trace_request(tag: str, spans: int = 3) -> ExportTraceServiceRequest:
@@ -48,27 +50,6 @@ def dropped(metrics: SelfMetrics, reason: str, signal: str = "traces") -> float:
 
 def exported(metrics: SelfMetrics, signal: str = "traces") -> float:
     return sample(metrics, "gym_sidecar_exported_items_total", signal=signal)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    """Poll ``predicate`` on the loop until it holds or the timeout passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Poll ``predicate`` from a plain thread until it holds or the timeout passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def run(coro: Coroutine[Any, Any, None], timeout_s: float = 60.0) -> None:
