@@ -1,0 +1,365 @@
+"""OTLP trace load generator shaped like NeMo Gym traffic (a benchmark tool, not a test).
+
+    uv run --frozen python -m bench.loadgen --target 127.0.0.1:4317 --protocol grpc \
+        --spans 512 --requests 400 --concurrency 8
+    uv run --frozen python -m bench.loadgen --target http://127.0.0.1:4318 --protocol http \
+        --spans 512 --rate 10000 --seconds 20
+
+Requests are built and serialised once, before sending starts (``build_requests``), so the
+generator spends its CPU on the transport only. Each request is what one Gym server
+process's OpenTelemetry SDK exports: one resource (``service.name``
+``nemo-gym/<server>``, the Gym server name and type, host, process and SDK attributes) and
+the ScopeSpans of the span groups that server type records, each in its
+``gym_telemetry.<group>`` scope (``semconv.scope_name``):
+
+- agent server: ``server`` (SERVER spans of ``/run``), ``rollout`` (``gym.rollout`` with
+  the rollout id), ``http_client`` (CLIENT spans of the calls to the model and
+  resources servers);
+- model server: ``server`` and ``model_call`` (``gym.model.chat_completions`` with token
+  counts);
+- resources server: ``server`` and ``verify`` (``gym.verify`` with ``succeeded``).
+
+The roles follow the span mix of a rollout (``ROLE_CYCLE``: 3 agent, 3 model and 1
+resources request in every 7), and ``--distinct`` requests (different ids) cycle.
+
+Sending: ``--concurrency`` calls in flight on one event loop (gRPC: ``grpc.aio`` unary
+calls spread over ``--channels`` channels; HTTP: one aiohttp session with that many
+keep-alive connections, ``application/x-protobuf``). A refused call
+(``RESOURCE_EXHAUSTED``/``UNAVAILABLE``, HTTP 429/503) is retried after a short pause, as
+an SDK exporter would, and counted. Two modes: ``--requests N`` sends N requests as fast
+as the target accepts them; ``--rate SPANS_PER_S --seconds S`` paces requests at a fixed
+span rate.
+
+Output (stdout, one JSON object per line): ``{"event": "start"}`` right before the first
+request, ``{"event": "progress", ...}`` every ``--progress-s``, and
+``{"event": "done", "requests": .., "spans": .., "retries": .., "errors": .., "seconds": ..}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+from gym_telemetry import semconv
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+RETRY_PAUSE_S = 0.05
+ROLES = ("agent", "model", "resources")
+# One rollout is ~17 spans: the agent's /run (SERVER, gym.rollout, ~5 CLIENT calls), ~4
+# model calls (SERVER + gym.model.* each) and one verification (SERVER + gym.verify).
+# Requests follow that mix: 3 agent, 3 model and 1 resources request in every 7.
+ROLE_CYCLE = ("agent", "model", "agent", "resources", "model", "agent", "model")
+_MODEL_NAME = "Qwen/Qwen3-30B-A3B-Instruct"
+
+
+def _kv(key: str, value: str | int | float | bool) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def _resource(rs: ResourceSpans, role: str, index: int) -> None:
+    server = {"agent": "simple_agent", "model": "policy_model", "resources": "math_verify"}[role]
+    attrs: dict[str, str | int] = {
+        semconv.SERVICE_NAME: f"nemo-gym/{server}",
+        semconv.SERVER_NAME: server,
+        semconv.SERVER_TYPE: role,
+        "service.instance.id": f"{server}-{index:04d}-7f9c2e",
+        "host.name": "gym-worker-3.cluster.local",
+        "process.pid": 41000 + index,
+        "process.runtime.name": "cpython",
+        "process.runtime.version": "3.12.11",
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": "1.45.2",
+    }
+    rs.resource.attributes.extend(_kv(k, v) for k, v in attrs.items())
+
+
+class _SpanFactory:
+    """Fills spans with ids, times and the attributes a Gym server records."""
+
+    def __init__(self, rng: random.Random, base_ns: int) -> None:
+        self.rng = rng
+        self.base_ns = base_ns
+
+    def span(self, ss: ScopeSpans, name: str, kind: int, rollout: int, ms: float) -> Span:
+        sp = ss.spans.add()
+        sp.trace_id = rollout.to_bytes(16, "big")
+        sp.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
+        sp.parent_span_id = self.rng.getrandbits(64).to_bytes(8, "big")
+        sp.name = name
+        sp.kind = kind  # type: ignore[assignment]
+        start = self.base_ns + self.rng.randrange(10**9)
+        sp.start_time_unix_nano = start
+        sp.end_time_unix_nano = start + int(ms * 1e6)
+        sp.status.code = Status.STATUS_CODE_UNSET
+        sp.attributes.append(_kv(semconv.ROLLOUT_ID, f"rollout-{rollout:012x}"))
+        return sp
+
+    def fill(self, ss: ScopeSpans, group: str, server: str, rollout: int) -> None:
+        r = self.rng
+        if group == semconv.GROUP_SERVER:
+            route = {"simple_agent": "/run", "policy_model": "/v1/chat/completions"}.get(
+                server, "/verify"
+            )
+            sp = self.span(ss, f"POST {route}", Span.SPAN_KIND_SERVER, rollout, r.uniform(5, 900))
+            for k, v in (
+                ("http.request.method", "POST"),
+                ("http.route", route),
+                ("http.response.status_code", 200),
+                ("url.scheme", "http"),
+                ("network.peer.address", "10.0.3.17"),
+                (semconv.SERVER_NAME, server),
+            ):
+                sp.attributes.append(_kv(k, v))
+        elif group == semconv.GROUP_ROLLOUT:
+            sp = self.span(
+                ss, semconv.SPAN_ROLLOUT, Span.SPAN_KIND_INTERNAL, rollout, r.uniform(2e3, 6e4)
+            )
+            sp.attributes.append(_kv(semconv.SERVER_NAME, server))
+        elif group == semconv.GROUP_HTTP_CLIENT:
+            port = r.choice((8001, 8002))
+            sp = self.span(ss, "POST", Span.SPAN_KIND_CLIENT, rollout, r.uniform(5, 900))
+            for k, v in (
+                ("http.request.method", "POST"),
+                ("url.full", f"http://gym-worker-3:{port}/v1/chat/completions"),
+                ("server.address", "gym-worker-3"),
+                ("server.port", port),
+                ("http.response.status_code", 200),
+            ):
+                sp.attributes.append(_kv(k, v))
+        elif group == semconv.GROUP_MODEL_CALL:
+            sp = self.span(
+                ss,
+                "gym.model.chat_completions",
+                Span.SPAN_KIND_INTERNAL,
+                rollout,
+                r.uniform(80, 900),
+            )
+            for k, v in (
+                ("gen_ai.request.model", _MODEL_NAME),
+                ("gen_ai.usage.input_tokens", r.randrange(200, 6000)),
+                ("gen_ai.usage.output_tokens", r.randrange(20, 2000)),
+                (semconv.SERVER_NAME, server),
+            ):
+                sp.attributes.append(_kv(k, v))
+        elif group == semconv.GROUP_VERIFY:
+            sp = self.span(
+                ss, semconv.SPAN_VERIFY, Span.SPAN_KIND_INTERNAL, rollout, r.uniform(2, 400)
+            )
+            ok = r.random() > 0.03
+            sp.attributes.append(_kv(semconv.VERIFY_SUCCEEDED, ok))
+            sp.attributes.append(_kv(semconv.SERVER_NAME, server))
+            if not ok:
+                sp.status.code = Status.STATUS_CODE_ERROR
+                sp.attributes.append(_kv(semconv.ERROR_TYPE, "TimeoutError"))
+
+
+# Span groups per role with their share of the role's spans.
+_MIX: dict[str, tuple[tuple[str, int], ...]] = {
+    "agent": (
+        (semconv.GROUP_SERVER, 1),
+        (semconv.GROUP_ROLLOUT, 1),
+        (semconv.GROUP_HTTP_CLIENT, 5),
+    ),
+    "model": ((semconv.GROUP_SERVER, 1), (semconv.GROUP_MODEL_CALL, 1)),
+    "resources": ((semconv.GROUP_SERVER, 1), (semconv.GROUP_VERIFY, 1)),
+}
+
+
+def build_request(role: str, spans: int, index: int, seed: int = 1) -> ExportTraceServiceRequest:
+    """One request of exactly ``spans`` spans from a Gym server of ``role`` (module doc)."""
+    if role not in _MIX:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    if spans < 1:
+        raise ValueError("spans must be at least 1")
+    rng = random.Random(seed * 1_000_003 + index)
+    factory = _SpanFactory(rng, base_ns=time.time_ns() - 120 * 10**9)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    _resource(rs, role, index)
+    server = rs.resource.attributes[1].value.string_value
+    mix = _MIX[role]
+    weight = sum(w for _, w in mix)
+    counts = [spans * w // weight for _, w in mix]
+    counts[-1] += spans - sum(counts)
+    rollouts_per_request = max(1, spans // 16)
+    high = rng.getrandbits(32) << 64
+    for (group, _), n in zip(mix, counts, strict=True):
+        if n == 0:
+            continue
+        ss = rs.scope_spans.add()
+        ss.scope.name = semconv.scope_name(group)
+        ss.scope.version = "0.1.0"
+        for i in range(n):
+            rollout = high | (index * 4096 + i % rollouts_per_request)
+            factory.fill(ss, group, server, rollout)
+    return req
+
+
+def build_requests(spans: int, distinct: int = 14, seed: int = 1) -> list[bytes]:
+    """``distinct`` serialised requests of ``spans`` spans, roles in ``ROLE_CYCLE`` order."""
+    return [
+        build_request(ROLE_CYCLE[i % len(ROLE_CYCLE)], spans, i, seed).SerializeToString()
+        for i in range(distinct)
+    ]
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    spans: int = 0
+    retries: int = 0
+    errors: int = 0
+
+
+Send = Callable[[bytes], Awaitable[str]]
+"""Sends one request; returns ``ok``, ``retry`` (refused, try again) or ``error``."""
+
+
+async def _grpc_sender(target: str, channels: int) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import grpc
+    from grpc import aio
+
+    opts = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.use_local_subchannel_pool", 1),  # one connection per channel
+    ]
+    chans = [aio.insecure_channel(target, options=opts) for _ in range(channels)]
+    calls = [c.unary_unary(TRACE_METHOD) for c in chans]
+    retryable = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+    turn = [0]
+
+    async def send(body: bytes) -> str:
+        turn[0] += 1
+        try:
+            await calls[turn[0] % len(calls)](body, timeout=30)
+        except aio.AioRpcError as exc:
+            return "retry" if exc.code() in retryable else "error"
+        return "ok"
+
+    async def close() -> None:
+        for c in chans:
+            await c.close()
+
+    return send, close
+
+
+async def _http_sender(target: str, concurrency: int) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import aiohttp
+
+    url = target.rstrip("/") + "/v1/traces"
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency),
+        headers={"Content-Type": "application/x-protobuf"},
+        timeout=aiohttp.ClientTimeout(total=30),
+    )
+
+    async def send(body: bytes) -> str:
+        try:
+            async with session.post(url, data=body) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    return "ok"
+                return "retry" if resp.status in (429, 503) else "error"
+        except aiohttp.ClientError:
+            return "error"
+
+    return send, session.close
+
+
+def _emit(event: str, **fields: object) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+async def run(args: argparse.Namespace) -> Tally:
+    """Send as the arguments say (module doc); returns the tally."""
+    bodies = build_requests(args.spans, args.distinct)
+    if args.protocol == "grpc":
+        send, close = await _grpc_sender(args.target, args.channels)
+    else:
+        send, close = await _http_sender(args.target, args.concurrency)
+    tally = Tally()
+    interval = args.spans / args.rate if args.rate else 0.0
+    total = args.requests if not args.rate else int(args.seconds * args.rate / args.spans)
+    next_index = [0]
+    t0 = time.monotonic()
+
+    async def worker() -> None:
+        while next_index[0] < total:
+            i = next_index[0]
+            next_index[0] += 1
+            if interval:
+                delay = t0 + i * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            body = bodies[i % len(bodies)]
+            while True:
+                outcome = await send(body)
+                if outcome != "retry":
+                    break
+                tally.retries += 1
+                await asyncio.sleep(RETRY_PAUSE_S)
+            if outcome == "ok":
+                tally.requests += 1
+                tally.spans += args.spans
+            else:
+                tally.errors += 1
+
+    async def reporter() -> None:
+        while True:
+            await asyncio.sleep(args.progress_s)
+            _emit("progress", **asdict(tally), total_requests=total)
+
+    _emit("start", spans_per_request=args.spans, bytes=[len(b) for b in bodies[:3]])
+    report = asyncio.create_task(reporter())
+    try:
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    finally:
+        report.cancel()
+        await close()
+    _emit("done", **asdict(tally), seconds=time.monotonic() - t0, pid=os.getpid())
+    return tally
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True, help="gRPC HOST:PORT, or HTTP base URL")
+    p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--spans", type=int, default=512, help="spans per request")
+    p.add_argument("--distinct", type=int, default=14, help="distinct pre-encoded requests")
+    p.add_argument("--requests", type=int, default=200, help="requests to send (no --rate)")
+    p.add_argument("--rate", type=float, default=0.0, help="spans per second (paced mode)")
+    p.add_argument("--seconds", type=float, default=10.0, help="duration of the paced mode")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    p.add_argument("--channels", type=int, default=2, help="gRPC channels (connections)")
+    p.add_argument("--progress-s", type=float, default=0.25)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    tally = asyncio.run(run(args))
+    return 1 if tally.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

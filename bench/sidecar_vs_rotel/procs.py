@@ -1,0 +1,176 @@
+"""The collectors under test as processes, and what /proc says about them.
+
+Three paths end in the same counting sink (``tests.support.sink.RecordingSink``, which
+accepts messages up to 64 MiB, as rotel's ~3 MB batches need):
+
+- ``direct``: no collector; the load generator sends to the sink (the transport ceiling).
+- ``sidecar``: a real ``gym-sidecar run`` process (``tests.support.sidecar_proc``) with
+  its full pipeline (enrich, derive, gate, queue, export over gRPC), span groups ``all``
+  so every span is forwarded, ``--backend-compression`` gzip or none.
+- ``rotel``: rotel from PyPI (``tests.support.rotel.rotel_binary``, installed into a
+  cached venv), OTLP exporter over gRPC (it always gzips).
+
+Both collectors add the same two static resource attributes (``BENCH_RESOURCE``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tests.support.ports import free_port, wait_listening
+from tests.support.rotel import ROTEL_VERSION, rotel_binary
+from tests.support.sidecar_proc import SidecarProcess
+
+BENCH_RESOURCE = {"deployment.environment.name": "bench", "k8s.cluster.name": "gym-bench"}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def status_mib(pid: int, key: str) -> float:
+    """A ``kB`` field of /proc/<pid>/status (``VmHWM`` peak RSS, ``VmRSS``) in MiB."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Pin every thread of ``pid`` to ``cores`` (threads started later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:  # a thread that just ended
+            continue
+
+
+class Collector(Protocol):
+    """A path's receiving end; ``pid`` is None when there is no collector process."""
+
+    name: str
+    pid: int | None
+    http_target: str | None
+
+    @property
+    def grpc_target(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Direct:
+    """No collector: the generator talks to the sink itself."""
+
+    sink_endpoint: str
+    name: str = "direct"
+    pid: int | None = None
+    http_target: str | None = None
+
+    @property
+    def grpc_target(self) -> str:
+        return self.sink_endpoint
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+class Sidecar:
+    """``gym-sidecar run`` with the full pipeline, exporting to the sink."""
+
+    def __init__(self, sink_endpoint: str, compression: str, workdir: Path) -> None:
+        self.name = f"sidecar-{compression}"
+        self.proc = SidecarProcess(
+            backend=sink_endpoint,
+            extra_args=["--backend-compression", compression, "--log-level", "warning"],
+            config={
+                "span_groups": {"spec": "all"},
+                "enrich": {"attributes": dict(BENCH_RESOURCE)},
+                "metrics": {"enabled": True},
+            },
+            log_dir=workdir,
+        )
+        self.grpc_target = self.proc.grpc_endpoint
+        self.http_target: str | None = self.proc.http_url
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        self.proc.start()
+        assert self.proc.proc is not None
+        self.pid = self.proc.proc.pid
+
+    def stop(self) -> None:
+        code = self.proc.stop()
+        if code != 0:
+            raise RuntimeError(f"sidecar exited with {code}: {self.proc.log_text()[-2000:]}")
+
+
+class Rotel:
+    """rotel (PyPI) with its OTLP exporter pointed at the sink."""
+
+    def __init__(self, sink_endpoint: str, workdir: Path) -> None:
+        self.name = "rotel"
+        self.version = ROTEL_VERSION
+        self.binary = rotel_binary()
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.http_target: str | None = f"http://127.0.0.1:{self.http_port}"
+        self.sink_endpoint = sink_endpoint
+        self.workdir = Path(tempfile.mkdtemp(prefix="rotel-", dir=workdir))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        cmd = [
+            str(self.binary),
+            "start",
+            "--otlp-grpc-endpoint",
+            self.grpc_target,
+            "--otlp-http-endpoint",
+            f"127.0.0.1:{self.http_port}",
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            f"http://{self.sink_endpoint}",
+            "--otel-resource-attributes",
+            ",".join(f"{k}={v}" for k, v in BENCH_RESOURCE.items()),
+            "--pid-file",
+            str(self.workdir / "rotel.pid"),
+            "--log-file",
+            str(self.workdir / "rotel.log"),
+        ]
+        with (self.workdir / "rotel.out").open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        try:
+            wait_listening(self.grpc_port, timeout_s=20)
+            wait_listening(self.http_port, timeout_s=20)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"rotel did not start; see {self.workdir}") from None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

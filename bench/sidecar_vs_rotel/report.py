@@ -1,0 +1,147 @@
+"""Summaries of repeated runs: medians and ranges, the rich table, the JSON and the chart."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from bench.sidecar_vs_rotel.runs import RunResult
+
+FIGURES = ("spans_per_s", "cpu_s", "spans_per_cpu_s", "cpu_pct", "peak_rss_mib", "rss_end_mib")
+
+
+def machine() -> dict[str, Any]:
+    """CPU count, load averages and versions at the time of the call."""
+    with open("/proc/loadavg", encoding="ascii") as f:
+        load = [float(x) for x in f.read().split()[:3]]
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_1_5_15": load,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _stats(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Per (path, protocol): the number of runs and median/min/max of every figure."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.path, r.protocol), []).append(r)
+    order = ("direct", "sidecar-gzip", "rotel", "sidecar-none")
+    out = []
+    for (path, protocol), runs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]) if kv[0][0] in order else 9)
+    ):
+        row: dict[str, Any] = {"path": path, "protocol": protocol, "runs": len(runs)}
+        for fig in FIGURES:
+            row[fig] = _stats([v for r in runs if (v := getattr(r, fig)) is not None])
+        row["lost_spans"] = sum(max(0, r.spans_sent - r.spans_delivered) for r in runs)
+        row["retries"] = sum(r.retries for r in runs)
+        out.append(row)
+    return out
+
+
+def ratios(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sidecar spans per CPU-second over rotel's, per protocol (medians)."""
+    by = {(r["path"], r["protocol"]): r for r in summary}
+    out = []
+    for (path, protocol), row in by.items():
+        rotel = by.get(("rotel", protocol))
+        if not path.startswith("sidecar") or rotel is None:
+            continue
+        ours, theirs = row["spans_per_cpu_s"], rotel["spans_per_cpu_s"]
+        if ours and theirs:
+            out.append(
+                {
+                    "path": path,
+                    "protocol": protocol,
+                    "spans_per_cpu_s_vs_rotel": ours["median"] / theirs["median"],
+                }
+            )
+    return out
+
+
+def _fmt(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if stat is None:
+        return "-"
+    med, lo, hi = (stat[k] / scale for k in ("median", "min", "max"))
+    return f"{med:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def table(title: str, summary: Sequence[dict[str, Any]], paced: bool) -> Table:
+    t = Table(title=title + "  —  median (min-max)")
+    for col in ("path", "proto", "runs"):
+        t.add_column(col)
+    cols: list[tuple[str, str, float, int]]
+    if paced:
+        cols = [("spans/s", "spans_per_s", 1, 0), ("CPU %", "cpu_pct", 1, 1)]
+        cols += [("RSS end MiB", "rss_end_mib", 1, 1), ("peak RSS MiB", "peak_rss_mib", 1, 1)]
+    else:
+        cols = [("k spans/s", "spans_per_s", 1e3, 1), ("CPU s", "cpu_s", 1, 2)]
+        cols += [("k spans/CPU-s", "spans_per_cpu_s", 1e3, 1)]
+        cols += [("peak RSS MiB", "peak_rss_mib", 1, 1)]
+    for head, *_ in cols:
+        t.add_column(head, justify="right")
+    t.add_column("lost", justify="right")
+    for row in summary:
+        cells = [_fmt(row[key], scale, digits) for _, key, scale, digits in cols]
+        t.add_row(row["path"], row["protocol"], str(row["runs"]), *cells, str(row["lost_spans"]))
+    return t
+
+
+def write_json(path: Path, doc: dict[str, Any], results: dict[str, list[RunResult]]) -> None:
+    doc = dict(doc)
+    doc["runs"] = {k: [asdict(r) for r in v] for k, v in results.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label: str) -> None:
+    names = [f"{r['path']}\n{r['protocol']}" for r in rows if r[key]]
+    stats = [r[key] for r in rows if r[key]]
+    med = [s["median"] / scale for s in stats]
+    err = [
+        [m - s["min"] / scale for m, s in zip(med, stats, strict=True)],
+        [s["max"] / scale - m for m, s in zip(med, stats, strict=True)],
+    ]
+    colors = ["#4c72b0" if n.startswith("sidecar") else "#999999" for n in names]
+    colors = ["#dd8452" if n.startswith("rotel") else c for n, c in zip(names, colors, strict=True)]
+    ax.bar(names, med, yerr=err, capsize=4, color=colors)
+    ax.set_title(label, fontsize=10)
+    ax.tick_params(axis="x", labelsize=7)
+
+
+def chart(
+    path: Path, throughput: Sequence[dict[str, Any]], paced: Sequence[dict[str, Any]]
+) -> None:
+    """A PNG: spans/s, spans per CPU-second, and the fixed-rate CPU % and RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    _bars(axes[0][0], throughput, "spans_per_s", 1e3, "delivered k spans/s (median, min-max)")
+    _bars(axes[0][1], throughput, "spans_per_cpu_s", 1e3, "k spans per collector CPU-second")
+    _bars(axes[1][0], paced, "cpu_pct", 1, "fixed rate: collector CPU % of one core")
+    _bars(axes[1][1], paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 60 MiB target)")
+    axes[1][1].axhline(60, color="black", linestyle="--", linewidth=1)
+    fig.suptitle("gym-sidecar vs rotel (bench.sidecar_vs_rotel)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
