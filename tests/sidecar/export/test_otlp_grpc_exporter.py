@@ -3,6 +3,7 @@ with partial_success or scripted trailers."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -110,5 +111,63 @@ def test_unimplemented_signal_is_permanent() -> None:
             await exporter.close()
         assert result.outcome is Outcome.PERMANENT
         assert "UNIMPLEMENTED" in result.message
+
+    run(body())
+
+
+@asynccontextmanager
+async def counting_relay(target: str) -> AsyncIterator[tuple[str, list[int]]]:
+    """A TCP relay in front of ``target`` (``http://host:port``) that counts the bytes
+    the client sends, i.e. what went over the wire after gRPC's own compression."""
+    host, port = target.removeprefix("http://").rsplit(":", 1)
+    sent = [0]
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                if count:
+                    sent[0] += len(data)
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(client_r, server_w, True), pipe(server_r, client_w, False))
+
+    relay = await asyncio.start_server(handle, "127.0.0.1", 0)
+    relay_port = relay.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{relay_port}", sent
+    finally:
+        relay.close()
+
+
+def test_gzip_compresses_what_goes_over_the_wire() -> None:
+    received: list[bytes] = []
+
+    async def traces(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        received.append(request)
+        return b""
+
+    payload = trace_request("compressible" * 20, 200).SerializeToString()
+
+    async def wire_bytes(compression: str) -> int:
+        async with server({TRACES: traces}) as url, counting_relay(url) as (relay, sent):
+            exporter = OtlpGrpcExporter(BackendConfig(url=relay, compression=compression))  # type: ignore[arg-type]
+            result = await exporter.export(Signal.TRACES, payload, 200)
+            await exporter.close()
+        assert result.outcome is Outcome.SUCCESS, result.message
+        return sent[0]
+
+    async def body() -> None:
+        plain = await wire_bytes("none")
+        gzipped = await wire_bytes("gzip")
+        assert plain > len(payload)  # all of it crossed the relay
+        assert gzipped < plain / 4, (gzipped, plain, len(payload))
+        assert received == [payload, payload]  # inflated back to the same bytes
 
     run(body())
