@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import itertools
 import logging
 import os
@@ -57,6 +56,9 @@ from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
+
+_LOG_INTERVAL_S = 10.0
+"""Repeated write failures (disk full) are logged at most this often."""
 
 
 @dataclass(slots=True)
@@ -101,7 +103,7 @@ class DiskQueue:
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_directory(self.directory)
+        self._lock_fd = segments.lock_directory(self.directory)
         self._capacity = max_bytes
         self._metrics = metrics
         self._fsync_always = fsync == "always"
@@ -122,6 +124,10 @@ class DiskQueue:
         self._append_floor: int | None = None
         """While a group is being appended: the segment it started in (it may write
         there before rolling over, so that segment and later ones are not collected)."""
+        self._writing = 0
+        self._write_failures = 0
+        self._last_failure_log = -_LOG_INTERVAL_S
+        """Records of the group being appended (draining waits for them)."""
         next_seq = self._replay()
         self._writer = segments.SegmentWriter(
             self.directory, next_seq, min(segment_max_bytes, max_bytes)
@@ -221,22 +227,29 @@ class DiskQueue:
             group, self._writes = self._writes, []
             framed = [segments.encode(w.signal, w.items, w.payload) for w in group]
             self._append_floor = self._writer.active_seq
+            self._writing = len(group)
             try:
                 positions = await asyncio.to_thread(self._writer.append, framed, self._fsync_always)
             except OSError as err:
-                self._append_floor = None
+                self._append_floor, self._writing = None, 0
                 for w in group:
                     self._used -= len(w.payload)
                     if not w.done.done():
                         w.done.set_result(False)
-                logger.warning(
-                    "on-disk queue %s: write of %d records failed, clients are pushed back: %s",
-                    self.directory,
-                    len(group),
-                    err,
-                )
+                self._write_failures += 1
+                now = time.monotonic()
+                if now - self._last_failure_log >= _LOG_INTERVAL_S:
+                    logger.warning(
+                        "on-disk queue %s: write failed (%d failed groups since the last "
+                        "message), clients are pushed back: %s",
+                        self.directory,
+                        self._write_failures,
+                        err,
+                    )
+                    self._last_failure_log, self._write_failures = now, 0
+                self._notify()
                 continue
-            self._append_floor = None
+            self._append_floor, self._writing = None, 0
             now = time.monotonic()
             for w, pos in zip(group, positions, strict=True):
                 seg = self._segments.get(pos.seq)
@@ -333,7 +346,12 @@ class DiskQueue:
                 if lease is not None:
                     return lease
                 continue
-            if self._draining and not any(self._pending.values()) and not self._writes:
+            if (
+                self._draining
+                and not any(self._pending.values())
+                and not self._writes
+                and not self._writing
+            ):
                 return None
             heads = [q[0].enqueued_at for q in self._pending.values() if q]
             event = self._wakeup
@@ -413,16 +431,6 @@ class DiskQueue:
             )
         os.close(self._lock_fd)
         return {}
-
-
-def _lock_directory(directory: Path) -> int:
-    fd = os.open(directory / segments.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(f"on-disk queue directory {directory} is in use by another process") from None
-    return fd
 
 
 def build_queue(config: QueueConfig, metrics: SelfMetrics) -> ExportQueue:

@@ -25,6 +25,7 @@ Nothing here touches the event loop; every method blocks and is meant for
 from __future__ import annotations
 
 import enum
+import fcntl
 import os
 import struct
 import threading
@@ -340,6 +341,18 @@ class SegmentReader:
             fds, self._fds = list(self._fds.values()), {}
         for fd in fds:
             os.close(fd)
+
+
+def lock_directory(directory: Path) -> int:
+    """Take the directory's exclusive lock (held by the returned descriptor until it is
+    closed, or the process dies); OSError if another process holds it."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(f"on-disk queue directory {directory} is in use by another process") from None
+    return fd
 
 
 def delete_segment(directory: Path, seq: int) -> None:
