@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import httpx
@@ -104,42 +108,63 @@ class HoldingStage(Stage):
         self.batches.append(batch)
 
 
+@dataclass
+class HeldReceiver:
+    """A real gRPC receiver limited to one call at a time, that one call held open."""
+
+    stage: HoldingStage
+    metrics: SelfMetrics
+    target: str
+    call: Any
+    held: asyncio.Future[Any]
+
+    def refusals(self) -> float:
+        return float(self.metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get())
+
+
+@asynccontextmanager
+async def held_receiver(retry_after_s: float) -> AsyncIterator[HeldReceiver]:
+    metrics = SelfMetrics()
+    stage = HoldingStage(metrics)
+    limits = LimitsConfig(grpc_max_concurrent_requests=1, overload_retry_after_s=retry_after_s)
+    receiver = GrpcReceiver("127.0.0.1:0", stage, limits, metrics)
+    await receiver.start()
+    try:
+        target = f"127.0.0.1:{receiver.bound_port}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.unary_unary(f"/{SERVICES['traces']}/Export")
+            held = asyncio.ensure_future(
+                call(trace_request("g", 1).SerializeToString(), timeout=60)
+            )
+            await asyncio.wait_for(stage.entered.wait(), 30)
+            yield HeldReceiver(stage, metrics, target, call, held)
+    finally:
+        await receiver.stop(1)
+
+
 def test_grpc_concurrency_limit_resource_exhausted_with_retry_info() -> None:
     async def scenario() -> None:
-        metrics = SelfMetrics()
-        stage = HoldingStage(metrics)
-        limits = LimitsConfig(grpc_max_concurrent_requests=1, overload_retry_after_s=1.5)
-        receiver = GrpcReceiver("127.0.0.1:0", stage, limits, metrics)
-        await receiver.start()
-        try:
-            target = f"127.0.0.1:{receiver.bound_port}"
-            async with grpc.aio.insecure_channel(target) as channel:
-                call = channel.unary_unary(f"/{SERVICES['traces']}/Export")
-                payload = trace_request("g", 1).SerializeToString()
-                first = asyncio.ensure_future(call(payload, timeout=10))
-                await asyncio.wait_for(stage.entered.wait(), 10)
-                try:
-                    await call(payload, timeout=10)
-                    raise AssertionError("second call should be refused")
-                except grpc.aio.AioRpcError as err:
-                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                    status = rpc_status.from_call(err)
-                    assert status is not None
-                    info = error_details_pb2.RetryInfo()
-                    assert status.details[0].Unpack(info)
-                    assert info.retry_delay == duration_pb2.Duration(seconds=1, nanos=500_000_000)
-                    # The same hint as a bare trailer, the form the Python SDK reads.
-                    trailers = dict(err.trailing_metadata() or ())
-                    bare = error_details_pb2.RetryInfo.FromString(trailers[RETRY_INFO_TRAILER])
-                    assert bare == info
-                stage.release.set()
-                await first
-                await call(payload, timeout=10)  # the limit frees up again
-            assert len(stage.batches) == 2
-            hits = metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get()
-            assert hits == 1
-        finally:
-            await receiver.stop(1)
+        async with held_receiver(1.5) as h:
+            payload = trace_request("g", 1).SerializeToString()
+            try:
+                await h.call(payload, timeout=30)
+                raise AssertionError("second call should be refused")
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                status = rpc_status.from_call(err)
+                assert status is not None
+                info = error_details_pb2.RetryInfo()
+                assert status.details[0].Unpack(info)
+                assert info.retry_delay == duration_pb2.Duration(seconds=1, nanos=500_000_000)
+                # The same hint as a bare trailer, the form the Python SDK reads.
+                trailers = dict(err.trailing_metadata() or ())
+                bare = error_details_pb2.RetryInfo.FromString(trailers[RETRY_INFO_TRAILER])
+                assert bare == info
+            h.stage.release.set()
+            await h.held
+            await h.call(payload, timeout=30)  # the limit frees up again
+            assert len(h.stage.batches) == 2
+            assert h.refusals() == 1
 
     asyncio.run(scenario())
 
@@ -163,32 +188,21 @@ def test_python_sdk_exporter_honours_our_retry_hint() -> None:
     """
 
     async def scenario() -> None:
-        metrics = SelfMetrics()
-        stage = HoldingStage(metrics)
-        limits = LimitsConfig(grpc_max_concurrent_requests=1, overload_retry_after_s=60)
-        receiver = GrpcReceiver("127.0.0.1:0", stage, limits, metrics)
-        await receiver.start()
-        target = f"127.0.0.1:{receiver.bound_port}"
-        exporter = OTLPSpanExporter(endpoint=target, insecure=True, timeout=8)
-        spans = _sdk_spans(2)
-        try:
-            async with grpc.aio.insecure_channel(target) as channel:
-                call = channel.unary_unary(f"/{SERVICES['traces']}/Export")
-                held = asyncio.ensure_future(
-                    call(trace_request("g", 1).SerializeToString(), timeout=30)
-                )
-                await asyncio.wait_for(stage.entered.wait(), 10)
+        async with held_receiver(60) as h:
+            exporter = OTLPSpanExporter(endpoint=h.target, insecure=True, timeout=8)
+            spans = _sdk_spans(2)
+            try:
                 refused = await asyncio.to_thread(exporter.export, spans)
                 assert refused is SpanExportResult.FAILURE
-                hits = metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get()
-                assert hits == 1, f"the SDK retried {hits - 1} times despite the 60 s hint"
-                stage.release.set()
-                await held
-            assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.SUCCESS
-            assert len(stage.batches) == 2
-        finally:
-            exporter.shutdown()
-            await receiver.stop(1)
+                retries = h.refusals() - 1
+                assert retries == 0, f"the SDK retried {retries} times despite the 60 s hint"
+                h.stage.release.set()
+                await h.held
+                accepted = await asyncio.to_thread(exporter.export, spans)
+                assert accepted is SpanExportResult.SUCCESS
+                assert len(h.stage.batches) == 2
+            finally:
+                exporter.shutdown()
 
     asyncio.run(scenario())
 
