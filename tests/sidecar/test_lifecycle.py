@@ -44,11 +44,11 @@ def test_admin_endpoints(sink: RecordingSink) -> None:
 def test_readyz_503_while_draining_then_exit_0() -> None:
     """With the backend down, the drain takes until the deadline; /readyz says 503."""
     dead_backend = f"127.0.0.1:{free_port()}"
-    with SidecarProcess(backend=dead_backend, env={"GYM_SIDECAR_SHUTDOWN_TIMEOUT_S": "3"}) as sc:
+    with SidecarProcess(backend=dead_backend, env={"GYM_SIDECAR_SHUTDOWN_TIMEOUT_S": "5"}) as sc:
         grpc_export(sc.grpc_endpoint, "traces", trace_request("stuck", 5))
         sc.signal(signal.SIGTERM)
         seen_503 = False
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and sc.proc is not None and sc.proc.poll() is None:
             status, body = sc.admin_get("/readyz")
             if status == 503:
@@ -58,8 +58,9 @@ def test_readyz_503_while_draining_then_exit_0() -> None:
             time.sleep(0.05)
         assert seen_503
         started = time.monotonic()
-        assert sc.stop(timeout_s=20) == 0
-        assert time.monotonic() - started < 8  # bounded by shutdown_timeout_s
+        assert sc.stop(timeout_s=60) == 0
+        # Bounded by shutdown_timeout_s (5 s), not by the dead backend; generous for load.
+        assert time.monotonic() - started < 30
     log = sc.log_text()
     assert "received SIGTERM" in log
     assert "traces: received=5 exported=0 dropped=5" in log, log

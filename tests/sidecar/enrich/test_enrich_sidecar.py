@@ -134,7 +134,7 @@ def test_docker_metadata_by_container_id(
     sidecar: SidecarProcess, sink: RecordingSink, engine: EngineContractServer
 ) -> None:
     # The first requests may pass before the background lookup lands; it never blocks.
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     res: dict[str, Any] = {}
     attempt = 0
     while time.monotonic() < deadline and "container.name" not in res:
