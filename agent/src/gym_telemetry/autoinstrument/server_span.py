@@ -36,7 +36,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_telemetry import semconv, span_groups
-from gym_telemetry.autoinstrument.correlation import telemetry_rollout_context
+from gym_telemetry.autoinstrument.correlation import TELEMETRY_ROLLOUT_ID
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
     extract_parent,
@@ -61,6 +61,7 @@ HTTP_STATUS: Final = "http.response.status_code"
 _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
+_ROLLOUT_VAR: Final = TELEMETRY_ROLLOUT_ID
 
 
 class _Failures:
@@ -135,8 +136,11 @@ class ServerSpanMiddleware:
         if rollout_id is None:
             await self.app(scope, receive, send)
             return
-        with telemetry_rollout_context(rollout_id):
+        token = _ROLLOUT_VAR.set(rollout_id)
+        try:
             await self.app(scope, receive, send)
+        finally:
+            _ROLLOUT_VAR.reset(token)
 
     async def _without_span(
         self,
