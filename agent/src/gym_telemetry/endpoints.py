@@ -29,6 +29,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -230,6 +231,24 @@ class _Site:
         span.end()
 
 
+def _with_resolved_signature(
+    wrapper: Callable[..., Any], handler: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Give the wrapper the handler's signature with string annotations evaluated.
+
+    ``functools.wraps`` does not carry ``__globals__``: a FastAPI that resolves string
+    annotations (``from __future__ import annotations``) in the callable's globals
+    instead of following ``__wrapped__`` (FastAPI < 0.12x) would look them up in this
+    module and turn the body model into a query parameter. A pre-resolved
+    ``__signature__`` is what ``inspect.signature`` returns first, on every version.
+    When an annotation cannot be resolved now, the wrapper keeps ``__wrapped__`` only.
+    """
+    # Unresolvable forward references: leave it to FastAPI following __wrapped__.
+    with contextlib.suppress(Exception):
+        wrapper.__signature__ = inspect.signature(handler, eval_str=True)  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any]:
     group = site.group
     enabled = _ENABLED
@@ -264,7 +283,7 @@ def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any
                 errors.record("span end", texc)
             return result
 
-        return async_wrapper
+        return _with_resolved_signature(async_wrapper, original)
 
     @functools.wraps(handler)
     def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -289,7 +308,7 @@ def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any
             errors.record("span end", texc)
         return result
 
-    return sync_wrapper
+    return _with_resolved_signature(sync_wrapper, handler)
 
 
 def _wrap(

@@ -100,6 +100,22 @@ class TrackingExporter(SpanExporter):
         return bool(self.inner.force_flush(timeout_millis))
 
 
+def batch_queue(processor: BatchSpanProcessor) -> tuple[Any, int]:
+    """The deque a batch processor queues spans in, and its bound: (None, 0) if unknown.
+
+    SDK >= 1.3x keeps them in ``_batch_processor._queue`` / ``_max_queue_size``; older
+    versions in the processor's own ``queue`` / ``max_queue_size``.
+    """
+    inner = getattr(processor, "_batch_processor", processor)
+    queue = getattr(inner, "_queue", None)
+    if queue is None:
+        queue = getattr(inner, "queue", None)
+    bound = getattr(inner, "_max_queue_size", None) or getattr(inner, "max_queue_size", 0)
+    if queue is None or not bound:
+        return None, 0
+    return queue, int(bound)
+
+
 class GymSpanProcessor(SpanProcessor):
     """The processor this module adds to the provider: a switch in front of a batch
     processor, so the exporter can be replaced or closed while the provider stays.
@@ -125,9 +141,7 @@ class GymSpanProcessor(SpanProcessor):
         queue = None
         max_queue = 0
         if delegate is not None:
-            inner = getattr(delegate, "_batch_processor", None)
-            queue = getattr(inner, "_queue", None)
-            max_queue = int(getattr(inner, "_max_queue_size", 0) or 0)
+            queue, max_queue = batch_queue(delegate)
         self._queue, self._max_queue = queue, max_queue
         self.delegate = delegate
         self.exporter = exporter

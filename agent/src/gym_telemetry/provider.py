@@ -66,7 +66,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import span_groups as _span_groups
-from gym_telemetry.export import GymSpanProcessor, TrackingExporter, rate_limit_export_logs
+from gym_telemetry.export import (
+    GymSpanProcessor,
+    TrackingExporter,
+    batch_queue,
+    rate_limit_export_logs,
+)
 from gym_telemetry.resource import build_resource
 
 _log = logging.getLogger(__name__)
@@ -340,6 +345,17 @@ def _shutdown_batch(processor: BatchSpanProcessor, timeout_s: float) -> None:
         processor.shutdown()  # type: ignore[no-untyped-call]
 
 
+def _in_background(fn: Any) -> None:
+    """Run ``fn()`` on a daemon thread without waiting for it. Some exporter versions
+    block in ``shutdown`` until an in-flight export ends (up to its timeout)."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            fn()
+
+    threading.Thread(target=run, name="gym-telemetry-exporter-close", daemon=True).start()
+
+
 def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
     """Flush what is queued and close the exporter, within ``timeout_s``. Never raises.
 
@@ -390,17 +406,15 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
             if not exporter.accepts_connections():
                 aborted = True
                 _log.info("gym_telemetry: sidecar unreachable at shutdown; not waiting")
-                with contextlib.suppress(Exception):
-                    exporter.shutdown()
+                _in_background(exporter.shutdown)
         finished = done.is_set()
         if not finished:
-            with contextlib.suppress(Exception):  # abort retries; the thread is a daemon
-                batch.span_exporter.shutdown()
+            _in_background(batch.span_exporter.shutdown)  # abort retries, do not wait
             _log.warning("gym_telemetry: shutdown deadline (%.1fs) passed before flush", timeout_s)
         # The batch processor returns from shutdown at its own deadline even when an
         # export is still in flight or spans are still queued: check what actually left.
-        inner = getattr(batch, "_batch_processor", None)
-        queued = len(getattr(inner, "_queue", ()) or ())
+        queue, _bound = batch_queue(batch)
+        queued = len(queue) if queue is not None else 0
         delivered = queued == 0 and (
             exporter is None or (not aborted and exporter.last_ok and not exporter.in_flight)
         )
