@@ -323,3 +323,25 @@ def test_sync_callable_wrapping_an_async_handler_is_awaited_like_fastapi_does(
     assert asyncio.iscoroutinefunction(wrapped)
     assert asyncio.run(wrapped(x=4)) == 8
     assert len(spans.named("gym.outer")) == 1
+
+
+def test_exception_that_cannot_be_described_still_ends_the_span(spans: Spans) -> None:
+    span_groups.set_enabled({"verify"})
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str for you")
+
+    error = Unprintable()
+
+    async def handler() -> None:
+        raise error
+
+    before = endpoints.telemetry_errors()
+    with pytest.raises(Unprintable) as raised:
+        asyncio.run(traced_verify_endpoint(handler)())
+    assert raised.value is error
+    assert endpoints.telemetry_errors() == before + 1
+    (span,) = spans.named("gym.verify")
+    assert span.end_time is not None
+    assert span.attributes["succeeded"] is False  # type: ignore[index]

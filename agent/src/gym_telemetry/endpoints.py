@@ -8,10 +8,14 @@ Contract:
 
 - ``functools.wraps``: the wrapper carries ``__wrapped__``, which FastAPI's
   ``inspect.signature`` follows, so the route keeps its body type, its validation and
-  its OpenAPI schema.
+  its OpenAPI schema. It also gets a ``__signature__`` with string annotations already
+  evaluated, for FastAPI versions that would resolve them in the wrong module.
 - Gate first: the group is tested at call time, before anything else, against the
   process-wide frozenset in ``span_groups.ENABLED``. A disabled group costs one
-  attribute load and one set-membership test, then the handler is called as is.
+  attribute load and one set-membership test, then the handler is called as is; the
+  gate allocates nothing (the call itself costs what any wrapper call costs).
+- Enabled, the span is recorded through ``gym_telemetry.recording`` (a lean path over
+  the SDK's own pipeline; ``Tracer.start_span`` when that is not possible).
 - ``static_attributes`` is copied (and its values checked) once, at wrap time;
   mutating the caller's dict afterwards changes nothing.
 - The rollout id comes from the rollout-correlation ContextVar (Gym's own when Gym is
@@ -42,7 +46,13 @@ from opentelemetry import context as context_api
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, semconv, span_groups
-from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
+from gym_telemetry.recording import (
+    LeanRecorder,
+    LeanSpan,
+    SdkRecorder,
+    clean_value,
+    recorder_for,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -113,16 +123,10 @@ def _freeze_attributes(static_attributes: Mapping[str, Any] | None) -> dict[str,
         if not isinstance(key, str) or not key:
             _log.warning("gym_telemetry: dropping static attribute with key %r", key)
             continue
-        if isinstance(value, bool | str | int | float):
-            out[key] = value
-        elif isinstance(value, list | tuple) and all(
-            isinstance(v, bool | str | int | float) for v in value
-        ):
-            out[key] = tuple(value)
-        elif value is None:
+        if value is None:
             continue
-        else:
-            out[key] = str(value)
+        cleaned = clean_value(value)
+        out[key] = cleaned if cleaned is not None else str(value)
     return out
 
 
@@ -210,25 +214,29 @@ class _Site:
         self._end(span, token, had_rollout_id, self.success_attributes)
 
     def fail(self, span: Span, token: object, had_rollout_id: bool, exc: BaseException) -> None:
-        span.record_exception(exc, escaped=True)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
-        self._end(span, token, had_rollout_id, self.failure_attributes)
+        try:
+            span.record_exception(exc, escaped=True)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        finally:  # even if describing the exception failed: detach and end
+            self._end(span, token, had_rollout_id, self.failure_attributes)
 
     @staticmethod
     def _end(span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None) -> None:
-        _detach(token)  # type: ignore[arg-type]
-        if not had_rollout_id:
-            # The handler may have set the id itself and left it set.
-            rollout_id = _current_rollout_id()
-            if rollout_id is not None:
-                span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
-        if extra:
-            if type(span) is LeanSpan:
-                span._attrs.update(extra)  # pre-cleaned constants
-            else:
-                span.set_attributes(extra)
-        span.end()
+        try:
+            _detach(token)  # type: ignore[arg-type]
+            if not had_rollout_id:
+                # The handler may have set the id itself and left it set.
+                rollout_id = _current_rollout_id()
+                if rollout_id is not None:
+                    span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
+            if extra:
+                if type(span) is LeanSpan:
+                    span._attrs.update(extra)  # pre-cleaned constants
+                else:
+                    span.set_attributes(extra)
+        finally:
+            span.end()
 
 
 def _with_resolved_signature(
