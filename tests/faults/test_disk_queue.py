@@ -56,7 +56,10 @@ def test_put_get_ack_deletes_segments_and_frees_the_bound(tmp_path: Path) -> Non
         assert q.segment_count() > 1  # 1 KiB segments rolled over
         assert await drain_all(q) == [payload(i) for i in range(50)]
         await asyncio.sleep(0.1)  # deletions run in a thread
+        assert 0 < q.used_bytes <= 1024  # only the active segment is left
+        await asyncio.sleep(1.2)  # idle for a second: it is closed and deleted too
         assert q.used_bytes == 0
+        assert segments.list_segments(tmp_path) == []
         await q.close()
         assert segments.list_segments(tmp_path) == []
 

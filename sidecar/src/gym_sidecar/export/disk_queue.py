@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 _LOG_INTERVAL_S = 10.0
 """Repeated write failures (disk full) are logged at most this often."""
+_IDLE_SEAL_S = 1.0
+"""A fully delivered active segment is closed and deleted after this long without writes."""
 
 
 @dataclass(slots=True)
@@ -126,6 +128,7 @@ class DiskQueue:
         there before rolling over, so that segment and later ones are not collected)."""
         self._writing = 0
         self._write_failures = 0
+        self._last_write = 0.0
         self._last_failure_log = -_LOG_INTERVAL_S
         """Records of the group being appended (draining waits for them)."""
         next_seq = self._replay()
@@ -219,10 +222,11 @@ class DiskQueue:
             if not self._writes:
                 if self._closed:
                     return
-                await self._seal_idle_segment()
+                timeout = await self._seal_idle_segment()
                 self._writer_wakeup.clear()
                 if not self._writes and not self._closed:
-                    await self._writer_wakeup.wait()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._writer_wakeup.wait(), timeout)
                 continue
             group, self._writes = self._writes, []
             framed = [segments.encode(w.signal, w.items, w.payload) for w in group]
@@ -250,7 +254,7 @@ class DiskQueue:
                 self._notify()
                 continue
             self._append_floor, self._writing = None, 0
-            now = time.monotonic()
+            now = self._last_write = time.monotonic()
             for w, pos in zip(group, positions, strict=True):
                 seg = self._segments.get(pos.seq)
                 if seg is None:
@@ -272,13 +276,21 @@ class DiskQueue:
             except OSError as err:
                 logger.warning("on-disk queue %s: fsync failed: %s", self.directory, err)
 
-    async def _seal_idle_segment(self) -> None:
-        """With no write pending, close the active segment once fully delivered."""
+    async def _seal_idle_segment(self) -> float | None:
+        """With no write pending, close and delete the active segment once it is fully
+        delivered and no write came for ``_IDLE_SEAL_S`` (so a steady trickle of small
+        groups does not create a file per group). Returns how long to wait before
+        checking again (None: until woken)."""
         seq = self._writer.active_seq
         seg = self._segments.get(seq) if seq is not None else None
-        if seg is not None and seg.live == 0:
-            await asyncio.to_thread(self._writer.seal, seg.seq)
-            self._collect()
+        if seg is None or seg.live:
+            return None
+        idle_s = time.monotonic() - self._last_write
+        if idle_s < _IDLE_SEAL_S:
+            return _IDLE_SEAL_S - idle_s
+        await asyncio.to_thread(self._writer.seal, seg.seq)
+        self._collect()
+        return None
 
     def _collect(self) -> None:
         """Delete every fully acknowledged segment that is no longer appended to."""
@@ -366,7 +378,11 @@ class DiskQueue:
         try:
             payloads = await asyncio.to_thread(self._reader.read, [r.pos for r in refs])
         except BaseException:
-            self._release(self._leased.pop(lease_id))
+            # Cancelled (shutdown) while reading: the records go back to the head of the
+            # queue, still counted live, so their segment is kept for replay.
+            del self._leased[lease_id]
+            self._pending[signal].extendleft(reversed(refs))
+            self._pending_bytes[signal] += sum(r.pos.length for r in refs)
             raise
         lease = Lease(lease_id, signal)
         good: list[_Ref] = []
