@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -162,13 +163,15 @@ def test_sigterm_under_load_loses_nothing_accepted(sink: RecordingSink) -> None:
     assert "were not sent" not in sc.log_text()
 
 
-def test_shutdown_safe_twice_and_without_start() -> None:
+def test_shutdown_safe_twice_and_without_start(tmp_path: Path) -> None:
     cfg = load_config(
         None,
         {
             "GYM_SIDECAR_GRPC_LISTEN": "127.0.0.1:0",
             "GYM_SIDECAR_HTTP_LISTEN": "127.0.0.1:0",
             "GYM_SIDECAR_ADMIN_LISTEN": "127.0.0.1:0",
+            # No backend: the local store opens; keep it out of the user's data directory.
+            "GYM_SIDECAR_LOCAL_STORE__DATA_DIR": str(tmp_path),
         },
     )
 
