@@ -4,7 +4,8 @@ SIGKILL runs with the on-disk queue (both fsync policies) and restarts a second 
 on the same directory: every span a client was answered OK for must arrive; duplicates
 are allowed and counted. SIGTERM runs with both queue kinds: the process drains and
 exits 0, and nothing that was acknowledged is lost (with the on-disk queue, whatever the
-deadline left behind arrives after a restart).
+deadline left behind arrives after a restart). Damaged segment files found at a
+restart are skipped and counted while the rest is delivered.
 """
 
 from __future__ import annotations
@@ -15,9 +16,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from gym_sidecar.export import segments
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.faults.support import GrpcLoad, span_ids_of, wait_until
+from tests.faults.support import (
+    TRACE_METHOD,
+    GrpcLoad,
+    span_ids_of,
+    span_request,
+    wait_until,
+)
+from tests.support.ports import free_port
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
@@ -107,3 +118,74 @@ def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, persistent:
     assert len(acked) > 0 and not load.errors
     if not persistent:
         assert not left
+
+
+def test_damaged_segments_are_skipped_counted_and_the_rest_delivered(tmp_path: Path) -> None:
+    """Stop with the backend down (the queue stays on disk), damage three segment files
+    for real (a flipped payload byte, a wrong magic, a cut tail), restart with the
+    backend up: exactly the undamaged records arrive; the damage is counted and logged."""
+    qdir = tmp_path / "queue"
+    port = free_port()  # the backend is down at first
+    config = {
+        "queue": disk_queue(qdir, segment_max_bytes=8 * 1024),
+        "shutdown_timeout_s": 2,
+    }
+    with SidecarProcess(backend=f"127.0.0.1:{port}", config=config) as sc:
+        channel = grpc.insecure_channel(sc.grpc_endpoint)
+        call = channel.unary_unary(TRACE_METHOD)
+        for i in range(30):
+            call(span_request(range(i * 20, i * 20 + 20)), timeout=10)
+        channel.close()
+    assert sc.returncode == 0
+    segs = segments.list_segments(qdir)
+    assert len(segs) >= 4, segs
+
+    def ids_in(path: Path, offsets: set[int] | None = None) -> set[int]:
+        data = path.read_bytes()
+        out: set[int] = set()
+        for rec in segments.scan(path).records:
+            if offsets is None or rec.offset in offsets:
+                start = rec.offset + segments.HEADER_BYTES
+                req = ExportTraceServiceRequest.FromString(data[start : start + rec.length])
+                out.update(span_ids_of([req]))
+        return out
+
+    all_ids = set().union(*(ids_in(p) for _, p in segs))
+    assert all_ids == set(range(600))
+    first = segments.scan(segs[0][1]).records[0]
+    last_path = segs[-1][1]
+    last = segments.scan(last_path).records[-1]
+    lost = (
+        ids_in(segs[0][1], {first.offset}) | ids_in(segs[1][1]) | ids_in(last_path, {last.offset})
+    )
+    with segs[0][1].open("r+b") as f:  # checksum: one payload byte flipped
+        f.seek(first.offset + segments.HEADER_BYTES + first.length // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with segs[1][1].open("r+b") as f:  # bad magic: the whole segment
+        f.write(b"NOTASEG!")
+    with last_path.open("r+b") as f:  # truncated: the last record cut short
+        f.truncate(last_path.stat().st_size - 7)
+
+    with (
+        RecordingSink(port=port) as sink,
+        SidecarProcess(backend=sink.endpoint, config=config) as again,
+    ):
+        want = all_ids - lost
+        assert wait_until(lambda: want <= set(received(sink)), 30)
+        time.sleep(1)
+        got = set(received(sink))
+        kinds = {
+            k: again.metric("gym_sidecar_queue_corrupt_records_total", kind=k)
+            for k in ("checksum", "bad_magic", "truncated")
+        }
+        assert wait_until(lambda: not list(qdir.glob("*.seg")), 20)
+        log = again.log_text()
+    print(
+        f"\ndamaged segments: {len(all_ids)} spans on disk, {len(lost)} in damaged records, "
+        f"{len(got)} delivered after restart, counted {kinds}"
+    )
+    assert got == want
+    assert kinds == {"checksum": 1, "bad_magic": 1, "truncated": 1}
+    assert log.count("record skipped") == 3
