@@ -13,14 +13,19 @@ import email.utils
 import gzip
 import logging
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
-
-import aiohttp
 
 from gym_sidecar.export.base import Exporter, ExportResult
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_grpc import rejected_items
 from gym_sidecar.pipeline.stage import Signal
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# aiohttp (~8 MiB resident) is imported when an HTTP exporter is built, so a sidecar
+# exporting over gRPC never loads it.
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +82,9 @@ class OtlpHttpExporter(Exporter):
     def __init__(self, config: BackendConfig) -> None:
         if config.url is None:
             raise ValueError("OtlpHttpExporter needs backend.url")
+        import aiohttp
+
+        self._aiohttp = aiohttp
         self.urls = signal_urls(config.url)
         self._gzip = config.compression == "gzip"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
@@ -87,7 +95,9 @@ class OtlpHttpExporter(Exporter):
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = self._aiohttp.ClientSession(
+                timeout=self._timeout, headers=self._headers
+            )
         return self._session
 
     async def _body(self, payload: bytes) -> bytes:
@@ -112,7 +122,7 @@ class OtlpHttpExporter(Exporter):
                 return classify_status(resp.status, resp.headers.get("Retry-After"), text)
         except TimeoutError:
             return ExportResult.retryable(f"timed out after {self._timeout.total}s")
-        except aiohttp.ClientError as err:
+        except self._aiohttp.ClientError as err:
             return ExportResult.retryable(f"{type(err).__name__}: {err}")
 
     async def close(self) -> None:
