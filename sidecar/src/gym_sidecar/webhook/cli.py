@@ -16,7 +16,6 @@ import sys
 from typing import Any
 
 from gym_sidecar.webhook.config import InjectorConfigError, load_injector_config
-from gym_sidecar.webhook.server import serve_forever
 
 # flag dest -> config key
 _FLAGS: dict[str, str] = {
@@ -70,6 +69,8 @@ def run_webhook(args: argparse.Namespace) -> int:
     )
 
     async def _main() -> None:
+        from gym_sidecar.webhook.server import serve_forever  # aiohttp: only when serving
+
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
