@@ -1,14 +1,11 @@
-"""Added cost per call of the agent's endpoint wrappers (a harness, not a test).
+"""Added cost of the agent's endpoint wrappers (a harness, not a test).
 
     uv run --frozen python -m bench.agent_overhead [--calls N] [--repeats R] [--quick]
 
-Every variant wraps the same trivial async handler and is driven the way FastAPI drives
-an endpoint (``await handler(**kwargs)``), inside one coroutine stepped by hand, so no
-event loop or HTTP noise is measured. Variants are interleaved in shuffled order in
-every repeat; per-call times are medians over repeats; "added" is the variant's median
-minus the bare handler's median from the same run.
+Part 1, the wrapper around a handler call. Every variant wraps the same trivial async
+handler and is driven the way FastAPI drives an endpoint (``await handler(**kwargs)``),
+inside one coroutine stepped by hand, so no event loop or HTTP noise is measured:
 
-Variants:
 - ``bare``: the handler itself.
 - ``disabled``: ``traced_endpoint`` with its group disabled (the gate, then the handler).
 - ``endpoint``: ``traced_endpoint`` enabled, 2 static attributes.
@@ -19,6 +16,17 @@ Variants:
 - ``stock``: the reference, one stock SDK span: ``tracer.start_as_current_span`` plus
   3 ``set_attribute`` calls around the handler.
 
+Part 2, whole requests: the same comparison on a real FastAPI app (pydantic body,
+validation, JSON response), called in process through ASGI, no network: a bare
+``/verify``, the disabled wrapper, ``traced_verify_endpoint`` enabled, and the stock
+span. FastAPI's own telemetry is off in every app.
+
+Variants are interleaved in shuffled order in every repeat. For each variant the
+harness prints the median and the best (fastest) repeat; "added" is the variant's time
+minus the bare handler's from the same run and statistic. On a shared, noisy machine
+the best repeat is the better estimate of the intrinsic cost (as with ``timeit``); the
+median shows what contention does.
+
 All spans go through the production export path (``GymSpanProcessor`` in front of a real
 ``BatchSpanProcessor``, bounded queue, worker thread) into an exporter that discards,
 so processor hooks and queueing are measured but serialisation and network are not.
@@ -27,6 +35,7 @@ so processor hooks and queueing are measured but serialisation and network are n
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import random
@@ -36,11 +45,19 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from gym_telemetry import endpoints, recording, rollout_correlation, span_groups
+from fastapi import FastAPI
+from gym_telemetry import (
+    endpoints,
+    fastapi_telemetry_off,
+    recording,
+    rollout_correlation,
+    span_groups,
+)
 from gym_telemetry.export import GymSpanProcessor
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from pydantic import BaseModel
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -57,6 +74,9 @@ class DiscardExporter(SpanExporter):
 
     def shutdown(self) -> None:
         return None
+
+
+# --- part 1: the wrapper around a handler call ------------------------------------------
 
 
 async def handler(x: int) -> int:
@@ -119,13 +139,154 @@ def run_batch(name: str, fn: Handler, n: int) -> float:
     return float(_drive(_loop(fn, n)))
 
 
+def run_calls(tracer: trace.Tracer, calls: int, repeats: int) -> dict[str, list[float]]:
+    variants = build_variants(tracer)
+    names = list(variants)
+    for name in names:  # warm up caches, tracers, the rollout-id resolution
+        run_batch(name, variants[name], 200)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    cheap = {"bare", "disabled"}  # ~0.1 us: time them with 10x the calls
+    rng = random.Random(7)
+    for _ in range(repeats):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            n = calls * 10 if name in cheap else calls
+            samples[name].append(run_batch(name, variants[name], n))
+    return samples
+
+
+# --- part 2: whole requests through FastAPI (ASGI, in process) ---------------------------
+
+
+class VerifyBody(BaseModel):
+    response: str
+    expected: str
+
+
+async def verify_handler(body: VerifyBody) -> dict[str, float]:
+    return {"reward": float(body.response == body.expected)}
+
+
+def build_apps(tracer: trace.Tracer) -> dict[str, Any]:
+    async def stock(body: VerifyBody) -> dict[str, float]:
+        with tracer.start_as_current_span("gym.stock") as span:
+            span.set_attribute("nemo.gym.server.name", "bench")
+            span.set_attribute("http.route", "/verify")
+            span.set_attribute("nemo.gym.rollout.id", "r-1")
+            return await verify_handler(body)
+
+    static = {"nemo.gym.server.name": "bench"}
+    handlers: dict[str, Any] = {
+        "bare": verify_handler,
+        "disabled": endpoints.traced_endpoint("sandbox", "gym.sandbox", verify_handler, static),
+        "verify": endpoints.traced_verify_endpoint(verify_handler, static),
+        "stock": stock,
+    }
+    apps = {}
+    for name, handler_fn in handlers.items():
+        app = FastAPI(**fastapi_telemetry_off())
+        app.post("/verify")(handler_fn)
+        apps[name] = app
+    return apps
+
+
+_BODY = b'{"response": "42", "expected": "41"}'
+_SCOPE: dict[str, Any] = {
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "method": "POST",
+    "scheme": "http",
+    "path": "/verify",
+    "raw_path": b"/verify",
+    "query_string": b"",
+    "root_path": "",
+    "headers": [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(_BODY)).encode()),
+    ],
+    "client": ("127.0.0.1", 50000),
+    "server": ("127.0.0.1", 8000),
+}
+
+
+async def _requests(app: Any, n: int) -> float:
+    statuses: set[int] = set()
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.add(message["status"])
+
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": _BODY, "more_body": False}
+            return {"type": "http.disconnect"}
+
+        await app(dict(_SCOPE), receive, send)
+    elapsed = (time.perf_counter_ns() - t0) / n / 1000.0
+    if statuses != {200}:
+        raise RuntimeError(f"unexpected statuses {statuses}")
+    return elapsed
+
+
+def run_requests(tracer: trace.Tracer, requests: int, repeats: int) -> dict[str, list[float]]:
+    apps = build_apps(tracer)
+    names = list(apps)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(11)
+
+    async def run_all() -> None:
+        for name in names:  # warm up
+            await _requests(apps[name], 200)
+        for _ in range(repeats):
+            order = names[:]
+            rng.shuffle(order)
+            for name in order:
+                gc.collect()
+                samples[name].append(await _requests(apps[name], requests))
+
+    asyncio.run(run_all())
+    return samples
+
+
+# --- reporting -------------------------------------------------------------------------
+
+
+def report(samples: dict[str, list[float]], reference: str, unit: str) -> None:
+    """Median and best per variant, the added cost over ``bare``, and the ratio of that
+    to ``reference``'s added cost (to ``bare`` itself when the reference is ``bare``)."""
+    med = {n: statistics.median(v) for n, v in samples.items()}
+    best = {n: min(v) for n, v in samples.items()}
+    what = "added / bare" if reference == "bare" else f"added / {reference}'s added"
+    print(f"{unit}, microseconds; added = variant - bare; ratio = {what}")
+    head = f"{'added':>9}{'ratio':>8}"
+    print(f"{'variant':<13}{'median':>9}{head}   |{'best':>8}{head}")
+    for name in samples:
+        cols = []
+        for table in (med, best):
+            added = table[name] - table["bare"]
+            base = table["bare"] if reference == "bare" else table[reference] - table["bare"]
+            ratio = "" if name == "bare" else f"{added / base:.2f}x"
+            cols.append(f"{table[name]:>9.3f}{added:>9.3f}{ratio:>8}")
+        print(f"{name:<13}{cols[0]}   |{cols[1][1:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=4000, help="calls per batch")
-    parser.add_argument("--repeats", type=int, default=25, help="interleaved repeats")
+    parser.add_argument("--calls", type=int, default=4000, help="calls per batch (part 1)")
+    parser.add_argument("--repeats", type=int, default=25, help="interleaved repeats (part 1)")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per batch (part 2)")
     parser.add_argument("--quick", action="store_true", help="a few seconds, rough figures")
     args = parser.parse_args(argv)
     calls, repeats = (1000, 7) if args.quick else (args.calls, args.repeats)
+    requests, request_repeats = (300, 5) if args.quick else (args.requests, 15)
 
     exporter = DiscardExporter()
     provider = TracerProvider(shutdown_on_exit=False)
@@ -139,45 +300,27 @@ def main(argv: list[str] | None = None) -> int:
     span_groups.set_enabled({"server", "verify", "rollout"})
     tracer = trace.get_tracer("bench.stock")
 
-    variants = build_variants(tracer)
-    names = list(variants)
-    for name in names:  # warm up caches, tracers, the rollout-id resolution
-        run_batch(name, variants[name], 200)
+    t0 = time.monotonic()
+    calls_samples = run_calls(tracer, calls, repeats)
+    calls_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    request_samples = run_requests(tracer, requests, request_repeats)
+    requests_s = time.monotonic() - t0
 
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    # The disabled gate is ~0.1 us: time it (and bare) with 10x the calls to see it.
-    cheap = {"bare", "disabled"}
-    rng = random.Random(7)
-    t_start = time.monotonic()
-    for _ in range(repeats):
-        order = names[:]
-        rng.shuffle(order)
-        for name in order:
-            n = calls * 10 if name in cheap else calls
-            samples[name].append(run_batch(name, variants[name], n))
-    elapsed = time.monotonic() - t_start
+    print(f"python {sys.version.split()[0]}")
+    print(
+        f"\n== 1. the wrapper around a handler call: {repeats} interleaved repeats x "
+        f"{calls} calls (x10 for bare/disabled), {calls_s:.1f}s"
+    )
+    report(calls_samples, "stock", "per call")
+    print(
+        f"\n== 2. whole requests through FastAPI (ASGI in process, no network): "
+        f"{request_repeats} interleaved repeats x {requests} requests, {requests_s:.1f}s"
+    )
+    report(request_samples, "bare", "per request")
+    print("\nmedian: the middle repeat (what a busy machine gives); best: the fastest repeat")
+    print(f"spans exported (discarded): {exporter.spans}, dropped: {processor.dropped}")
     processor.shutdown()
-
-    med = {n: statistics.median(v) for n, v in samples.items()}
-    base = med["bare"]
-    stock_added = med["stock"] - base
-    print(
-        f"python {sys.version.split()[0]}, {repeats} interleaved repeats x {calls} calls "
-        f"(x10 for bare/disabled), {elapsed:.1f}s; medians per call"
-    )
-    print(f"{'variant':<13}{'per call us':>13}{'added us':>11}{'/ stock span':>14}")
-    for name in names:
-        added = med[name] - base
-        ratio = "" if name == "bare" else f"{added / stock_added:>13.2f}x"
-        print(f"{name:<13}{med[name]:>13.3f}{added:>11.3f}{ratio:>14}")
-    spread = {n: (min(v), max(v)) for n, v in samples.items()}
-    print(
-        "min..max per call (us): "
-        + ", ".join(f"{n} {a:.2f}..{b:.2f}" for n, (a, b) in spread.items())
-    )
-    print(
-        f"spans exported to the discarding exporter: {exporter.spans}, dropped: {processor.dropped}"
-    )
     return 0
 
 
