@@ -7,5 +7,8 @@ demo:
 test:
 	bash scripts/test.sh
 
+bench:
+	bash scripts/bootstrap.sh && uv run --frozen python -m bench
+
 lint:
 	bash scripts/bootstrap.sh && uv run --frozen ruff check agent sidecar tests bench && uv run --frozen mypy

@@ -156,7 +156,8 @@ async def _load(url: str, connections: int, warmup: float, seconds: float) -> No
 
 
 # --- the harness --------------------------------------------------------------------
-def one_run(variant: str, args: argparse.Namespace, sink: str) -> dict[str, Any]:
+def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> dict[str, Any]:
+    from bench import pyspy
     from bench.sidecar_vs_rotel.procs import cpu_seconds, pin, status_mib
     from tests.support.ports import free_port, wait_listening
 
@@ -199,14 +200,20 @@ def one_run(variant: str, args: argparse.Namespace, sink: str) -> dict[str, Any]
         assert load.stdout is not None
         cpu0 = cpu1 = 0.0
         done: dict[str, Any] = {}
+        spy = None
         for line in load.stdout:
             event = json.loads(line)
             if event["event"] == "start":
                 cpu0 = cpu_seconds(server.pid)
+                if args.profile is not None:
+                    out = args.profile / f"server-{variant}-{repeat}.txt"
+                    spy = pyspy.start(server.pid, args.seconds - 1, out)
             elif event["event"] == "done":
                 cpu1 = cpu_seconds(server.pid)
                 done = event
         load.wait(timeout=30)
+        if spy is not None:
+            spy.wait(timeout=60)
         rss = status_mib(server.pid, "VmHWM")
     finally:
         server.terminate()
@@ -259,6 +266,22 @@ def summarise(runs: list[dict[str, Any]], variants: list[str]) -> list[dict[str,
     return out
 
 
+def print_profiles(console: Any, directory: Path, variants: list[str]) -> None:
+    """Where the instrumented servers spend their samples (first repeat of each)."""
+    from bench import pyspy
+
+    for v in variants:
+        path = directory / f"server-{v}-0.txt"
+        if v == "bare" or not path.exists():
+            continue
+        # py-spy shortens paths: the SDK shows as trace/..., sdk/..., exporter/...
+        match = ("gym_telemetry", "trace/", "sdk/", "exporter", "encoder", "instrumentation")
+        total, frames = pyspy.top_frames(path, top=24, match=match)
+        console.print(f"[bold]{v}[/]: telemetry frames, % of {total} samples (inclusive)")
+        for pct, frame in frames:
+            console.print(f"  {pct:5.1f}%  {frame}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -269,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--span-groups", default="default", help="GYM_TELEMETRY_SPAN_GROUPS")
     p.add_argument("--pin", action="store_true", help="server on core 1, load on core 0")
     p.add_argument("--quick", action="store_true", help="1 repeat x 3 s")
+    p.add_argument("--profile", type=Path, help="py-spy each server into this directory")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     p.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -309,7 +333,7 @@ def harness(args: argparse.Namespace) -> int:
             rng.shuffle(order)
             for v in order:
                 progress.update(task, description=f"{v} #{repeat + 1}")
-                res = one_run(v, args, sink.endpoint)
+                res = one_run(v, args, sink.endpoint, repeat)
                 res["repeat"] = repeat
                 runs.append(res)
                 progress.advance(task)
@@ -334,6 +358,8 @@ def harness(args: argparse.Namespace) -> int:
             f"{rss['median']:.0f} MiB" if rss else "-",
         )
     console.print(t)
+    if args.profile is not None:
+        print_profiles(console, args.profile, variants)
     end = machine()
     console.print(f"spans received by the sink: {spans:,}; machine at end: {end}")
     doc = {

@@ -1,0 +1,69 @@
+"""Every headline benchmark in one command (``make bench``); results under docs/benchmarks/.
+
+    uv run --frozen python -m bench            # ~10 min on 2 shared cores
+    uv run --frozen python -m bench --quick    # ~2 min, rough figures, *_quick files
+
+Runs, in order, each in its own processes:
+
+1. ``bench.agent_overhead``: per-call cost of the agent's wrappers against the bare
+   handler and one stock SDK span (its output is saved as ``agent_overhead.txt``);
+2. ``bench.server_throughput``: FastAPI requests/s bare, with gym_telemetry, with the
+   stock instrumentor, with both (``server_throughput.json``);
+3. ``bench.sidecar_vs_rotel``: the sidecar against rotel and the bare transport
+   (``sidecar_vs_rotel.json`` and ``.png``).
+
+The load average before and after is printed and saved with each result, because on a
+machine shared with other work it decides how far the figures can be trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg", encoding="ascii") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short runs, rough figures")
+    p.add_argument("--pin", action="store_true", help="pin the measured process to core 1")
+    p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    common = ["--out", str(args.out)] + (["--quick"] if args.quick else [])
+    pin = ["--pin"] if args.pin else []
+    failures = 0
+    t0 = time.monotonic()
+
+    print(f"== agent per-call overhead (load average {_loadavg()})", flush=True)
+    cmd = [sys.executable, "-m", "bench.agent_overhead"] + (["--quick"] if args.quick else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    sys.stdout.write(done.stdout + done.stderr)
+    suffix = "_quick" if args.quick else ""
+    (args.out / f"agent_overhead{suffix}.txt").write_text(
+        f"$ {' '.join(cmd[1:])}\nload average before: {_loadavg()}\n\n{done.stdout}",
+        encoding="utf-8",
+    )
+    failures += done.returncode != 0
+
+    for module, extra in (("bench.server_throughput", pin), ("bench.sidecar_vs_rotel", pin)):
+        print(f"\n== {module} (load average {_loadavg()})", flush=True)
+        cmd = [sys.executable, "-m", module, *common, *extra]
+        failures += subprocess.run(cmd, check=False).returncode != 0
+
+    print(
+        f"\nall benchmarks: {time.monotonic() - t0:.0f} s, load average {_loadavg()}; "
+        f"results in {args.out}/"
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
