@@ -42,11 +42,25 @@ def make(path: str, sink: str, workdir: Path) -> Collector:
     return Sidecar(sink, path.removeprefix("sidecar-"), workdir)
 
 
+def print_profiles(console: Console, directory: Path) -> None:
+    """Where the sidecar spent its samples in the first gRPC throughput run of each path."""
+    from bench import pyspy
+
+    for path in ("sidecar-gzip", "sidecar-none"):
+        out = directory / f"throughput-{path}-grpc-0.txt"
+        if not out.exists():
+            continue
+        total, frames = pyspy.top_frames(out, top=20, match=("gym_sidecar", "grpc/aio"))
+        console.print(f"[bold]{path}[/] (gRPC): % of {total} samples, inclusive")
+        for pct, frame in frames:
+            console.print(f"  {pct:5.1f}%  {frame}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--spans", type=int, default=512, help="spans per request")
-    p.add_argument("--requests", type=int, default=400, help="requests per throughput run")
+    p.add_argument("--requests", type=int, default=800, help="requests per throughput run")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     p.add_argument("--protocols", default="grpc,http")
     p.add_argument("--paths", default=",".join(PATHS))
@@ -57,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="1 repeat, short runs")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     p.add_argument("--seed", type=int, default=11, help="shuffles the path order")
+    p.add_argument("--profile", type=Path, help="py-spy the sidecar's runs into this directory")
     return p
 
 
@@ -117,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                 def update(got: int, expected: int, task: Any = task) -> None:
                     progress.update(task, completed=got, total=expected)
 
-                res = run(make(path, sink.endpoint, workdir), sink, spec, repeat, update, pin_cores)
+                spy = None
+                if args.profile is not None and path.startswith("sidecar"):
+                    spy = args.profile / f"{kind}-{path}-{spec.protocol}-{repeat}.txt"
+                collector = make(path, sink.endpoint, workdir)
+                res = run(collector, sink, spec, repeat, update, pin_cores, spy)
                 progress.update(task, description=label + f"  {res.spans_per_s:,.0f}/s")
                 progress.remove_task(task)
                 results[kind].append(res)
@@ -134,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['path']} {r['protocol']}: spans per CPU-second = "
             f"{r['spans_per_cpu_s_vs_rotel']:.2f}x rotel's"
         )
+    if args.profile is not None:
+        print_profiles(console, args.profile)
     console.print(f"machine at end: {end_machine}")
     doc = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -16,8 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from bench import pyspy
 from bench.sidecar_vs_rotel.procs import Collector, cpu_seconds, pin, status_mib
 from tests.support.sink import RecordingSink
 
@@ -117,6 +119,7 @@ def run(
     repeat: int,
     progress: Progress,
     pin_cores: tuple[set[int], set[int]] | None = None,
+    profile: Path | None = None,
 ) -> RunResult:
     """One run on a freshly started collector (stopped afterwards); see module doc."""
     collector.start()
@@ -139,6 +142,9 @@ def run(
                 time.sleep(POLL_S)
             cpu0 = cpu_seconds(pid) if pid else None
             t0 = gen.started_at or time.monotonic()
+            spy = None
+            if profile is not None and pid is not None:
+                spy = pyspy.start(pid, max(2.0, load.seconds), profile)
             delivered_at = None
             while True:
                 got = sink.span_count - base
@@ -156,6 +162,8 @@ def run(
             rss_end = status_mib(pid, "VmRSS") if pid else None
             peak = status_mib(pid, "VmHWM") if pid else None
             gen.proc.wait(timeout=30)
+            if spy is not None:
+                spy.wait(timeout=60)
         finally:
             gen.close()
         done = gen.done or {}
