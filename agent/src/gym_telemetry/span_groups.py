@@ -146,6 +146,17 @@ def configure_from_env(environ: dict[str, str] | None = None) -> frozenset[str]:
 
 # --- one tracer per group ---------------------------------------------------------------
 
+
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("gym-telemetry-agent")
+    except Exception:  # running from a source tree without metadata
+        return None
+
+
+_VERSION: Final = _version()
 _tracers: dict[str, trace.Tracer] = {}
 _tracers_lock = threading.Lock()
 
@@ -163,7 +174,7 @@ def tracer_for(group: str) -> trace.Tracer:
         with _tracers_lock:
             tracer = _tracers.get(group)
             if tracer is None:
-                tracer = trace.get_tracer(semconv.scope_name(group))
+                tracer = trace.get_tracer(semconv.scope_name(group), _VERSION)
                 _tracers[group] = tracer
     return tracer
 
