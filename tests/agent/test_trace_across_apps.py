@@ -3,6 +3,11 @@ propagation, and app B's spans are children of A's ``gym.rollout`` span."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,6 +25,9 @@ from opentelemetry import propagate
 from pydantic import BaseModel
 
 from tests.agent.conftest import Spans
+from tests.support.sink import RecordingSink
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Answer(BaseModel):
@@ -105,3 +113,56 @@ def test_without_rollout_span_b_spans_start_their_own_trace(serve: Any, spans: S
     assert verify.parent is None
     # The rollout id travels separately (Gym puts it in the URL); here B never saw it.
     assert ROLLOUT_ID_ATTRIBUTE not in (verify.attributes or {})
+
+
+def _start_child(role: str, sink_endpoint: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_TELEMETRY_"))}
+    env.update({"GYM_TELEMETRY_POLL_INTERVAL_S": "0", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.agent.serve_child", role, sink_endpoint, *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("PORT "), line
+    return proc, f"http://127.0.0.1:{line.split()[1]}"
+
+
+def test_one_trace_across_two_server_processes_through_otlp() -> None:
+    """Two processes, each with its own init_telemetry, exporting to a real OTLP backend."""
+    with RecordingSink() as sink:
+        b, b_url = _start_child("b", sink.endpoint)
+        try:
+            a, a_url = _start_child("a", sink.endpoint, b_url)
+            try:
+                for i in range(3):
+                    r = httpx.post(a_url + "/run", json={"task": f"t-{i}"}, timeout=20)
+                    assert r.json() == {"verdict": {"reward": 0.0}}
+            finally:
+                a.send_signal(signal.SIGTERM)
+                a.wait(20)
+        finally:
+            b.send_signal(signal.SIGTERM)
+            b.wait(20)
+        assert sink.wait_spans(6)
+        recorded = sink.spans()
+    rollouts = {r.span.trace_id: r for r in recorded if r.span.name == "gym.rollout"}
+    verifies = [r for r in recorded if r.span.name == "gym.verify"]
+    assert len(rollouts) == 3 and len(verifies) == 3
+    for v in verifies:
+        parent = rollouts[v.span.trace_id]  # same trace as one of A's rollouts
+        assert v.span.parent_span_id == parent.span.span_id
+        assert v.resource["service.name"] == "server-b"
+        assert v.resource["nemo.gym.server.type"] == "resources"
+        assert parent.resource["service.name"] == "server-a"
+        assert v.scope == "gym_telemetry.verify" and parent.scope == "gym_telemetry.rollout"
+        assert v.attributes["succeeded"] is True
+    assert {r.attributes["nemo.gym.rollout.id"] for r in rollouts.values()} == {
+        "t-0",
+        "t-1",
+        "t-2",
+    }
