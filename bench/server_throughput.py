@@ -40,9 +40,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from tests.support.sink import RecordingSink
 
 VARIANTS = ("bare", "gym_telemetry", "stock", "both")
 BODY = json.dumps(
@@ -68,7 +71,7 @@ class VerifyResponse(BaseModel):
 
 
 # --- the server process -------------------------------------------------------------
-def serve(variant: str, port: int, sink: str, span_groups: str) -> None:
+def serve(variant: str, port: int, sink: str, span_groups: str, handler_us: float = 0.0) -> None:
     """Build the app for ``variant`` and serve it on 127.0.0.1:``port`` until killed."""
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{sink}"
     os.environ["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
@@ -106,6 +109,10 @@ def serve(variant: str, port: int, sink: str, span_groups: str) -> None:
 
     @app.post("/verify")
     async def verify(body: VerifyRequest) -> VerifyResponse:
+        if handler_us:  # stands for the verifier's own work (pure CPU)
+            until = time.perf_counter() + handler_us / 1e6
+            while time.perf_counter() < until:
+                pass
         return VerifyResponse(reward=1.0, extracted_answer=body.expected_answer)
 
     if variant in ("stock", "both"):
@@ -119,7 +126,7 @@ def serve(variant: str, port: int, sink: str, span_groups: str) -> None:
 async def _load(url: str, connections: int, warmup: float, seconds: float) -> None:
     import aiohttp
 
-    count = [0, 0]  # answered 200, other
+    count = [0, 0, 0]  # answered 200 while measuring, other while measuring, 200 in all
     measuring = [False]
     stop = [False]
     # What a Gym agent's call carries: W3C trace context and the rollout-id baggage.
@@ -133,6 +140,7 @@ async def _load(url: str, connections: int, warmup: float, seconds: float) -> No
         while not stop[0]:
             async with session.post(url, data=BODY, headers=headers) as resp:
                 await resp.read()
+                count[2] += resp.status == 200
                 if measuring[0]:
                     count[0 if resp.status == 200 else 1] += 1
 
@@ -146,22 +154,26 @@ async def _load(url: str, connections: int, warmup: float, seconds: float) -> No
         await asyncio.sleep(seconds)
         measuring[0] = False
         elapsed = time.monotonic() - t0
-        ok, bad = count
+        ok, bad, _ = count
         print(
             json.dumps({"event": "done", "requests": ok, "errors": bad, "seconds": elapsed}),
             flush=True,
         )
         stop[0] = True
         await asyncio.gather(*tasks, return_exceptions=True)
+        print(json.dumps({"event": "closed", "answered": count[2]}), flush=True)
 
 
 # --- the harness --------------------------------------------------------------------
-def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> dict[str, Any]:
+def one_run(
+    variant: str, args: argparse.Namespace, sink: RecordingSink, repeat: int
+) -> dict[str, Any]:
     from bench import pyspy
     from bench.sidecar_vs_rotel.procs import cpu_seconds, pin, status_mib
     from tests.support.ports import free_port, wait_listening
 
     port = free_port()
+    base = sink.span_count
     me = [sys.executable, "-m", "bench.server_throughput"]
     server = subprocess.Popen(
         [
@@ -171,7 +183,9 @@ def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> d
             "--port",
             str(port),
             "--sink",
-            sink,
+            sink.endpoint,
+            "--handler-us",
+            str(args.handler_us),
             "--span-groups",
             args.span_groups,
         ]
@@ -199,6 +213,7 @@ def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> d
             pin(load.pid, {0})
         assert load.stdout is not None
         cpu0 = cpu1 = 0.0
+        answered = 0
         done: dict[str, Any] = {}
         spy = None
         for line in load.stdout:
@@ -211,17 +226,24 @@ def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> d
             elif event["event"] == "done":
                 cpu1 = cpu_seconds(server.pid)
                 done = event
+            elif event["event"] == "closed":
+                answered = int(event["answered"])
         load.wait(timeout=30)
         if spy is not None:
             spy.wait(timeout=60)
         rss = status_mib(server.pid, "VmHWM")
     finally:
-        server.terminate()
+        server.terminate()  # uvicorn shuts down; the SDKs flush their queues at exit
         try:
-            server.wait(timeout=10)
+            server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+    last, deadline = -1, time.monotonic() + 5
+    while sink.span_count != last and time.monotonic() < deadline:  # until it settles
+        last = sink.span_count
+        time.sleep(0.3)
+    spans = sink.span_count - base
     requests = int(done.get("requests", 0))
     if not requests or done.get("errors"):
         raise RuntimeError(f"{variant}: the load process got {done or 'nothing'}")
@@ -234,6 +256,7 @@ def one_run(variant: str, args: argparse.Namespace, sink: str, repeat: int) -> d
         "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / requests if requests else None,
         "server_cpu_pct": 100.0 * (cpu1 - cpu0) / seconds,
         "server_peak_rss_mib": rss,
+        "spans_per_request": spans / answered if answered else None,
     }
 
 
@@ -247,7 +270,8 @@ def summarise(runs: list[dict[str, Any]], variants: list[str]) -> list[dict[str,
     for v in variants:
         mine = [r for r in runs if r["variant"] == v]
         row: dict[str, Any] = {"variant": v, "runs": len(mine)}
-        for key in ("requests_per_s", "server_cpu_us_per_request", "server_peak_rss_mib"):
+        keys = ("requests_per_s", "server_cpu_us_per_request", "server_peak_rss_mib")
+        for key in (*keys, "spans_per_request"):
             vals = [r[key] for r in mine if r[key] is not None]
             row[key] = _stats(vals) if vals else None
         row["errors"] = sum(r["errors"] for r in mine)
@@ -290,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--span-groups", default="default", help="GYM_TELEMETRY_SPAN_GROUPS")
+    p.add_argument(
+        "--handler-us", type=float, default=0.0, help="CPU the handler burns per request (µs)"
+    )
+    p.add_argument("--tag", default="", help="suffix of the result file name")
     p.add_argument("--pin", action="store_true", help="server on core 1, load on core 0")
     p.add_argument("--quick", action="store_true", help="1 repeat x 3 s")
     p.add_argument("--profile", type=Path, help="py-spy each server into this directory")
@@ -300,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.port, args.sink, args.span_groups)
+        serve(args.serve, args.port, args.sink, args.span_groups, args.handler_us)
         return 0
     if args.load:
         asyncio.run(_load(args.load, args.connections, args.warmup, args.seconds))
@@ -333,14 +361,15 @@ def harness(args: argparse.Namespace) -> int:
             rng.shuffle(order)
             for v in order:
                 progress.update(task, description=f"{v} #{repeat + 1}")
-                res = one_run(v, args, sink.endpoint, repeat)
+                res = one_run(v, args, sink, repeat)
                 res["repeat"] = repeat
                 runs.append(res)
                 progress.advance(task)
         spans = sink.span_count
     summary = summarise(runs, variants)
     t = Table(title="FastAPI server throughput  —  median (min-max)")
-    for col in ("variant", "runs", "req/s", "vs bare", "server CPU µs/req", "vs bare", "peak RSS"):
+    cols = ("variant", "runs", "req/s", "vs bare", "server CPU µs/req", "vs bare", "spans/req")
+    for col in (*cols, "peak RSS"):
         t.add_column(col, justify="right")
     for row in summary:
         rps, cpu, rss = (
@@ -355,6 +384,7 @@ def harness(args: argparse.Namespace) -> int:
             f"{row.get('throughput_vs_bare', 0):.2f}x",
             f"{cpu['median']:,.0f} ({cpu['min']:,.0f}-{cpu['max']:,.0f})" if cpu else "-",
             f"{row.get('cpu_per_request_vs_bare', 0):.2f}x",
+            f"{row['spans_per_request']['median']:.2f}" if row["spans_per_request"] else "-",
             f"{rss['median']:.0f} MiB" if rss else "-",
         )
     console.print(t)
@@ -374,7 +404,11 @@ def harness(args: argparse.Namespace) -> int:
         "summary": summary,
         "runs": runs,
     }
-    name = "server_throughput" + ("_quick" if args.quick else "")
+    name = (
+        "server_throughput"
+        + (f"_{args.tag}" if args.tag else "")
+        + ("_quick" if args.quick else "")
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {args.out / name}.json")
