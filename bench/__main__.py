@@ -8,7 +8,9 @@ Runs, in order, each in its own processes:
 1. ``bench.agent_overhead``: per-call cost of the agent's wrappers against the bare
    handler and one stock SDK span (its output is saved as ``agent_overhead.txt``);
 2. ``bench.server_throughput``: FastAPI requests/s bare, with gym_telemetry, with the
-   stock instrumentor, with both (``server_throughput.json``);
+   stock instrumentor, with both (``server_throughput.json``), once with a trivial
+   handler and once with a handler that burns 1 ms of CPU
+   (``server_throughput_handler1000.json``);
 3. ``bench.sidecar_vs_rotel``: the sidecar against rotel and the bare transport
    (``sidecar_vs_rotel.json`` and ``.png``).
 
@@ -53,8 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     failures += done.returncode != 0
 
-    for module, extra in (("bench.server_throughput", pin), ("bench.sidecar_vs_rotel", pin)):
-        print(f"\n== {module} (load average {_loadavg()})", flush=True)
+    # The second server run gives the handler 1 ms of CPU, about what a real Gym /verify
+    # costs (docs/nemo-gym.md), so the ratio shows what a real server keeps.
+    handler = ["--handler-us", "1000", "--tag", "handler1000"]
+    runs = (
+        ("bench.server_throughput", pin),
+        ("bench.server_throughput", [*pin, *handler]),
+        ("bench.sidecar_vs_rotel", pin),
+    )
+    for module, extra in runs:
+        print(f"\n== {module} {' '.join(extra)} (load average {_loadavg()})", flush=True)
         cmd = [sys.executable, "-m", module, *common, *extra]
         failures += subprocess.run(cmd, check=False).returncode != 0
 
