@@ -200,7 +200,9 @@ class DiskQueue:
 
     def _start_tasks(self) -> None:
         if not self._tasks and not self._closed:
-            self._tasks.append(asyncio.create_task(self._write_loop(), name="disk-queue-writer"))
+            writer = asyncio.create_task(self._write_loop(), name="disk-queue-writer")
+            writer.add_done_callback(_log_crash)
+            self._tasks.append(writer)
             if not self._fsync_always:
                 self._tasks.append(asyncio.create_task(self._sync_loop(), name="disk-queue-sync"))
 
@@ -447,6 +449,11 @@ class DiskQueue:
             )
         os.close(self._lock_fd)
         return {}
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("on-disk queue writer stopped", exc_info=task.exception())
 
 
 def build_queue(config: QueueConfig, metrics: SelfMetrics) -> ExportQueue:
