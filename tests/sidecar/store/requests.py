@@ -30,6 +30,9 @@ class Rollout:
     trace_id: bytes = field(default_factory=lambda: os.urandom(16))
     pad: str = ""
     """Added as an attribute to every span (to make rows big)."""
+    extra_spans: int = 0
+    """Further server-scope spans under the agent's /run span (a real Gym rollout has
+    about 18 spans, 2 of them gym.rollout and gym.verify)."""
 
 
 def _span(ss: object, trace_id: bytes, parent: bytes, name: str, start: int, end: int) -> Span:
@@ -64,6 +67,10 @@ def trace_request(rollouts: list[Rollout]) -> ExportTraceServiceRequest:
         run = _span(agent_server, r.trace_id, b"", "POST /run", r.start_ns, end + 1000)
         run.kind = Span.SpanKind.SPAN_KIND_SERVER
         set_attrs(run.attributes, {"http.route": "/run", **extra})
+        for i in range(r.extra_spans):
+            child = _span(agent_server, r.trace_id, run.span_id, "HTTP POST", r.start_ns, end)
+            child.kind = Span.SpanKind.SPAN_KIND_CLIENT
+            set_attrs(child.attributes, {"http.request.method": "POST", "url.path": f"/s{i}"})
         rollout = _span(
             agent_rollout, r.trace_id, run.span_id, semconv.SPAN_ROLLOUT, r.start_ns, end
         )

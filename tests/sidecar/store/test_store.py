@@ -71,20 +71,13 @@ def test_spans_round_trip_with_resource_attributes_and_rollout_ids(path: Path) -
         assert verify.service == RESOURCES
         assert verify.scope == semconv.scope_name(semconv.GROUP_VERIFY)
         assert verify.rollout_id == "4-0"
-        resource = conn.execute(
-            "SELECT resource FROM spans WHERE span_id = ?", (verify.span_id,)
-        ).fetchone()[0]
-        assert semconv.SERVICE_NAME in resource
+        run = next(s for s in spans if s.name == "POST /run")
+        assert run.service == AGENT and run.parent_span_id is None
+        assert run.attributes["http.route"] == "/run"
+        assert {s.parent_span_id for s in spans} - {None} <= {s.span_id for s in spans}
         assert queries.find_traces(conn, "4-0") == [rows[0].trace_id]
         assert queries.find_traces(conn, rows[0].trace_id[:10]) == [rows[0].trace_id]
         assert queries.find_traces(conn, "no-such-rollout") == []
-
-
-def test_writing_the_same_request_twice_stores_it_once(path: Path) -> None:
-    payload = trace_request([Rollout("1-0", NOW, 5)]).SerializeToString()
-    _export(path, LocalStoreConfig(), (Signal.TRACES, payload), (Signal.TRACES, payload))
-    with closing(db.connect(path, readonly=True)) as conn:
-        assert queries.store_counts(conn)["spans"] == 5
 
 
 def test_undecodable_payload_is_a_permanent_error(path: Path) -> None:
@@ -165,10 +158,11 @@ def test_retention_by_size_keeps_the_newest_under_the_bound(path: Path) -> None:
     assert pruned > 0
     with closing(db.connect(path)) as conn:
         assert db.used_bytes(conn) <= cfg.max_bytes
-        ids = {r[0] for r in conn.execute("SELECT DISTINCT rollout_id FROM spans")}
+        ids = {r[0] for r in conn.execute("SELECT DISTINCT rollout_id FROM gym_spans")}
         assert "11-39" in ids  # the newest survived
         assert "0-0" not in ids  # the oldest went
-        left = int(conn.execute("SELECT count(*) FROM spans").fetchone()[0])
+        assert queries.find_traces(conn, "0-0") == []
+        left = queries.store_counts(conn)["spans"]
     assert left + pruned == 12 * 200
 
 

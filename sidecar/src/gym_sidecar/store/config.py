@@ -36,11 +36,14 @@ class LocalStoreConfig(BaseModel):
     max_age_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """Spans and points stored longer ago than this are deleted by the pruner."""
     max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
-    """Bound on the database's used pages; past it the oldest data is deleted."""
+    """Bound on the database's used pages; past it the oldest data is deleted (checked
+    every ``prune_interval_s``, so the file can exceed it by what arrives in between;
+    the WAL file, normally a few MiB, comes on top)."""
     prune_interval_s: float = Field(default=30.0, gt=0)
     """How often the writer thread prunes by age and size."""
     max_attribute_value_chars: int = Field(default=4096, ge=16)
-    """Longer string attribute values are truncated (counted) before they are stored."""
+    """Longer string attribute values of gym.rollout / gym.verify spans are truncated
+    (counted) in the store's JSON columns; the stored OTLP requests keep them whole."""
 
     def active(self, has_backend: bool) -> bool:
         """Whether the sidecar should write into the store."""

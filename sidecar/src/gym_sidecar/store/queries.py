@@ -4,6 +4,8 @@ A rollout is a ``gym.rollout`` span; its trace holds the rest (the model call, t
 resources server's tool and verify routes). Its verify outcome comes from the trace's
 ``gym.verify`` span: ``ok`` when ``succeeded`` is true, ``failed`` when false or the
 span's status is ERROR, ``-`` when there is none (the verify group was off).
+Span counts and services come from the per-trace index; a trace's spans themselves are
+decoded from the stored requests only by :func:`trace_spans`.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gym_telemetry import semconv
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from gym_sidecar.store.rows import Truncation, attributes, service_of
 
 STATUS_ERROR: Final = 2
 _CHUNK: Final = 500
+_NO_LIMIT: Final = Truncation(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -65,14 +71,14 @@ class SpanRecord:
         return max(0, self.end_ns - self.start_ns) / 1e6
 
 
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+def _chunks(items: Sequence[bytes]) -> Iterable[Sequence[bytes]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
 
 
-def _verify_outcome(attrs: dict[str, Any], status_code: int) -> str:
-    succeeded = attrs.get(semconv.VERIFY_SUCCEEDED)
-    if succeeded is False or status_code == STATUS_ERROR:
+def verify_outcome(attrs: dict[str, Any], status_code: int) -> str:
+    """``failed`` when ``succeeded`` is false or the status is ERROR, else ``ok``."""
+    if attrs.get(semconv.VERIFY_SUCCEEDED) is False or status_code == STATUS_ERROR:
         return "failed"
     return "ok"
 
@@ -90,8 +96,8 @@ def rollouts(
     """Rollouts started in the last ``since_s`` seconds (all when None).
 
     Newest first, or the ``slowest`` N longest first. ``service`` keeps rollouts whose
-    trace has a span of that service (exact name, or a substring when no exact match).
-    ``limit`` bounds the rows returned (the ``slowest`` N replace it when given).
+    trace has a span of that service (exact name or a substring). ``limit`` bounds the
+    rows returned (``slowest`` replaces it when given).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     where = ["name = ?"]
@@ -106,47 +112,49 @@ def rollouts(
         tail = " LIMIT ?"
         args.append(slowest if slowest is not None else limit)
     rows = conn.execute(
-        "SELECT rollout_id, trace_id, span_id, start_ns, end_ns, status_code FROM spans "
+        "SELECT rollout_id, trace_id, start_ns, end_ns, status_code FROM gym_spans "
         f"WHERE {' AND '.join(where)} ORDER BY {order}{tail}",
         args,
     ).fetchall()
-    trace_ids = sorted({r["trace_id"] for r in rows})
-    counts: dict[str, tuple[int, tuple[str, ...]]] = {}
-    verifies: dict[str, tuple[str, float]] = {}
+    trace_ids = sorted({bytes(r["trace_id"]) for r in rows})
+    counts: dict[bytes, int] = {}
+    services: dict[bytes, set[str]] = {}
+    verifies: dict[bytes, tuple[str, float]] = {}
     for chunk in _chunks(trace_ids):
         marks = ",".join("?" * len(chunk))
         for r in conn.execute(
-            "SELECT trace_id, count(*) AS n, group_concat(DISTINCT service) AS services "
-            f"FROM spans WHERE trace_id IN ({marks}) GROUP BY trace_id",
+            f"SELECT trace_id, spans, services FROM traces WHERE trace_id IN ({marks})",
             list(chunk),
         ):
-            services = tuple(sorted(str(r["services"] or "").split(",")))
-            counts[r["trace_id"]] = (int(r["n"]), services)
+            tid = bytes(r["trace_id"])
+            counts[tid] = counts.get(tid, 0) + int(r["spans"])
+            services.setdefault(tid, set()).update(str(r["services"]).split(","))
         for r in conn.execute(
-            "SELECT trace_id, attributes, status_code, start_ns, end_ns FROM spans "
+            "SELECT trace_id, attributes, status_code, start_ns, end_ns FROM gym_spans "
             f"WHERE name = ? AND trace_id IN ({marks}) ORDER BY start_ns",
             [semconv.SPAN_VERIFY, *chunk],
         ):
-            outcome = _verify_outcome(json.loads(r["attributes"]), int(r["status_code"]))
-            verifies[r["trace_id"]] = (outcome, max(0, r["end_ns"] - r["start_ns"]) / 1e6)
+            outcome = verify_outcome(json.loads(r["attributes"]), int(r["status_code"]))
+            duration_ms = max(0, r["end_ns"] - r["start_ns"]) / 1e6
+            verifies[bytes(r["trace_id"])] = (outcome, duration_ms)
     out: list[RolloutSummary] = []
     for r in rows:
-        n, services = counts.get(r["trace_id"], (0, ()))
-        outcome, verify_ms = verifies.get(r["trace_id"], ("-", None))
+        tid = bytes(r["trace_id"])
+        outcome, verify_ms = verifies.get(tid, ("-", None))
         summary = RolloutSummary(
-            rollout_id=r["rollout_id"] or f"(trace {r['trace_id'][:8]})",
-            trace_id=r["trace_id"],
+            rollout_id=r["rollout_id"] or f"(trace {tid.hex()[:8]})",
+            trace_id=tid.hex(),
             start_ns=int(r["start_ns"]),
             duration_ms=max(0, r["end_ns"] - r["start_ns"]) / 1e6,
             error=int(r["status_code"]) == STATUS_ERROR,
             verify=outcome,
             verify_ms=verify_ms,
-            span_count=n,
-            services=services,
+            span_count=counts.get(tid, 0),
+            services=tuple(sorted(services.get(tid, ()))),
         )
         if failed_only and not summary.failed:
             continue
-        if service is not None and not _service_matches(service, services):
+        if service is not None and not any(service in s for s in summary.services):
             continue
         out.append(summary)
     if slowest is not None:
@@ -155,65 +163,82 @@ def rollouts(
     return out[:limit]
 
 
-def _service_matches(wanted: str, services: Sequence[str]) -> bool:
-    return wanted in services or any(wanted in s for s in services)
-
-
 def find_traces(conn: sqlite3.Connection, ident: str) -> list[str]:
-    """Trace ids for a rollout id, a trace id, or a trace id prefix (8+ hex digits)."""
+    """Trace ids (hex) for a rollout id, a trace id, or a trace id prefix (8+ hex digits;
+    at most 10 traces)."""
     found = [
-        r[0]
+        bytes(r[0]).hex()
         for r in conn.execute(
-            "SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ? ORDER BY trace_id",
+            "SELECT DISTINCT trace_id FROM gym_spans WHERE rollout_id = ? ORDER BY trace_id",
             (ident,),
         )
     ]
     if found:
         return found
     text = ident.lower()
-    if len(text) >= 8 and all(c in "0123456789abcdef" for c in text):
-        return [
-            r[0]
-            for r in conn.execute(
-                "SELECT DISTINCT trace_id FROM spans WHERE trace_id >= ? AND trace_id < ? "
-                "ORDER BY trace_id LIMIT 10",
-                (text, text + "g"),
-            )
-        ]
-    return []
-
-
-def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
-    """Every stored span of ``trace_id``, by start time."""
+    if not (8 <= len(text) <= 32 and all(c in "0123456789abcdef" for c in text)):
+        return []
+    low = bytes.fromhex(text.ljust(32, "0"))
+    high = bytes.fromhex(text.ljust(32, "f"))
     return [
-        SpanRecord(
-            trace_id=r["trace_id"],
-            span_id=r["span_id"],
-            parent_span_id=r["parent_span_id"],
-            name=r["name"],
-            kind=int(r["kind"]),
-            start_ns=int(r["start_ns"]),
-            end_ns=int(r["end_ns"]),
-            status_code=int(r["status_code"]),
-            status_message=r["status_message"],
-            service=r["service"],
-            scope=r["scope"],
-            rollout_id=r["rollout_id"],
-            attributes=json.loads(r["attributes"]),
-        )
+        bytes(r[0]).hex()
         for r in conn.execute(
-            "SELECT * FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id", (trace_id,)
+            "SELECT DISTINCT trace_id FROM traces WHERE trace_id BETWEEN ? AND ? "
+            "ORDER BY trace_id LIMIT 10",
+            (low, high),
         )
     ]
 
 
+def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
+    """Every stored span of ``trace_id`` (hex), by start time (decodes its batches)."""
+    tid = bytes.fromhex(trace_id)
+    out: list[SpanRecord] = []
+    seen: set[bytes] = set()
+    for (payload,) in conn.execute(
+        "SELECT b.payload FROM traces t JOIN batches b ON b.id = t.batch_id "
+        "WHERE t.trace_id = ? ORDER BY b.id",
+        (tid,),
+    ):
+        request = ExportTraceServiceRequest.FromString(payload)
+        for rs in request.resource_spans:
+            service = service_of(rs.resource)
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    if span.trace_id != tid or span.span_id in seen:
+                        continue
+                    seen.add(span.span_id)  # a span exported twice is shown once
+                    attrs = attributes(span.attributes, _NO_LIMIT)
+                    rollout = attrs.get(semconv.ROLLOUT_ID)
+                    out.append(
+                        SpanRecord(
+                            trace_id=trace_id,
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex() or None,
+                            name=span.name,
+                            kind=int(span.kind),
+                            start_ns=int(span.start_time_unix_nano),
+                            end_ns=int(span.end_time_unix_nano),
+                            status_code=int(span.status.code),
+                            status_message=span.status.message,
+                            service=service,
+                            scope=ss.scope.name,
+                            rollout_id=None if rollout is None else str(rollout),
+                            attributes=attrs,
+                        )
+                    )
+    out.sort(key=lambda s: (s.start_ns, s.span_id))
+    return out
+
+
 def store_counts(conn: sqlite3.Connection) -> dict[str, int]:
-    """Row counts: spans, traces, rollouts, metric points."""
+    """Spans, stored requests, rollouts and metric points in the store."""
     return {
-        "spans": int(conn.execute("SELECT count(*) FROM spans").fetchone()[0]),
+        "spans": int(conn.execute("SELECT coalesce(sum(spans), 0) FROM batches").fetchone()[0]),
+        "batches": int(conn.execute("SELECT count(*) FROM batches").fetchone()[0]),
         "rollouts": int(
             conn.execute(
-                "SELECT count(*) FROM spans WHERE name = ?", (semconv.SPAN_ROLLOUT,)
+                "SELECT count(*) FROM gym_spans WHERE name = ?", (semconv.SPAN_ROLLOUT,)
             ).fetchone()[0]
         ),
         "metric_points": int(conn.execute("SELECT count(*) FROM metric_points").fetchone()[0]),

@@ -1,16 +1,26 @@
-"""From serialized OTLP export requests to the store's rows (runs on the writer thread).
+"""From serialized OTLP export requests to what the store writes (on the writer thread).
 
-Spans keep their resource and attributes as JSON objects (values converted from
-``AnyValue``: strings, bools, ints, floats, lists, nested objects; bytes as hex).
-Metric points are kept only for metrics whose name starts with ``gym.`` (the sidecar's
-derived metrics); other metric requests and logs are not stored.
+A trace request is kept whole, as the OTLP bytes it arrived in: every span with its
+resource, scope, attributes, events and links, decoded again only when a trace is
+read. What queries need is extracted beside it:
+
+- per distinct trace in the request, the number of its spans there and their services
+  (:data:`TraceRow`), so ``rollouts`` counts spans and lists services without decoding;
+- every span of the rollout and verify scopes (``gym.rollout``, ``gym.verify``, the
+  spans the derive stage reads too) as a row with its columns and attributes as JSON
+  (:data:`GymSpanRow`), so ``rollouts`` and ``stats`` never decode requests.
+
+Only these scopes are walked span by span, plus one pass reading each span's trace id,
+which keeps writing several times cheaper than a row per span. Metric points are kept
+for metrics named ``gym.*`` (the derived metrics); logs are not stored.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gym_telemetry import semconv
@@ -22,27 +32,40 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 GYM_METRIC_PREFIX: Final = "gym."
+GYM_SCOPES: Final = frozenset(
+    {semconv.scope_name(semconv.GROUP_ROLLOUT), semconv.scope_name(semconv.GROUP_VERIFY)}
+)
 
-SpanRow = tuple[
-    str, str, str | None, str, int, int, int, int, str, str, str, str | None, str, str, int
-]
-"""(trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code,
-status_message, service, scope, rollout_id, attributes JSON, resource JSON, stored_ns)."""
+TraceRow = tuple[bytes, int, str]
+"""(trace_id, spans of it in the request, its services comma-separated)."""
 
-PointRow = tuple[str, str, str, int, int, str, str, int]
-"""(name, kind, service, start_ns, time_ns, attributes JSON, value JSON, stored_ns)."""
+GymSpanRow = tuple[bytes, bytes, bytes | None, str, int, int, int, str, str, str | None, str]
+"""(trace_id, span_id, parent_span_id, name, start_ns, end_ns, status_code, status message,
+service, rollout_id, attributes JSON)."""
+
+PointRow = tuple[str, str, str, int, int, str, str]
+"""(name, kind, service, start_ns, time_ns, attributes JSON, value JSON)."""
 
 
 @dataclass(slots=True)
 class Truncation:
-    """Counts attribute values shortened to ``max_chars``."""
+    """Counts attribute values shortened to ``max_chars`` (in JSON columns only)."""
 
     max_chars: int
     truncated: int = 0
 
 
+@dataclass(slots=True)
+class TraceRows:
+    """What one trace request adds besides its bytes."""
+
+    spans: int = 0
+    traces: list[TraceRow] = field(default_factory=list)
+    gym_spans: list[GymSpanRow] = field(default_factory=list)
+
+
 def any_value(value: AnyValue, trunc: Truncation) -> Any:
-    """A plain Python value for an OTLP ``AnyValue``."""
+    """A plain Python value for an OTLP ``AnyValue`` (bytes as hex)."""
     kind = value.WhichOneof("value")
     if kind == "string_value":
         text = value.string_value
@@ -70,46 +93,57 @@ def attributes(kvs: Iterator[KeyValue] | Any, trunc: Truncation) -> dict[str, An
     return {kv.key: any_value(kv.value, trunc) for kv in kvs}
 
 
-def _json(obj: Any) -> str:
+def to_json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def span_rows(payload: bytes, stored_ns: int, trunc: Truncation) -> list[SpanRow]:
-    """Rows of every span in a serialized ``ExportTraceServiceRequest``.
+def service_of(resource: Any) -> str:
+    """``service.name`` of an OTLP resource (``unknown_service`` without one)."""
+    for kv in resource.attributes:
+        if kv.key == semconv.SERVICE_NAME:
+            return str(any_value(kv.value, Truncation(1 << 30)))
+    return "unknown_service"
+
+
+def trace_rows(payload: bytes, trunc: Truncation) -> TraceRows:
+    """The index rows of a serialized ``ExportTraceServiceRequest``.
 
     Raises ``google.protobuf.message.DecodeError`` on bytes that do not parse.
     """
     request = ExportTraceServiceRequest.FromString(payload)
-    rows: list[SpanRow] = []
+    out = TraceRows()
+    counts: Counter[bytes] = Counter()
+    services: dict[bytes, set[str]] = {}
     for rs in request.resource_spans:
-        resource = attributes(rs.resource.attributes, trunc)
-        service = str(resource.get(semconv.SERVICE_NAME, "unknown_service"))
-        resource_json = _json(resource)
+        service = service_of(rs.resource)
         for ss in rs.scope_spans:
-            scope = ss.scope.name
-            for span in ss.spans:
-                attrs = attributes(span.attributes, trunc)
-                rollout = attrs.get(semconv.ROLLOUT_ID)
-                rows.append(
-                    (
-                        span.trace_id.hex(),
-                        span.span_id.hex(),
-                        span.parent_span_id.hex() or None,
-                        span.name,
-                        int(span.kind),
-                        int(span.start_time_unix_nano),
-                        int(span.end_time_unix_nano),
-                        int(span.status.code),
-                        span.status.message,
-                        service,
-                        scope,
-                        None if rollout is None else str(rollout),
-                        _json(attrs),
-                        resource_json,
-                        stored_ns,
+            spans = ss.spans
+            here = Counter(span.trace_id for span in spans)
+            counts.update(here)
+            for trace_id in here:
+                services.setdefault(trace_id, set()).add(service)
+            if ss.scope.name in GYM_SCOPES:
+                for span in spans:
+                    attrs = attributes(span.attributes, trunc)
+                    rollout = attrs.get(semconv.ROLLOUT_ID)
+                    out.gym_spans.append(
+                        (
+                            span.trace_id,
+                            span.span_id,
+                            span.parent_span_id or None,
+                            span.name,
+                            span.start_time_unix_nano,
+                            span.end_time_unix_nano,
+                            span.status.code,
+                            span.status.message,
+                            service,
+                            None if rollout is None else str(rollout),
+                            to_json(attrs),
+                        )
                     )
-                )
-    return rows
+    out.spans = sum(counts.values())
+    out.traces = [(t, n, ",".join(sorted(services[t]))) for t, n in counts.items()]
+    return out
 
 
 def _points(metric: Metric) -> tuple[str, list[tuple[int, int, dict[str, Any], Any]]]:
@@ -126,14 +160,8 @@ def _points(metric: Metric) -> tuple[str, list[tuple[int, int, dict[str, Any], A
                 "buckets": list(hp.bucket_counts),
                 "temporality": int(metric.histogram.aggregation_temporality),
             }
-            out.append(
-                (
-                    hp.start_time_unix_nano,
-                    hp.time_unix_nano,
-                    attributes(hp.attributes, trunc),
-                    value,
-                )
-            )
+            attrs = attributes(hp.attributes, trunc)
+            out.append((hp.start_time_unix_nano, hp.time_unix_nano, attrs, value))
     elif kind in ("sum", "gauge"):
         points = metric.sum.data_points if kind == "sum" else metric.gauge.data_points
         for np_ in points:
@@ -141,22 +169,15 @@ def _points(metric: Metric) -> tuple[str, list[tuple[int, int, dict[str, Any], A
             value = {"value": number}
             if kind == "sum":
                 value["temporality"] = int(metric.sum.aggregation_temporality)
-            out.append(
-                (
-                    np_.start_time_unix_nano,
-                    np_.time_unix_nano,
-                    attributes(np_.attributes, trunc),
-                    value,
-                )
-            )
+            attrs = attributes(np_.attributes, trunc)
+            out.append((np_.start_time_unix_nano, np_.time_unix_nano, attrs, value))
     return kind, out
 
 
-def point_rows(payload: bytes, stored_ns: int) -> list[PointRow]:
+def point_rows(payload: bytes) -> list[PointRow]:
     """Rows of the ``gym.*`` metric points in a serialized ``ExportMetricsServiceRequest``."""
     request = ExportMetricsServiceRequest.FromString(payload)
     rows: list[PointRow] = []
-    trunc = Truncation(1 << 30)
     for rm in request.resource_metrics:
         service: str | None = None
         for sm in rm.scope_metrics:
@@ -164,8 +185,7 @@ def point_rows(payload: bytes, stored_ns: int) -> list[PointRow]:
                 if not metric.name.startswith(GYM_METRIC_PREFIX):
                     continue
                 if service is None:
-                    resource = attributes(rm.resource.attributes, trunc)
-                    service = str(resource.get(semconv.SERVICE_NAME, "unknown_service"))
+                    service = service_of(rm.resource)
                 kind, points = _points(metric)
                 for start_ns, time_ns, attrs, value in points:
                     rows.append(
@@ -175,9 +195,8 @@ def point_rows(payload: bytes, stored_ns: int) -> list[PointRow]:
                             service,
                             start_ns,
                             time_ns,
-                            _json(attrs),
-                            _json(value),
-                            stored_ns,
+                            to_json(attrs),
+                            to_json(value),
                         )
                     )
     return rows

@@ -86,7 +86,7 @@ def bucket_quantile(bounds: list[float], counts: list[int], q: float) -> float |
 def _span_distribution(
     conn: sqlite3.Connection, name: str, since_ns: int | None
 ) -> tuple[list[float], list[tuple[dict[str, Any], int]]]:
-    sql = "SELECT start_ns, end_ns, attributes, status_code FROM spans WHERE name = ?"
+    sql = "SELECT start_ns, end_ns, attributes, status_code FROM gym_spans WHERE name = ?"
     args: list[Any] = [name]
     if since_ns is not None:
         sql += " AND start_ns >= ?"

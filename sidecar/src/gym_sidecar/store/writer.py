@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.store import db
 from gym_sidecar.store.config import LocalStoreConfig
-from gym_sidecar.store.rows import PointRow, SpanRow, Truncation, point_rows, span_rows
+from gym_sidecar.store.rows import PointRow, TraceRows, Truncation, point_rows, trace_rows
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ class StoreMetrics:
         )
         self.pruned = Counter(
             "gym_sidecar_store_pruned_items",
-            "Rows deleted from the local store by retention, by reason (max_age, max_bytes).",
+            "Spans and metric points deleted from the local store by retention, by reason "
+            "(max_age, max_bytes).",
             ["reason"],
             registry=r,
         )
@@ -76,7 +77,7 @@ class _Job:
     payload: bytes
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[str | None]
-    spans: list[SpanRow] = field(default_factory=list)
+    traces: TraceRows | None = None
     points: list[PointRow] = field(default_factory=list)
 
 
@@ -170,21 +171,22 @@ class StoreWriter:
         for job in jobs:
             try:
                 if job.signal is Signal.TRACES:
-                    job.spans = span_rows(job.payload, now_ns, trunc)
+                    job.traces = trace_rows(job.payload, trunc)
                 elif job.signal is Signal.METRICS:
-                    job.points = point_rows(job.payload, now_ns)
+                    job.points = point_rows(job.payload)
                 good.append(job)
             except DecodeError as exc:
                 self.metrics.failed.labels("decode").inc()
                 self._resolve(job, f"cannot decode {job.signal.value} request: {exc}")
         if trunc.truncated:
             self.metrics.truncated.inc(trunc.truncated)
-        spans = [row for job in good for row in job.spans]
+        traces = [(job.payload, job.traces) for job in good if job.traces is not None]
         points = [row for job in good for row in job.points]
+        spans = sum(rows.spans for _, rows in traces)
         error: str | None = None
         try:
-            if spans or points:
-                db.insert(conn, spans, points)
+            if traces or points:
+                db.insert(conn, traces, points, now_ns)
                 self.metrics.transactions.inc()
         except sqlite3.Error as exc:
             # Boundary: a full disk or a locked file must fail these requests (the sender
@@ -193,7 +195,7 @@ class StoreWriter:
             logger.warning("local store write failed: %s", exc)
             error = f"sqlite: {exc}"
         else:
-            self.metrics.written.labels(Signal.TRACES.value).inc(len(spans))
+            self.metrics.written.labels(Signal.TRACES.value).inc(spans)
             self.metrics.written.labels(Signal.METRICS.value).inc(len(points))
         for job in good:
             self._resolve(job, error)
@@ -226,7 +228,7 @@ class StoreWriter:
             if spans or points:
                 self.metrics.pruned.labels("max_bytes").inc(spans + points)
                 logger.info(
-                    "local store over %d bytes: deleted %d oldest rows",
+                    "local store over %d bytes: deleted the oldest %d spans and points",
                     self.cfg.max_bytes,
                     spans + points,
                 )
