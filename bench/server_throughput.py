@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -39,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +107,18 @@ def serve(variant: str, port: int, sink: str, span_groups: str, handler_us: floa
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
 
-    app = FastAPI(**fastapi_telemetry_off())
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        # uvicorn re-raises SIGTERM after its graceful shutdown, so atexit hooks never run:
+        # flush here, or the last batch of spans would be lost and uncounted.
+        from opentelemetry import trace as trace_api
+
+        flush = getattr(trace_api.get_tracer_provider(), "force_flush", None)
+        if flush is not None:
+            flush(5000)
+
+    app = FastAPI(lifespan=lifespan, **fastapi_telemetry_off())
 
     @app.post("/verify")
     async def verify(body: VerifyRequest) -> VerifyResponse:
