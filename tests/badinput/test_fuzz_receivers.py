@@ -9,7 +9,7 @@ docs/sidecar.md). After each input ``/healthz`` answers; at the end the process'
 memory growth is bounded and canary spans accepted *before* the fuzzing (held in the
 queue by a backend that refuses them for a while) and after it arrive intact.
 
-Example counts are bounded (``GYM_BADINPUT_EXAMPLES`` scales them; default 3) so the
+Example counts are bounded (``GYM_BADINPUT_EXAMPLES`` scales them; default 8) so the
 module runs in one to two minutes.
 """
 
@@ -37,7 +37,7 @@ from tests.support.sink import RecordingSink
 
 KiB = 1024
 MiB = 1024 * KiB
-SCALE = float(os.environ.get("GYM_BADINPUT_EXAMPLES", "3"))
+SCALE = float(os.environ.get("GYM_BADINPUT_EXAMPLES", "8"))
 LIMITS = {
     "http_max_body_bytes": 4 * MiB,
     "http_max_decompressed_bytes": 16 * MiB,
