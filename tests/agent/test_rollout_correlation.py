@@ -88,3 +88,16 @@ def test_context_is_per_task() -> None:
         return list(await asyncio.gather(*(one(f"r{i}") for i in range(5))))
 
     assert asyncio.run(main()) == [f"r{i}" for i in range(5)]
+
+
+def test_install_getter_adds_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    gym_var = _fake_gym(monkeypatch)
+    rc.resolve(force=True)
+    gym_get = rc.getter()
+    rc.install_getter(lambda: gym_get() or "fallback")
+    assert rc.current_rollout_id() == "fallback"
+    token = gym_var.set("from-gym")
+    try:
+        assert rc.current_rollout_id() == "from-gym"
+    finally:
+        gym_var.reset(token)

@@ -147,3 +147,12 @@ def getter() -> Callable[[], str | None]:
     if not _STATE.resolved:
         resolve()
     return _STATE.get
+
+
+def install_getter(getter_fn: Callable[[], str | None]) -> None:
+    """Replace the resolved getter (after resolving), e.g. with one that falls back to
+    another source when Gym's ContextVar is unset. ``rollout_context`` is unchanged.
+    Thread-safe; takes effect on the next ``current_rollout_id`` call."""
+    resolve()
+    with _lock:
+        _STATE.get = getter_fn
