@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.sidecar_vs_rotel import report
 from bench.sidecar_vs_rotel.procs import Collector, Direct, Rotel, Sidecar, pin
+from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from bench.sidecar_vs_rotel.runs import LoadSpec, RunResult, run
 from tests.support.rotel import ROTEL_VERSION
 from tests.support.sink import RecordingSink
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-svr-"))
     with (
         RecordingSink(record=False) as sink,
+        ByteCountingRelay(sink.endpoint) as relay,
         Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -135,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 spy = None
                 if args.profile is not None and path.startswith("sidecar"):
                     spy = args.profile / f"{kind}-{path}-{spec.protocol}-{repeat}.txt"
-                collector = make(path, sink.endpoint, workdir)
-                res = run(collector, sink, spec, repeat, update, pin_cores, spy)
+                collector = make(path, relay.endpoint, workdir)
+                res = run(collector, sink, spec, repeat, update, pin_cores, spy, relay)
                 progress.update(task, description=label + f"  {res.spans_per_s:,.0f}/s")
                 progress.remove_task(task)
                 results[kind].append(res)

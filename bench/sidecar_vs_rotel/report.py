@@ -15,7 +15,15 @@ from rich.table import Table
 
 from bench.sidecar_vs_rotel.runs import RunResult
 
-FIGURES = ("spans_per_s", "cpu_s", "spans_per_cpu_s", "cpu_pct", "peak_rss_mib", "rss_end_mib")
+FIGURES = (
+    "spans_per_s",
+    "cpu_s",
+    "spans_per_cpu_s",
+    "cpu_pct",
+    "peak_rss_mib",
+    "rss_end_mib",
+    "out_bytes_per_span",
+)
 
 
 def machine() -> dict[str, Any]:
@@ -93,7 +101,7 @@ def table(title: str, summary: Sequence[dict[str, Any]], paced: bool) -> Table:
     else:
         cols = [("k spans/s", "spans_per_s", 1e3, 1), ("CPU s", "cpu_s", 1, 2)]
         cols += [("k spans/CPU-s", "spans_per_cpu_s", 1e3, 1)]
-        cols += [("peak RSS MiB", "peak_rss_mib", 1, 1)]
+        cols += [("peak RSS MiB", "peak_rss_mib", 1, 1), ("out B/span", "out_bytes_per_span", 1, 0)]
     for head, *_ in cols:
         t.add_column(head, justify="right")
     t.add_column("lost", justify="right")

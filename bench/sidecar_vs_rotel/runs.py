@@ -21,6 +21,7 @@ from typing import Any
 
 from bench import pyspy
 from bench.sidecar_vs_rotel.procs import Collector, cpu_seconds, pin, status_mib
+from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from tests.support.sink import RecordingSink
 
 Progress = Callable[[int, int], None]
@@ -78,6 +79,7 @@ class RunResult:
     rss_end_mib: float | None
     retries: int
     errors: int
+    out_bytes_per_span: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -120,6 +122,7 @@ def run(
     progress: Progress,
     pin_cores: tuple[set[int], set[int]] | None = None,
     profile: Path | None = None,
+    relay: ByteCountingRelay | None = None,
 ) -> RunResult:
     """One run on a freshly started collector (stopped afterwards); see module doc."""
     collector.start()
@@ -130,6 +133,7 @@ def run(
         if target is None:
             raise ValueError(f"path {collector.name} has no {load.protocol} receiver")
         base = sink.span_count
+        bytes0 = relay.sent if relay is not None else 0
         pid = collector.pid
         expected = (
             load.spans * load.requests
@@ -168,6 +172,7 @@ def run(
             gen.close()
         done = gen.done or {}
         got = sink.span_count - base
+        out_bytes = (relay.sent - bytes0) if relay is not None else 0
         seconds = end - t0
         cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         return RunResult(
@@ -185,6 +190,7 @@ def run(
             rss_end_mib=rss_end,
             retries=int(done.get("retries", 0)),
             errors=int(done.get("errors", 0)),
+            out_bytes_per_span=out_bytes / got if relay is not None and got else None,
             extra={"generator_seconds": done.get("seconds"), "rate": load.rate},
         )
     finally:
