@@ -51,9 +51,7 @@ def assert_still_serving(sc: SidecarProcess, sink: RecordingSink) -> None:
     resp = http_post(sc.http_url, "traces", trace_request(tag, 1).SerializeToString())
     assert resp.status_code == 200
     grpc_export(sc.grpc_endpoint, "traces", trace_request(tag + "g", 1))
-    assert sink.wait_for(
-        lambda: {tag + "-0", tag + "g-0"} <= {s.span.name for s in sink.spans()}, 10
-    )
+    assert sink.wait_for(lambda: {tag + "-0", tag + "g-0"} <= {s.span.name for s in sink.spans()})
 
 
 def vm_hwm_kib(sc: SidecarProcess) -> int:

@@ -83,7 +83,7 @@ def sidecar(
     assert sc.returncode == 0
 
 
-def resource_of_span(sink: RecordingSink, name: str, timeout_s: float = 20.0) -> dict[str, Any]:
+def resource_of_span(sink: RecordingSink, name: str, timeout_s: float = 30.0) -> dict[str, Any]:
     assert sink.wait_for(lambda: any(s.span.name == name for s in sink.spans()), timeout_s)
     return next(s.resource for s in sink.spans() if s.span.name == name)
 

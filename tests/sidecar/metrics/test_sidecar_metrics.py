@@ -295,7 +295,7 @@ def test_periodic_delta_exports_add_up(
             # the timer, not shutdown, exports each batch
             assert sink.wait_for(
                 lambda n=sent: sum(p.count for p in rollout_points()) == n,
-                timeout_s=10,
+                timeout_s=30,
             )
         truth = [s for s in client.get("/spans").json() if s["name"] == semconv.SPAN_ROLLOUT]
 
