@@ -12,7 +12,7 @@ from gym_sidecar.export.base import Outcome
 from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.store import db, queries, stats
 from gym_sidecar.store.config import LocalStoreConfig
-from gym_sidecar.store.exporter import LocalStoreExporter
+from gym_sidecar.store.exporter import LocalStoreExporter, StoreOpenError
 from gym_sidecar.store.writer import StoreMetrics
 from gym_telemetry import semconv
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
@@ -246,3 +246,11 @@ def test_newer_schema_is_refused(path: Path) -> None:
         conn.execute(f"PRAGMA user_version={db.SCHEMA_VERSION + 1}")
     with pytest.raises(db.StoreVersionError):
         db.connect(path)
+
+
+def test_a_file_that_is_not_a_store_fails_to_open_with_an_oserror(tmp_path: Path) -> None:
+    path = tmp_path / "traces.db"
+    path.write_bytes(b"not a database, just some bytes" * 100)
+    with pytest.raises(StoreOpenError, match="cannot open the local store"):
+        LocalStoreExporter(path, LocalStoreConfig(), StoreMetrics())
+    assert issubclass(StoreOpenError, OSError)  # the CLI reports it: exit 1, not a traceback

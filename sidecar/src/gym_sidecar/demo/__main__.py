@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,13 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         rollouts=args.rollouts,
         concurrency=args.concurrency,
         failing=args.failing,
-        store_dir=args.store_dir,
-        workdir=args.workdir,
+        store_dir=args.store_dir.resolve(),
+        workdir=args.workdir.resolve(),
         keep=args.keep,
         gym_python=args.gym_python,
         wait_s=args.wait_s,
     )
-    return run_demo(opts, make_console())
+    console = make_console()
+    try:
+        return run_demo(opts, console)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        # Boundary: a step that could not start (Gym env, sidecar, a Gym server) ends the
+        # demo with its message; every process started so far was stopped by run_demo.
+        console.print(f"[bold red]demo failed:[/bold red] {exc}")
+        return 1
 
 
 if __name__ == "__main__":

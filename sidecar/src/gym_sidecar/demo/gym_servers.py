@@ -165,19 +165,24 @@ class GymServers:
             block["port"] = free_port()
 
     def resolve(self) -> str:
-        """Assign ports and resolve the config with Gym's parser; returns the YAML."""
+        """Assign ports and resolve the config with Gym's parser; returns the YAML.
+
+        Raises RuntimeError (with Gym's error output) when Gym refuses the config."""
         self._assign_ports()
+        self.workdir = self.workdir.resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         raw = self.workdir / "config.yaml"
         raw.write_text(yaml.safe_dump(self.config))
         out = subprocess.run(
             [str(self.python), "-c", _RESOLVE, str(raw)],
-            check=True,
+            check=False,
             capture_output=True,
             text=True,
             cwd=self.workdir,
             timeout=120,
         )
+        if out.returncode != 0:
+            raise RuntimeError(f"Gym could not resolve {raw}:\n{out.stderr[-4000:]}")
         self.resolved_yaml = out.stdout
         return self.resolved_yaml
 

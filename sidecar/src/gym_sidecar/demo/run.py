@@ -25,6 +25,7 @@ from gym_sidecar.demo.gym_servers import GymServers, load_configs, post_json, re
 from gym_sidecar.demo.sidecar import SidecarChild
 from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
 from gym_sidecar.store import db, queries, stats
+from gym_sidecar.store.config import default_data_dir
 
 MODEL: Final = "policy_model"
 RESOURCES: Final = "example_single_tool_call"
@@ -139,7 +140,7 @@ def _report(console: Console, path: Path, since_ns: int, failing: int) -> None:
 
 
 def _next_steps(console: Console, store_dir: Path) -> None:
-    flag = f" --store-dir {store_dir}"
+    flag = "" if store_dir == default_data_dir().resolve() else f" --store-dir {store_dir}"
     console.print(
         Panel(
             "The same data, any time later (the store keeps it, bounded by age and size):\n"

@@ -58,7 +58,7 @@ def build_export_stage(
     ``backend.url`` is unset) the embedded store is an exporter too: the only one, or
     beside the backend behind a :class:`FanOutExporter`. With neither it returns a stage
     that drops and counts everything (reason ``no_backend``) and warns once at start.
-    Opening the store may raise OSError or sqlite3.Error. Call on the running event loop
+    Opening the store may raise OSError. Call on the running event loop
     (the gRPC channel binds to it); then ``start()`` before traffic and
     ``shutdown(deadline_s)`` at the end, which drains the queue and closes the exporter.
     """

@@ -74,9 +74,12 @@ def _open(args: argparse.Namespace, console: Console) -> sqlite3.Connection | in
         return EXIT_BAD_ARGS
     try:
         return db.connect(path, readonly=True)
-    except (FileNotFoundError, sqlite3.Error) as exc:
+    except FileNotFoundError as exc:
         console.print(f"[red]cannot open the local store:[/red] {exc}")
         console.print("Is a sidecar running with the local store (no --backend, or --local-store)?")
+        return EXIT_NOT_FOUND
+    except (sqlite3.Error, db.StoreVersionError) as exc:
+        console.print(f"[red]cannot open the local store {path}:[/red] {exc}")
         return EXIT_NOT_FOUND
 
 

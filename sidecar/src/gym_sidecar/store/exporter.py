@@ -9,21 +9,28 @@ through the same bounded queue as a slow backend. Logs are acknowledged and not 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 from gym_sidecar.export.base import Exporter, ExportResult
 from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.store.config import LocalStoreConfig
+from gym_sidecar.store.db import StoreVersionError
 from gym_sidecar.store.writer import StoreMetrics, StoreWriter
 
 logger = logging.getLogger(__name__)
 
 
+class StoreOpenError(OSError):
+    """The store's file could not be opened (SQLite error, other schema version)."""
+
+
 class LocalStoreExporter(Exporter):
     """Writes traces and ``gym.*`` metric points into the local store.
 
-    Lifecycle: construct (opens the file and starts the writer thread, raising OSError or
-    sqlite3.Error when the store cannot be opened), ``export`` concurrently, ``close``.
+    Lifecycle: construct (opens the file and starts the writer thread; raises OSError --
+    :class:`StoreOpenError` for SQLite's own errors -- when the store cannot be opened),
+    ``export`` concurrently, ``close``.
     """
 
     name = "local_store"
@@ -32,7 +39,10 @@ class LocalStoreExporter(Exporter):
         self.path = path
         self.writer = StoreWriter(path, cfg, metrics)
         self.metrics = metrics
-        self.writer.start()
+        try:
+            self.writer.start()
+        except (sqlite3.Error, StoreVersionError) as exc:
+            raise StoreOpenError(f"cannot open the local store {path}: {exc}") from exc
         logger.info(
             "local store at %s (max_age_s=%g, max_bytes=%d)", path, cfg.max_age_s, cfg.max_bytes
         )
