@@ -5,8 +5,12 @@ environment (``scripts/gym_env.py``), started like Gym's launcher starts them:
 
 - ``bare``: no ``GYM_TELEMETRY`` (the agent is installed but inactive);
 - ``groups_off``: ``GYM_TELEMETRY=1``, span groups ``none`` (every gate closed);
-- ``groups_on``: ``GYM_TELEMETRY=1``, span groups ``all`` (per request: the SERVER span
-  and ``gym.verify``), exporting OTLP/gRPC to a counting sink process.
+- ``groups_default``: ``GYM_TELEMETRY=1``, the ``default`` preset (per ``/verify``
+  request: the SERVER span);
+- ``groups_all``: ``GYM_TELEMETRY=1``, span groups ``all`` (per request: the SERVER span
+  and ``gym.verify``).
+
+The activated variants export OTLP/gRPC to a counting sink process.
 
 A separate client process (aiohttp, ``--concurrency`` keep-alive connections) POSTs a
 realistic verify body with a ``traceparent`` and the rollout-id baggage, as the agent
@@ -45,7 +49,8 @@ BAGGAGE = "nemo.gym.rollout.id=12-3"
 VARIANTS: dict[str, dict[str, str]] = {
     "bare": {},
     "groups_off": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "none"},
-    "groups_on": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "all"},
+    "groups_default": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "default"},
+    "groups_all": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "all"},
 }
 
 
@@ -215,7 +220,7 @@ def main() -> None:
                 rates[name].append(result["rps"])
                 cpu_us[name].append(1e6 * cpu_used / requests)
                 print(
-                    f"round {round_no + 1} {name:>10}: {result['rps']:8.1f} req/s "
+                    f"round {round_no + 1} {name:>14}: {result['rps']:8.1f} req/s "
                     f"{cpu_us[name][-1]:8.0f} server CPU-us/req",
                     flush=True,
                 )
@@ -232,7 +237,7 @@ def main() -> None:
     )
     for name, value in medians.items():
         print(
-            f"  {name:>10}: {value:8.1f} req/s (ratio {value / medians['bare']:.3f})  "
+            f"  {name:>14}: {value:8.1f} req/s (ratio {value / medians['bare']:.3f})  "
             f"{cpu[name]:6.0f} server CPU-us/req (req per CPU-second, ratio to bare "
             f"{cpu['bare'] / cpu[name]:.3f})"
         )

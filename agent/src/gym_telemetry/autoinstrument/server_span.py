@@ -15,7 +15,8 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
    of the remote parent, current for the request; named ``<METHOD> <route template>``
-   when routing matched (``<METHOD>`` otherwise), with ``http.request.method``,
+   when routing matched, ``<METHOD> <path after the /ng-rollout/<id> prefix>`` for
+   Gym's rollout-prefixed calls, ``<METHOD>`` otherwise, with ``http.request.method``,
    ``http.route``, ``http.response.status_code`` and the rollout id. Status ERROR for an
    exception or a 5xx.
 
@@ -39,6 +40,7 @@ from gym_telemetry import semconv, span_groups
 from gym_telemetry.autoinstrument.correlation import TELEMETRY_ROLLOUT_ID
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
+    ROLLOUT_PATH_PREFIX,
     extract_parent,
     rollout_id_from_baggage,
     rollout_id_from_path,
@@ -209,6 +211,12 @@ def _finish(
     if isinstance(template, str):
         span.update_name(f"{method} {template}")
         span.set_attribute(HTTP_ROUTE, template)
+    elif scope["path"].startswith(ROLLOUT_PATH_PREFIX):
+        # Gym's RolloutContextMiddleware routes a copy of the scope with the
+        # ``/ng-rollout/<id>`` prefix stripped, so the route is not visible here; the
+        # rest of the path is the route Gym dispatched to.
+        rest = scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")[2]
+        span.update_name(f"{method} /{rest}")
     if status:
         span.set_attribute(HTTP_STATUS, status)
     if failed is not None:
