@@ -1,6 +1,9 @@
 # The two README commands live here: `make demo` (the main job) and `make test`.
 .PHONY: demo test bench lint
 
+# Where scripts/bootstrap.sh installs uv when the machine has none (it runs in its own shell).
+export PATH := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gym-telemetry/uv/bin:$(HOME)/.local/bin:$(PATH)
+
 demo:
 	bash scripts/demo.sh
 
