@@ -81,6 +81,7 @@ class Target:
         assert sc.proc is not None
         self.pid = sc.proc.pid
         self.base_hwm_kib = 0
+        self.base_rss_kib = 0
 
     def post(
         self,
@@ -136,6 +137,7 @@ def target() -> Iterator[Target]:
         with SidecarProcess(backend=sink.endpoint, config=config) as sc:
             t = Target(sc, sink)
             t.base_hwm_kib = rss_kib(t.pid, "VmHWM")
+            t.base_rss_kib = rss_kib(t.pid)
             assert t.post("canary", CANARY_BEFORE.SerializeToString(), PB) == 200
             assert t.grpc("canary", CANARY_BEFORE_GRPC.SerializeToString()) == grpc.StatusCode.OK
             yield t
@@ -368,11 +370,13 @@ def test_zz_sidecar_unharmed_and_earlier_data_intact(target: Target) -> None:
         if s.span.name in want:
             assert s.span == want[s.span.name]  # byte-for-byte the span that was sent
     growth = rss_kib(target.pid, "VmHWM") - target.base_hwm_kib
+    now = rss_kib(target.pid) - target.base_rss_kib
     dropped = target.sc.metric("gym_sidecar_dropped_items_total")
     print(
         f"\nbad input: {sum(TRIED.values())} inputs "
         f"({', '.join(f'{k} {v}' for k, v in sorted(TRIED.items()))}); answers "
-        f"{dict(sorted(OUTCOMES.items()))}; peak RSS growth {growth // 1024} MiB; "
+        f"{dict(sorted(OUTCOMES.items()))}; peak RSS growth {growth // 1024} MiB "
+        f"(at the end +{now // 1024} MiB); "
         f"sidecar up throughout; canaries delivered intact; dropped {dropped:.0f}"
     )
     assert growth <= RSS_GROWTH_LIMIT_KIB
