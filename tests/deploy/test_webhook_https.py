@@ -63,11 +63,11 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
         stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        wait_listening(port)
+        wait_listening(port, timeout_s=60)
         yield Webhook(port, cert)
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err.decode()
 
 

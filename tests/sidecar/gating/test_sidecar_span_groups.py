@@ -46,7 +46,7 @@ def http(
         return exc.code, exc.headers, doc
 
 
-def wait_until(predicate: Any, timeout_s: float = 15.0) -> bool:
+def wait_until(predicate: Any, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
