@@ -93,6 +93,36 @@ def test_every_plain_manifest_is_valid() -> None:
             pytest.fail(f"{path.relative_to(REPO)}: {exc.message} at {list(exc.path)}")
 
 
+def test_webhook_entries_set_every_field_explicitly() -> None:
+    """Without kustomize too: each webhook entry names failurePolicy (fail open),
+    timeoutSeconds, namespaceSelector and objectSelector itself, never by default, and
+    calls one of the injector's two paths."""
+    [mwc] = [
+        obj
+        for path, obj in plain_manifests()
+        if obj["kind"] == "MutatingWebhookConfiguration" and path.parent.name == "base"
+    ]
+    paths = set()
+    for hook in mwc["webhooks"]:
+        missing = {
+            "failurePolicy",
+            "timeoutSeconds",
+            "namespaceSelector",
+            "objectSelector",
+            "sideEffects",
+            "admissionReviewVersions",
+            "reinvocationPolicy",
+        } - set(hook)
+        assert not missing, f"{hook['name']}: {sorted(missing)} left to the API server"
+        assert hook["failurePolicy"] == "Ignore"
+        assert 1 <= hook["timeoutSeconds"] <= 10
+        assert hook["namespaceSelector"] and hook["objectSelector"]
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert [r["operations"] for r in hook["rules"]] == [["CREATE"]]
+        paths.add(hook["clientConfig"]["service"]["path"])
+    assert paths == {POD_OPT_IN_PATH, NAMESPACE_OPT_IN_PATH}
+
+
 @needs_kubectl
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_rendered_kustomization_is_valid(kustomization: str) -> None:
