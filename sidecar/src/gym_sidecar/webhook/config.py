@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from gym_sidecar.config import deep_merge
+
 ENV_PREFIX = "GYM_INJECTOR_"
 """Prefix of every environment variable the injector reads."""
 ENV_NESTED_DELIMITER = "__"
@@ -186,17 +188,6 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        current = out.get(key)
-        if isinstance(current, Mapping) and isinstance(value, Mapping):
-            out[key] = _merge(current, value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_injector_config(
     config_file: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -216,9 +207,9 @@ def load_injector_config(
             raise InjectorConfigError([f"{config_file}: {exc}"]) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise InjectorConfigError([f"{config_file}: top level must be a mapping"])
-        data = _merge(data, loaded or {})
-    data = _merge(data, _env_overrides(os.environ if environ is None else environ))
-    data = _merge(data, overrides or {})
+        data = deep_merge(data, loaded or {})
+    data = deep_merge(data, _env_overrides(os.environ if environ is None else environ))
+    data = deep_merge(data, overrides or {})
     try:
         return InjectorConfig.model_validate(data)
     except ValidationError as exc:
