@@ -5,8 +5,8 @@ integration installs it from ``FastAPI.build_middleware_stack``), so it sees eve
 request before Gym's own middlewares and the final status after them. Per HTTP request:
 
 1. Nothing at all until this process's Gym server has started telemetry
-   (``RUNTIME.active``), for non-HTTP scopes, and for the excluded paths (health
-   probes, ``GYM_TELEMETRY_EXCLUDED_PATHS``).
+   (``RUNTIME.active``), while every span group is off, for non-HTTP scopes, and for
+   the excluded paths (health probes, ``GYM_TELEMETRY_EXCLUDED_PATHS``).
 2. One pass over the request headers for ``traceparent``, ``tracestate`` and
    ``baggage``. The rollout id comes from a ``/ng-rollout/<id>/`` path prefix, else from
    the ``nemo.gym.rollout.id`` baggage member; when found it is telemetry's rollout id
@@ -103,6 +103,7 @@ class ServerSpanMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             not RUNTIME.active
+            or not _ENABLED.groups
             or scope["type"] != "http"
             or SCOPE_MARKER in scope
             or scope["path"] in RUNTIME.excluded_paths
@@ -206,11 +207,12 @@ class ServerSpanMiddleware:
 def _finish(
     span: trace.Span, scope: Scope, method: str, status: int, failed: BaseException | None
 ) -> None:
+    attributes: dict[str, Any] = {}
     route = scope.get("route")
     template = getattr(route, "path", None)
     if isinstance(template, str):
         span.update_name(f"{method} {template}")
-        span.set_attribute(HTTP_ROUTE, template)
+        attributes[HTTP_ROUTE] = template
     elif scope["path"].startswith(ROLLOUT_PATH_PREFIX):
         # Gym's RolloutContextMiddleware routes a copy of the scope with the
         # ``/ng-rollout/<id>`` prefix stripped, so the route is not visible here; the
@@ -218,11 +220,12 @@ def _finish(
         rest = scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")[2]
         span.update_name(f"{method} /{rest}")
     if status:
-        span.set_attribute(HTTP_STATUS, status)
+        attributes[HTTP_STATUS] = status
     if failed is not None:
-        span.set_attribute(semconv.ERROR_TYPE, type(failed).__qualname__)
+        attributes[semconv.ERROR_TYPE] = type(failed).__qualname__
         span.set_status(_ERROR)
     elif status >= 500:
-        span.set_attribute(semconv.ERROR_TYPE, str(status))
+        attributes[semconv.ERROR_TYPE] = str(status)
         span.set_status(_ERROR)
+    span.set_attributes(attributes)
     span.end()
