@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -58,6 +59,8 @@ _log = logging.getLogger(__name__)
 MARKER: Final = "_gym_telemetry_group"
 #: How deep to follow ``__wrapped__`` looking for the marker.
 MAX_UNWRAP_DEPTH: Final = 16
+#: Largest raw ``/run`` body read to find the rollout id (handlers taking ``Request``).
+MAX_RAW_BODY_BYTES: Final = 8 * 1024 * 1024
 
 SPAN_AGENT_RESPONSES: Final = "gym.agent.responses"
 SPAN_MODEL_RESPONSES: Final = "gym.model.responses"
@@ -175,20 +178,43 @@ def traced_verify_endpoint(handler: Any, static_attributes: dict[str, Any] | Non
     return _mark(_tagging(inner), semconv.GROUP_VERIFY)
 
 
-def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
-    """The rollout id of a ``/run`` body (Gym's rule, or an episode's capture key)."""
-    for value in kwargs.values():
-        episode = getattr(value, "episode_id", None)
-        key = getattr(episode, "capture_key", None)
-        if isinstance(key, str) and key:
-            return key
-        try:
-            from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
+def _id_from(value: Any) -> str | None:
+    episode = getattr(value, "episode_id", None)
+    key = getattr(episode, "capture_key", None)
+    if isinstance(key, str) and key:
+        return key
+    try:
+        from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 
-            found = maybe_rollout_id_from_run_body(value)
-        except Exception:  # not a run body, or a malformed id: no id
-            found = None
-        if isinstance(found, str) and found:
+        found = maybe_rollout_id_from_run_body(value)
+    except Exception:  # not a run body, or a malformed id: no id
+        found = None
+    return found if isinstance(found, str) and found else None
+
+
+async def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
+    """The rollout id of a ``/run`` body (Gym's rule, or an episode's capture key).
+
+    Parsed request models are tried first. A handler that takes the raw ``Request``
+    (Gym's ``legacy_agent`` relay) has its JSON body read -- Starlette caches it, so
+    the handler reads the same bytes -- when it is at most ``MAX_RAW_BODY_BYTES``.
+    """
+    for value in kwargs.values():
+        found = _id_from(value)
+        if found is not None:
+            return found
+    for value in kwargs.values():
+        if not (hasattr(value, "body") and hasattr(value, "headers")):
+            continue
+        length = value.headers.get("content-length")
+        if length is None or not length.isdigit() or int(length) > MAX_RAW_BODY_BYTES:
+            continue
+        try:
+            parsed = json.loads(await value.body())
+        except Exception:  # not JSON: no id
+            continue
+        found = _id_from(parsed) if isinstance(parsed, dict) else None
+        if found is not None:
             return found
     return None
 
@@ -199,9 +225,9 @@ def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(traced)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         rollout_id = None
-        if rollout_correlation.current_rollout_id() is None:
+        if _ENABLED.groups and rollout_correlation.current_rollout_id() is None:
             try:
-                rollout_id = _rollout_id_from_body(kwargs)
+                rollout_id = await _rollout_id_from_body(kwargs)
             except Exception:  # best effort
                 rollout_id = None
         if rollout_id is None:
