@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from typing import Annotated, Any
 
 import httpx
@@ -113,6 +114,58 @@ def test_disabled_group_emits_nothing(serve: Any, spans: Spans) -> None:
         r = httpx.post(served.url + "/verify", json={"answer": "boom", "expected": "b"})
         assert r.status_code == 500
     assert spans.all() == []
+
+
+def _calls_during(fn: Any) -> list[tuple[str, str]]:
+    """Every Python and C function call made while ``fn()`` runs, as (event, name)."""
+    seen: list[tuple[str, str]] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            seen.append((event, frame.f_code.co_name))
+        elif event == "c_call":
+            seen.append((event, getattr(arg, "__qualname__", repr(arg))))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return [c for c in seen if c != ("c_call", "setprofile")]
+
+
+def test_disabled_group_checks_first_and_touches_nothing_else() -> None:
+    """A disabled group's wrapper runs the set-membership test and then the handler:
+    no other function (tracer, rollout id, attributes, clock, logging) is called."""
+    span_groups.set_enabled({"rollout"})
+
+    async def handler(n: int) -> int:
+        return n
+
+    def plain(n: int) -> int:
+        return n
+
+    wrapped_async = traced_verify_endpoint(handler, {"k": "v"})
+    wrapped_sync = traced_endpoint("sandbox", "sandbox.step", plain, {"k": "v"})
+
+    def drive_async() -> None:
+        coro = wrapped_async(n=1)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            assert done.value == 1
+
+    assert _calls_during(drive_async) == [
+        ("call", "drive_async"),
+        ("c_call", "coroutine.send"),
+        ("call", "async_wrapper"),
+        ("call", "handler"),
+    ]
+    assert _calls_during(lambda: wrapped_sync(n=2)) == [
+        ("call", "<lambda>"),
+        ("call", "sync_wrapper"),
+        ("call", "plain"),
+    ]
 
 
 def test_mutating_static_attributes_after_wrapping_changes_nothing(
