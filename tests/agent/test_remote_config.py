@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -122,6 +123,38 @@ def test_unreachable_from_start_keeps_local_config() -> None:
         remote_config.stop_polling()
     assert not poller.running and remote_config.current_poller() is None
     assert remote_config.start_polling(SERVICE, {remote_config.ENV_POLL_INTERVAL_S: "0"}) is None
+
+
+class _RecordedWaits(threading.Event):
+    """The poller's stop event, recording each wait between polls instead of sleeping;
+    set after ``limit`` waits, which ends the poller's loop."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        if len(self.waits) >= self.limit:
+            self.set()
+        return self.is_set()
+
+
+def test_waits_between_polls_are_jittered() -> None:
+    # Nothing listens: every poll fails at once; the loop goes on with jittered waits.
+    poller = RemoteConfigPoller(f"http://127.0.0.1:{free_port()}", SERVICE, 10.0)
+    waits = _RecordedWaits(limit=30)
+    poller._stop = waits
+    poller.start()
+    assert poller._thread is not None
+    poller._thread.join(60)
+    assert not poller.running and poller.polls == 30
+    timeouts = [w for w in waits.waits if w is not None]
+    assert len(timeouts) == 30
+    low, high = 10.0 * (1 - remote_config.JITTER), 10.0 * (1 + remote_config.JITTER)
+    assert all(low <= w <= high for w in timeouts)
+    assert len(set(timeouts)) > 1  # not every agent of a fleet polls in step
 
 
 def test_bad_answers_are_failures_not_changes(sidecar: SidecarProcess) -> None:
