@@ -222,8 +222,22 @@ def test_pod_in_opted_in_namespace_is_injected_unless_it_opts_out(webhook: Webho
         b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", '
         b'"request": {"uid": "u-2", "kind": {"kind": "Pod"}, "operation": "CREATE", '
         b'"object": ["not", "a", "pod"]}}',
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", '
+        b'"request": {"uid": "u-3", "kind": {"kind": "Pod"}, "operation": "CREATE", '
+        b'"object": {"metadata": "not a mapping", "spec": {"containers": []}}}}',
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", '
+        b'"request": {"uid": "u-4", "kind": {"kind": "Pod"}, "operation": "CREATE", '
+        b'"object": {"metadata": {"annotations": {"telemetry.nemo-gym.io/inject": "true"}}, '
+        b'"spec": {"containers": ["not a container"]}}}}',
     ],
-    ids=["not-json", "no-request", "pod-without-spec", "object-not-a-mapping"],
+    ids=[
+        "not-json",
+        "no-request",
+        "pod-without-spec",
+        "object-not-a-mapping",
+        "metadata-not-a-mapping",
+        "container-not-a-mapping",
+    ],
 )
 def test_malformed_review_fails_open(webhook: Webhook, body: bytes) -> None:
     response = webhook.post(POD_OPT_IN_PATH, body)["response"]

@@ -83,12 +83,12 @@ def handle_review(body: bytes, config: InjectorConfig, namespace_opted_in: bool)
         return fail_open(
             uid, f"expected a Pod CREATE, got {request.kind.kind or '?'} {request.operation}"
         )
-    decision = decide(pod, namespace_opted_in)
-    if not decision.inject:
-        logger.debug("not injecting (uid=%s): %s", uid, decision.reason)
-        return Outcome(response_review(uid), "skipped", decision.reason)
-    was_injected = already_injected(pod, config)
     try:
+        decision = decide(pod, namespace_opted_in)
+        if not decision.inject:
+            logger.debug("not injecting (uid=%s): %s", uid, decision.reason)
+            return Outcome(response_review(uid), "skipped", decision.reason)
+        was_injected = already_injected(pod, config)
         patch: list[dict[str, Any]] = jsonpatch.make_patch(pod, mutate(pod, config)).patch
     except Exception as exc:  # boundary: any bug or odd pod must still admit the pod
         return fail_open(uid, f"{type(exc).__name__}: {exc}")
