@@ -4,6 +4,7 @@ and reloads by file change and by SIGHUP."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.error
@@ -145,6 +146,13 @@ def test_spans_of_disabled_groups_are_dropped_and_counted(sink: RecordingSink) -
         sc.stop()
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` in one rename, so the watcher never reads half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def test_reload_by_file_change_and_by_sighup(sink: RecordingSink) -> None:
     sc = start_sidecar(sink, {"spec": "default", "token": TOKEN, "watch_interval_s": 0.1})
     try:
@@ -159,12 +167,12 @@ def test_reload_by_file_change_and_by_sighup(sink: RecordingSink) -> None:
         config = yaml.safe_load(path.read_text())
         config["span_groups"]["spec"] = "default,verify"
         config["span_groups"]["modes"] = {"verify": "metrics"}
-        path.write_text(yaml.safe_dump(config))
+        replace_file(path, yaml.safe_dump(config))
         assert wait_until(lambda: verify_mode() == "metrics")
 
         # An invalid file is refused; the policy in force stays.
         config["span_groups"]["spec"] = "default,verfy"
-        path.write_text(yaml.safe_dump(config))
+        replace_file(path, yaml.safe_dump(config))
         assert wait_until(
             lambda: (
                 sc.metric("gym_sidecar_span_group_changes_total", source="file", outcome="invalid")
@@ -173,7 +181,17 @@ def test_reload_by_file_change_and_by_sighup(sink: RecordingSink) -> None:
         )
         assert verify_mode() == "metrics"
         config["span_groups"]["spec"] = "default,verify"
-        path.write_text(yaml.safe_dump(config))
+        replace_file(path, yaml.safe_dump(config))
+        # Seen by the watcher (same policy as in force) before the PUT below, which a
+        # later file change would otherwise discard.
+        assert wait_until(
+            lambda: (
+                sc.metric(
+                    "gym_sidecar_span_group_changes_total", source="file", outcome="unchanged"
+                )
+                == 1
+            )
+        )
 
         # SIGHUP re-reads the file and discards what PUT set.
         auth = {"Authorization": f"Bearer {TOKEN}"}
