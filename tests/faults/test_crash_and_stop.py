@@ -56,7 +56,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_acknowledged_span(
     qdir = tmp_path / "queue"
     config = {"queue": disk_queue(qdir, fsync=fsync, fsync_interval_ms=500, segment_max_bytes=MiB)}
     with RecordingSink() as sink:
-        sink.delay_s = 0.2  # a slow backend, so the queue holds data when the kill comes
+        sink.delay_s = 1.0  # slower than the clients, so the queue holds data at the kill
         first = SidecarProcess(backend=sink.endpoint, config=config).start()
         load = GrpcLoad(first.grpc_endpoint, threads=3, batch=50, pause_s=0.0).start()
         time.sleep(3)
@@ -66,6 +66,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_acknowledged_span(
         load.stop()
         acked = set(load.acked)
         on_disk = sum(p.stat().st_size for p in qdir.glob("*.seg"))
+        time.sleep(1.5)  # exports the dead process had in flight still land at the sink
         arrived_before = set(received(sink))
         sink.delay_s = 0.0
         with SidecarProcess(backend=sink.endpoint, config=config) as second:
@@ -80,7 +81,7 @@ def test_sigkill_mid_stream_then_restart_delivers_every_acknowledged_span(
     dups = duplicates(ids)
     print(
         f"\nSIGKILL (fsync={fsync}): {len(acked)} spans acked, {len(acked - arrived_before)} "
-        f"still queued at the kill ({on_disk // 1024} KiB on disk), {replayed:.0f} replayed, "
+        f"not yet delivered at the kill ({on_disk // 1024} KiB on disk), {replayed:.0f} replayed, "
         f"{dups} duplicates, {corrupt:.0f} corrupt records skipped, lost 0"
     )
     assert len(acked - arrived_before) > 0  # the kill really left queued data behind
