@@ -188,6 +188,8 @@ class Sender:
                 deadline_s,
                 ", ".join(f"{n} {s.value} items" for s, n in lost.items()),
             )
+        elif self.queue.used_bytes:  # a persistent queue keeps the rest for replay
+            logger.info("export queue closed, %d bytes kept for replay", self.queue.used_bytes)
         else:
             logger.info("export queue drained")
         await self.exporter.close()
