@@ -190,3 +190,12 @@ def test_damaged_segments_are_skipped_counted_and_the_rest_delivered(tmp_path: P
     assert got == want
     assert kinds == {"checksum": 1, "bad_magic": 1, "truncated": 1}
     assert log.count("record skipped") == 3
+
+
+def test_second_sidecar_on_the_same_directory_refuses_to_start(tmp_path: Path) -> None:
+    config = {"queue": disk_queue(tmp_path / "queue")}
+    with RecordingSink() as sink, SidecarProcess(backend=sink.endpoint, config=config):
+        second = SidecarProcess(backend=sink.endpoint, config=config)
+        with pytest.raises(RuntimeError, match="exited early with code 1"):
+            second.start()
+        assert "in use by another process" in second.log_text()
