@@ -7,7 +7,10 @@ sender); the same behaviour through a real sidecar process is in the other fault
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gym_sidecar.export import segments
@@ -229,3 +232,33 @@ def test_build_queue_defaults_to_memory(tmp_path: Path) -> None:
     asyncio.run(run())
     with pytest.raises(ValueError, match="directory"):
         QueueConfig(persistent=True)
+
+
+def test_a_get_cancelled_while_reading_puts_its_records_back(tmp_path: Path) -> None:
+    """Shutdown can cancel a sender blocked in ``get`` while its payloads are read from
+    disk: those records must stay queued (and their segment on disk), in order."""
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics())
+        for i in range(5):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        original = q._reader.read
+        reading, release = threading.Event(), threading.Event()
+
+        def slow_read(positions: Any) -> Any:
+            reading.set()
+            release.wait(5)
+            return original(positions)
+
+        q._reader.read = slow_read  # type: ignore[method-assign]
+        task = asyncio.create_task(q.get(250, 0.0))
+        assert await asyncio.to_thread(reading.wait, 5)
+        task.cancel()
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        q._reader.read = original  # type: ignore[method-assign]
+        assert await drain_all(q) == [payload(i) for i in range(5)]
+        await q.close()
+
+    asyncio.run(run())
