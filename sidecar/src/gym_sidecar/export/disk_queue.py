@@ -127,11 +127,15 @@ class DiskQueue:
         """While a group is being appended: the segment it started in (it may write
         there before rolling over, so that segment and later ones are not collected)."""
         self._writing = 0
+        """Records of the group being appended (draining waits for them)."""
         self._write_failures = 0
         self._last_write = 0.0
         self._last_failure_log = -_LOG_INTERVAL_S
-        """Records of the group being appended (draining waits for them)."""
-        next_seq = self._replay()
+        try:
+            next_seq = self._replay()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._writer = segments.SegmentWriter(
             self.directory, next_seq, min(segment_max_bytes, max_bytes)
         )
