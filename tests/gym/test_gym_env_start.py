@@ -196,5 +196,14 @@ def test_gym_env_start_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -
             assert trace.parent(rollout).span.kind == SERVER  # type: ignore[union-attr]
         assert all(trace.is_descendant(verify, rollout) for rollout in rollouts)
         assert len(trace.named("gym.model.responses")) == 2
+        # exactly one SERVER span per request: the relay adds one /run, nothing doubles
+        server_routes = sorted(s.span.name for s in trace.spans if s.span.kind == SERVER)
+        assert server_routes == sorted(
+            ["POST /run", "POST /seed_session", "POST /get_weather", "POST /verify"]
+            + ["POST /v1/responses"] * 3  # the agent's own, then the model twice
+            + (["POST /run"] if through_env else [])
+        ), rollout_id
+    # no FastAPI built-in (fastapi >= 0.165) or other foreign spans: only this agent's scopes
+    assert {s.scope.split(".")[0] for s in spans} == {"gym_telemetry"}
     for span in spans:
         assert span.resource[semconv.SERVER_TYPE] == SERVERS[span.resource[semconv.SERVER_NAME]]

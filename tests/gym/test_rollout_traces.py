@@ -6,13 +6,14 @@ resources server whose verifier raises on request), started the way Gym's launch
 starts them, with only ``GYM_TELEMETRY=1`` and the sidecar address added to their
 environment. Their OTLP goes to a real ``gym-sidecar`` process that forwards to a
 recording OTLP sink. 20 rollouts run 5 at a time, then 2 whose verifier raises; the
-sidecar is stopped (SIGTERM flushes its derived metrics) and everything the sink
-received is checked.
+sidecar is stopped (SIGTERM flushes its derived metrics, exported every 2 s before that)
+and everything the sink received is checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Any
 
 import pytest
 from gym_telemetry import semconv
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
 from tests.gym.stack import GymStack, load_configs, post_json, run_body
 from tests.gym.traces import CLIENT, SERVER, Trace, by_rollout, traces
-from tests.sidecar.metrics.collect import points
+from tests.sidecar.metrics.collect import Point, points
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordedSpan, RecordingSink
 
@@ -38,6 +40,8 @@ SERVERS = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 ROLLOUTS = 20
 CONCURRENCY = 5
 FAILING_ROLLOUTS = 2
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 
 
 def service(name: str) -> str:
@@ -62,7 +66,9 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             backend=sink.endpoint,
             config={
                 "span_groups": {"spec": "per_rollout"},
-                "metrics": {"interval_s": 3600},  # the SIGTERM flush is the one export
+                # several cumulative exports during the run, then the SIGTERM flush:
+                # the count check must take each series' latest point, not their sum
+                "metrics": {"interval_s": 2},
             },
             log_dir=workdir,
         ).start()
@@ -152,6 +158,11 @@ def test_rollout_id_on_every_span_of_the_rollout(run: Run) -> None:
         assert trace.rollout_ids() == {rollout_id}
 
 
+def test_only_this_agents_scopes(run: Run) -> None:
+    # FastAPI's built-in telemetry (fastapi >= 0.165, scope "fastapi") stays off
+    assert {s.scope.split(".")[0] for s in run.spans} == {"gym_telemetry"}
+
+
 def test_spans_from_all_three_services(run: Run) -> None:
     for rollout_id in run.ok:
         trace = _ok_traces(run)[rollout_id]
@@ -228,17 +239,55 @@ def test_raising_verifier_is_a_failed_verification(run: Run) -> None:
         assert rollout.span.status.code == rollout.span.status.STATUS_CODE_ERROR
 
 
+def _series_totals(points: list[Any], value: Callable[[Any], int]) -> dict[Any, int]:
+    """Per series (service, attributes), the count over the whole run.
+
+    A cumulative series reports its running total in every export, so only its latest
+    point counts (summing them would count a rollout once per export when the run
+    outlasts ``metrics.interval_s``); delta points are summed.
+    """
+    latest: dict[Any, Any] = {}
+    totals: dict[Any, int] = defaultdict(int)
+    for p in points:
+        key = (p.resource[semconv.SERVICE_NAME], tuple(sorted(p.attrs.items())))
+        if p.temporality == CUMULATIVE:
+            if key not in latest or p.point.time_unix_nano >= latest[key].point.time_unix_nano:
+                latest[key] = p
+        else:
+            totals[key] += value(p)
+    for key, p in latest.items():
+        totals[key] += value(p)
+    return dict(totals)
+
+
+def test_series_totals_take_the_latest_cumulative_point() -> None:
+    res = {semconv.SERVICE_NAME: "s"}
+    ok = {semconv.VERIFY_SUCCEEDED: True}
+    cumulative = [
+        Point(res, "", "", "", "sum", CUMULATIVE, ok, NumberDataPoint(time_unix_nano=t, as_int=n))
+        for t, n in ((1, 3), (3, 7), (2, 5))
+    ]
+    delta = [
+        Point(res, "", "", "", "sum", DELTA, {}, NumberDataPoint(time_unix_nano=t, as_int=n))
+        for t, n in ((1, 3), (2, 4))
+    ]
+    totals = _series_totals(cumulative + delta, lambda p: int(p.point.as_int))
+    assert totals == {("s", ((semconv.VERIFY_SUCCEEDED, True),)): 7, ("s", ()): 7}
+
+
 def test_derived_metrics_count_exactly_these_rollouts(run: Run) -> None:
     assert run.sidecar_exit == 0
-    rollouts = {
-        p.resource[semconv.SERVICE_NAME]: p.point.count
-        for p in run.metric_points[semconv.METRIC_ROLLOUT_DURATION]
-    }
+    rollouts: dict[str, int] = defaultdict(int)
+    for (name, _attrs), count in _series_totals(
+        run.metric_points[semconv.METRIC_ROLLOUT_DURATION], lambda p: int(p.point.count)
+    ).items():
+        rollouts[name] += count
     assert rollouts == {service(AGENT): ROLLOUTS, service(FAILING_AGENT): FAILING_ROLLOUTS}
-    verify_counts: dict[tuple[str, bool], int] = {}
-    for p in run.metric_points[semconv.METRIC_VERIFY_COUNT]:
-        key = (p.resource[semconv.SERVICE_NAME], p.attrs[semconv.VERIFY_SUCCEEDED])
-        verify_counts[key] = verify_counts.get(key, 0) + p.point.as_int
+    verify_counts: dict[tuple[str, bool], int] = defaultdict(int)
+    for (name, attrs), count in _series_totals(
+        run.metric_points[semconv.METRIC_VERIFY_COUNT], lambda p: int(p.point.as_int)
+    ).items():
+        verify_counts[(name, dict(attrs)[semconv.VERIFY_SUCCEEDED])] += count
     assert verify_counts == {
         (service(RESOURCES), True): ROLLOUTS,
         (service(FAILING_RESOURCES), False): FAILING_ROLLOUTS,
