@@ -13,10 +13,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gym_sidecar.store import db
+from gym_sidecar.store.config import DB_FILE_NAME, LocalStoreConfig
+from gym_sidecar.store.exporter import LocalStoreExporter, StoreOpenError
+from gym_sidecar.store.writer import StoreMetrics
 from gym_telemetry import semconv
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -217,3 +222,19 @@ def test_missing_store_and_bad_flags(tmp_path: Path) -> None:
     code, text = cli("rollouts", "--store-dir", str(tmp_path), "--since", "soon")
     assert code == 2
     assert "not a duration" in text
+
+
+def test_old_schema_store_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    store_dir = tmp_path / "old"
+    with closing(db.connect(store_dir / DB_FILE_NAME)) as conn:
+        conn.execute(f"PRAGMA user_version={db.SCHEMA_VERSION - 1}")  # an older release's
+    for command in ("rollouts", "stats"):
+        code, text = cli(command, "--store-dir", str(store_dir))
+        assert code == 1, text
+        said = " ".join(text.split())  # rich wraps long lines
+        assert f"schema version {db.SCHEMA_VERSION - 1}" in said, text
+        assert "move the file away" in said, text
+        assert "Traceback" not in text
+    # the sidecar refuses it too, as a start failure with the same reason
+    with pytest.raises(StoreOpenError, match="schema version"):
+        LocalStoreExporter(store_dir / DB_FILE_NAME, LocalStoreConfig(), StoreMetrics())
