@@ -17,6 +17,12 @@ import pytest
 from gym_telemetry import semconv
 from gym_telemetry.autoinstrument import activation_requested
 from gym_telemetry.autoinstrument.gym_primitives import REDACTED, safe_set_span_attributes
+from gym_telemetry.autoinstrument.identity import (
+    DEFAULT_EXCLUDED_PATHS,
+    excluded_paths,
+    server_type_of,
+    service_name_for,
+)
 from gym_telemetry.autoinstrument.propagation import (
     MAX_ROLLOUT_ID_CHARS,
     inject,
@@ -230,3 +236,38 @@ def test_post_import_hook_runs_before_the_importer_continues(tmp_path: Path) -> 
         """
     )
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_service_name_prefix_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GYM_TELEMETRY_SERVICE_PREFIX", raising=False)
+    assert service_name_for("math_with_judge") == "nemo-gym/math_with_judge"
+    monkeypatch.setenv("GYM_TELEMETRY_SERVICE_PREFIX", "team-rl")
+    assert service_name_for("math_with_judge") == "team-rl/math_with_judge"
+    assert service_name_for(None) == "team-rl"
+    monkeypatch.setenv("GYM_TELEMETRY_SERVICE_PREFIX", "  ")  # blank: the default
+    assert service_name_for("a") == "nemo-gym/a"
+
+
+def test_server_type_from_the_gym_base_class_in_the_mro() -> None:
+    def gym_class(name: str, *bases: type) -> type:
+        return type(name, bases or (object,), {})
+
+    resources = gym_class("SimpleResourcesServer", gym_class("BaseResourcesServer"))
+    environment = gym_class("BaseEnvironmentServer")
+    assert server_type_of(gym_class("WeatherServer", resources)) == "resources"
+    assert server_type_of(gym_class("MyAgent", gym_class("SimpleResponsesAPIAgent"))) == "agent"
+    assert server_type_of(gym_class("Stub", gym_class("SimpleResponsesAPIModel"))) == "model"
+    assert server_type_of(gym_class("LegacyAgent", environment)) == "environment"
+    assert server_type_of(gym_class("NotGym")) is None
+    for server_type in ("resources", "agent", "model", "environment"):
+        assert server_type in semconv.SERVER_TYPES
+
+
+def test_excluded_paths_spec() -> None:
+    assert excluded_paths({}) == frozenset(DEFAULT_EXCLUDED_PATHS.split(","))
+    assert "/health" in excluded_paths({})
+    assert excluded_paths({"GYM_TELEMETRY_EXCLUDED_PATHS": ""}) == frozenset()
+    assert excluded_paths({"GYM_TELEMETRY_EXCLUDED_PATHS": " /ping , /metrics,"}) == {
+        "/ping",
+        "/metrics",
+    }

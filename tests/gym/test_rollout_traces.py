@@ -200,6 +200,10 @@ def test_parent_child_edges_across_processes(run: Run) -> None:
         for call in model_calls:
             assert call.resource[semconv.SERVICE_NAME] == service(MODEL)
             assert trace.is_descendant(call, rollout)
+        [agent_call] = trace.named("gym.agent.responses")  # the agent's own /v1/responses
+        assert agent_call.resource[semconv.SERVICE_NAME] == service(AGENT)
+        assert agent_call.scope == semconv.scope_name(semconv.GROUP_AGENT)
+        assert trace.is_descendant(agent_call, rollout)
         [verify] = trace.named(semconv.SPAN_VERIFY)
         assert trace.is_descendant(verify, rollout)
         server_routes = sorted(s.span.name for s in trace.spans if s.span.kind == SERVER)
