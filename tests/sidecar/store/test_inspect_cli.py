@@ -169,6 +169,8 @@ def test_rollouts_filters(store: Store) -> None:
     # rollout i started 600 - i seconds ago: only i > 300 would be in 5 minutes
     assert _ids(text) == []
     assert "no rollouts match" in text
+    _, text = cli("rollouts", *flags, "--since", "1h", "--limit", "50")
+    assert len(_ids(text)) == ROLLOUTS  # ... and a window that holds them all lists them
     _, text = cli("rollouts", *flags, "--service", "weather_tool", "--limit", "3")
     assert _ids(text) == ["19-0", "18-0", "17-0"]
     _, text = cli("rollouts", *flags, "--service", "math_with_judge")
