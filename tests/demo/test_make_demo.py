@@ -85,7 +85,15 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     stats = out.split("gym-sidecar stats", 1)[1]
     ok = ROLLOUTS - FAILING
     assert stats.count(f"({ok}/{ROLLOUTS})") == 2  # spans and gym.verify.count agree
+    # how to see the same in Jaeger, then a clean stop: the sidecar exited 0 and every
+    # Gym server finished gracefully on SIGTERM (not killed after the stop timeout)
+    hint = " ".join(out.split())
+    assert "docker compose up" in hint and "http://localhost:16686" in hint
     assert "stopped cleanly" in out
+    gym_logs = sorted((tmp_path / "work" / "gym").glob("*.log"))
+    assert len(gym_logs) == 5
+    for log in gym_logs:
+        assert "Finished server process" in log.read_text(), log.name
 
     # the store outlives the demo: the CLI reads the same rollouts back
     again = subprocess.run(
