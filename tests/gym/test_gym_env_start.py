@@ -118,6 +118,7 @@ def test_gym_env_start_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -
                     "start",
                     f"+config_paths=[{config_path}]",
                 ],
+                # the launcher (hydra) writes outputs/<date>/<time>/ into its cwd
                 cwd=tmp_path,
                 env=env,
                 stdout=log,
@@ -165,6 +166,7 @@ def test_gym_env_start_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -
     # with GYM_TELEMETRY unset too: Ray's signal handler in the launcher), so its exit
     # status is not this project's to assert.
     log_text = log_path.read_text()
+    assert (tmp_path / "outputs").is_dir()  # hydra's logs landed in the work dir, not the repo
     for name in SERVERS:
         assert f"({name}) INFO:     Finished server process" in log_text, name
     assert launcher_exit in (0, -signal.SIGTERM, -signal.SIGABRT), log_text[-4000:]
