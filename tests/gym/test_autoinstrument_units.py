@@ -23,6 +23,11 @@ from gym_telemetry.autoinstrument.identity import (
     server_type_of,
     service_name_for,
 )
+from gym_telemetry.autoinstrument.install import (
+    DEFAULT_STOP_FLUSH_TIMEOUT_S,
+    ENV_STOP_FLUSH_TIMEOUT_S,
+    stop_flush_timeout_s,
+)
 from gym_telemetry.autoinstrument.propagation import (
     MAX_ROLLOUT_ID_CHARS,
     inject,
@@ -271,3 +276,25 @@ def test_excluded_paths_spec() -> None:
         "/ping",
         "/metrics",
     }
+
+
+def test_stop_flush_timeout_spec() -> None:
+    assert stop_flush_timeout_s({}) == DEFAULT_STOP_FLUSH_TIMEOUT_S
+    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "0.5"}) == 0.5
+    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "0"}) == 0
+    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "soon"}) == DEFAULT_STOP_FLUSH_TIMEOUT_S
+
+
+def test_uvicorn_shutdown_is_patched_in_a_fresh_process() -> None:
+    result = _run(
+        """
+        import gym_telemetry.autoinstrument.startup  # what the .pth line imports
+        import uvicorn.server
+        from gym_telemetry.autoinstrument.install import PATCHED
+
+        assert getattr(uvicorn.server.Server.shutdown, PATCHED, False)
+        print("ok")
+        """,
+        GYM_TELEMETRY="1",
+    )
+    assert result.stdout.strip() == "ok", result.stderr

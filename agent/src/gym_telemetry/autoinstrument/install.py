@@ -15,6 +15,11 @@
   (``gym_primitives.REPLACEMENTS``, ``routes.ENDPOINT_REPLACEMENTS``).
 - ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` first runs
   ``identity.start_server_telemetry(self)`` (identity + SDK), then Gym's own.
+- ``uvicorn.server``: ``Server.shutdown`` flushes this process's spans once the graceful
+  shutdown is done (``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S``, default 2 s, ``0``: off).
+  uvicorn re-raises SIGTERM after that shutdown, so a server stopped by SIGTERM
+  (Kubernetes, ``docker stop``) dies by the signal and no ``atexit`` hook runs; without
+  this it would lose what its batch processor still held.
 
 Importing this module and ``install()`` import nothing beyond the standard library; each
 patch imports what it needs when its target loads. Nothing else happens until a Gym
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 import threading
 from types import ModuleType
 from typing import Any, Final
@@ -56,6 +63,30 @@ class _Installed:
 
 
 _INSTALLED: Final = _Installed()
+
+
+#: Bound on the span flush at the end of a uvicorn server's graceful shutdown.
+ENV_STOP_FLUSH_TIMEOUT_S: Final = "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S"
+DEFAULT_STOP_FLUSH_TIMEOUT_S: Final = 2.0
+
+
+def stop_flush_timeout_s(environ: dict[str, str] | None = None) -> float:
+    """``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S`` (default 2; 0 or less: no flush; a bad
+    value: the default, logged)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_STOP_FLUSH_TIMEOUT_S, "").strip()
+    if not raw:
+        return DEFAULT_STOP_FLUSH_TIMEOUT_S
+    try:
+        return float(raw)
+    except ValueError:
+        _log.warning(
+            "gym_telemetry: %s=%r is not a number; using %s",
+            ENV_STOP_FLUSH_TIMEOUT_S,
+            raw,
+            DEFAULT_STOP_FLUSH_TIMEOUT_S,
+        )
+        return DEFAULT_STOP_FLUSH_TIMEOUT_S
 
 
 def _already(func: Any) -> bool:
@@ -144,6 +175,32 @@ def patch_server_utils(module: ModuleType) -> None:
     server_cls.setup_telemetry = setup_telemetry
 
 
+def patch_uvicorn_server(module: ModuleType) -> None:
+    """``Server.shutdown`` ends with a bounded flush of this process's spans (module doc).
+
+    The flush blocks the (already stopped) server's loop for at most the timeout and
+    never raises; in a process whose telemetry never started it does nothing.
+    """
+    server_cls = module.Server
+    original = server_cls.shutdown
+    if _already(original):
+        return
+
+    @functools.wraps(original)
+    async def shutdown(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            await original(self, *args, **kwargs)
+        finally:
+            provider = sys.modules.get("gym_telemetry.provider")
+            timeout_s = stop_flush_timeout_s()
+            # not imported: this process never set telemetry up, nothing to flush
+            if provider is not None and timeout_s > 0 and provider.is_active():
+                provider.shutdown_telemetry(timeout_s)
+
+    setattr(shutdown, PATCHED, True)
+    server_cls.shutdown = shutdown
+
+
 def install() -> bool:
     """Register every hook (module doc). Idempotent and thread-safe; returns True."""
     with _INSTALLED.lock:
@@ -155,4 +212,5 @@ def install() -> bool:
     for module_name in GYM_TELEMETRY_MODULES:
         when_imported(module_name, patch_gym_telemetry_module)
     when_imported("nemo_gym.server_utils", patch_server_utils)
+    when_imported("uvicorn.server", patch_uvicorn_server)
     return True
