@@ -8,7 +8,8 @@
   ``gym_telemetry.resource``), set as the global provider;
 - one ``BatchSpanProcessor`` with a bounded queue (``OTEL_BSP_*`` honoured) feeding an
   OTLP exporter to the local sidecar: gRPC to ``localhost:4317`` by default, plaintext
-  (``insecure``) unless the endpoint says ``https://``. ``OTEL_EXPORTER_OTLP_PROTOCOL``
+  (``insecure``) unless the endpoint says ``https://``; the SDK's gRPC exporter with
+  this package's batch encoder (``gym_telemetry.grpc_exporter``). ``OTEL_EXPORTER_OTLP_PROTOCOL``
   / ``..._TRACES_PROTOCOL`` = ``http/protobuf`` selects the HTTP exporter when that
   package is installed;
 - the W3C propagators (tracecontext + baggage) as the global text-map propagator,
@@ -173,7 +174,7 @@ def _make_exporter(endpoint: str | None) -> tuple[SpanExporter, tuple[str, int] 
                 ENV_PROTOCOL,
                 _protocol(),
             )
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from gym_telemetry.grpc_exporter import make_grpc_exporter
 
     target = (
         endpoint
@@ -184,7 +185,7 @@ def _make_exporter(endpoint: str | None) -> tuple[SpanExporter, tuple[str, int] 
     insecure: bool | None = None
     if "://" not in target and os.environ.get(ENV_INSECURE) is None:
         insecure = True  # the sidecar is local: plaintext unless told otherwise
-    return OTLPSpanExporter(endpoint=target, insecure=insecure), _address(target, 4317)
+    return make_grpc_exporter(target, insecure), _address(target, 4317)
 
 
 def _env_int(name: str) -> int | None:

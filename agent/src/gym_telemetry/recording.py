@@ -17,6 +17,10 @@ exporter) with less work:
 - with the SDK's default sampler (parent-based, always-on root) the decision is taken
   inline; any other sampler is asked through ``should_sample`` as the SDK would.
 
+``start`` takes a span kind and an explicit parent context too: the SERVER span layer
+(``autoinstrument.server_span``) records its span of kind SERVER, child of the caller's
+remote parent, through the same path.
+
 The span it makes current is a full ``opentelemetry.trace.Span``: handler code may call
 ``trace.get_current_span().set_attribute(...)``, ``add_event``, ``record_exception``,
 ``set_status``; children started by any tracer parent on it.
@@ -102,11 +106,13 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         parent: SpanContext | None,
         recorder: LeanRecorder,
         attributes: dict[str, Any],
+        *,
+        kind: SpanKind = _INTERNAL,
     ) -> None:
         # The fields ReadableSpan.__init__ sets (checked by LeanRecorder's self-check).
         self._name = name
         self._context = context
-        self._kind = _INTERNAL
+        self._kind = kind
         self._instrumentation_info = recorder.instrumentation_info
         self._instrumentation_scope = recorder.instrumentation_scope
         self._parent = parent
@@ -221,9 +227,15 @@ class SdkRecorder:
         #: True while the tracer is a proxy with no SDK behind it yet: resolve again.
         self.provisional = provisional
 
-    def start(self, name: str, attributes: dict[str, Any]) -> tuple[trace_api.Span, object]:
-        span = self.tracer.start_span(name, attributes=attributes)
-        token = _attach(trace_api.set_span_in_context(span))
+    def start(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind = _INTERNAL,
+        context: context_api.Context | None = None,
+    ) -> tuple[trace_api.Span, object]:
+        span = self.tracer.start_span(name, context=context, kind=kind, attributes=attributes)
+        token = _attach(trace_api.set_span_in_context(span, context))
         return span, token
 
 
@@ -256,13 +268,20 @@ class LeanRecorder:
             self._seen_processors = processors
         return self._quiet
 
-    def start(self, name: str, attributes: dict[str, Any]) -> tuple[trace_api.Span, object]:
-        """Start a span with ``attributes`` (already clean; owned by the span from now
-        on), make it current and return it with the context token."""
+    def start(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind = _INTERNAL,
+        context: context_api.Context | None = None,
+    ) -> tuple[trace_api.Span, object]:
+        """Start a span of ``kind`` with ``attributes`` (already clean; owned by the span
+        from now on) as a child of the span in ``context`` (default: the current
+        context), make it current and return it with the context token."""
         is_enabled = getattr(self.tracer, "_is_enabled", None)
         if is_enabled is not None and not is_enabled():
-            return SdkRecorder(self.tracer).start(name, attributes)
-        ctx = _get_current()
+            return SdkRecorder(self.tracer).start(name, attributes, kind, context)
+        ctx = _get_current() if context is None else context
         parent_span: trace_api.Span | None = ctx.get(SPAN_KEY)  # type: ignore[assignment]
         parent = parent_span.get_span_context() if parent_span is not None else None
         if parent is not None and parent.is_valid:
@@ -277,7 +296,7 @@ class LeanRecorder:
             sampled = True
             trace_state = _EMPTY_STATE
         if not self.default_sampler:
-            result = self.sampler.should_sample(ctx, trace_id, name, _INTERNAL, attributes, ())
+            result = self.sampler.should_sample(ctx, trace_id, name, kind, attributes, ())
             sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
             if not result.decision.is_recording():  # type: ignore[no-untyped-call]
                 sampled = False
@@ -286,16 +305,16 @@ class LeanRecorder:
             trace_state = result.trace_state or trace_state
         if not sampled:
             flags = TraceFlags(parent_random)
-            context = SpanContext(
+            span_context = SpanContext(
                 trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
             )
-            span: trace_api.Span = trace_api.NonRecordingSpan(context)
+            span: trace_api.Span = trace_api.NonRecordingSpan(span_context)
             return span, _attach(_set_value(SPAN_KEY, span, ctx))
         flags = _FLAGS_SAMPLED_RANDOM if parent_random else _FLAGS_SAMPLED
-        context = SpanContext(
+        span_context = SpanContext(
             trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
         )
-        lean = LeanSpan(name, context, parent, self, attributes)
+        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
         if not self._processors_quiet():
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
         return lean, _attach(_set_value(SPAN_KEY, lean, ctx))

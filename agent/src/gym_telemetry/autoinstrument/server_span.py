@@ -14,11 +14,13 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
 3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
-   of the remote parent, current for the request; named ``<METHOD> <route template>``
-   when routing matched, ``<METHOD> <path after the /ng-rollout/<id> prefix>`` for
-   Gym's rollout-prefixed calls, ``<METHOD>`` otherwise, with ``http.request.method``,
-   ``http.route``, ``http.response.status_code`` and the rollout id. Status ERROR for an
-   exception or a 5xx.
+   of the remote parent, current for the request, recorded through the lean path of
+   ``gym_telemetry.recording`` (``GYM_TELEMETRY_RECORDER=sdk``: ``Tracer.start_span``).
+   Named ``<METHOD> <route template>`` when routing matched,
+   ``<METHOD> <path after the /ng-rollout/<id> prefix>`` for Gym's rollout-prefixed
+   calls, ``<METHOD>`` otherwise, with ``http.request.method``, ``http.route``,
+   ``http.response.status_code`` and the rollout id. Status ERROR for an exception or
+   a 5xx.
 
 FastAPI's built-in telemetry is switched off for Gym's apps by the integration, so this
 is the only SERVER span. A nested app (a mounted FastAPI) sees the marker this layer
@@ -45,6 +47,7 @@ from gym_telemetry.autoinstrument.propagation import (
     rollout_id_from_baggage,
     rollout_id_from_path,
 )
+from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
 
 _log = logging.getLogger(__name__)
 
@@ -64,6 +67,30 @@ _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
 _ROLLOUT_VAR: Final = TELEMETRY_ROLLOUT_ID
+_SERVER: Final = SpanKind.SERVER
+
+
+class _Recorder:
+    """The recording path of the ``server`` group's tracer, re-resolved only when the
+    tracer changes (a new provider) or was a proxy with no SDK behind it yet."""
+
+    __slots__ = ("recorder", "tracer")
+
+    def __init__(self) -> None:
+        self.tracer: object = None
+        self.recorder: LeanRecorder | SdkRecorder | None = None
+
+
+_RECORDER: Final = _Recorder()
+
+
+def _recorder() -> LeanRecorder | SdkRecorder:
+    tracer = span_groups.tracer_for(_GROUP)
+    recorder = _RECORDER.recorder
+    if tracer is not _RECORDER.tracer or recorder is None or recorder.provisional:
+        recorder = _RECORDER.recorder = recorder_for(tracer)
+        _RECORDER.tracer = tracer
+    return recorder
 
 
 class _Failures:
@@ -175,10 +202,7 @@ class ServerSpanMiddleware:
             attributes: dict[str, Any] = {HTTP_METHOD: method}
             if rollout_id is not None:
                 attributes[semconv.ROLLOUT_ID] = rollout_id
-            span = span_groups.tracer_for(_GROUP).start_span(
-                method, context=parent, kind=SpanKind.SERVER, attributes=attributes
-            )
-            token = context_api.attach(trace.set_span_in_context(span, parent))
+            span, token = _recorder().start(method, attributes, _SERVER, parent)
         except Exception:
             _record_failure("span start")
             await self._call(scope, receive, send, rollout_id)
@@ -198,7 +222,7 @@ class ServerSpanMiddleware:
             raise
         finally:
             try:
-                context_api.detach(token)
+                context_api.detach(token)  # type: ignore[arg-type]
                 _finish(span, scope, method, status[0], failed)
             except Exception:
                 _record_failure("span end")
@@ -227,5 +251,8 @@ def _finish(
     elif status >= 500:
         attributes[semconv.ERROR_TYPE] = str(status)
         span.set_status(_ERROR)
-    span.set_attributes(attributes)
+    if type(span) is LeanSpan and span.is_recording():
+        span._attrs.update(attributes)  # str and int values: already clean
+    else:
+        span.set_attributes(attributes)
     span.end()

@@ -1,0 +1,148 @@
+"""The OTLP/gRPC span exporter this package plugs in: the SDK exporter with a leaner
+batch encoder.
+
+``make_grpc_exporter(endpoint, insecure)`` returns the SDK's ``OTLPSpanExporter``
+(same channel, retries, timeout, headers, compression, TLS, ``OTEL_EXPORTER_OTLP_*``
+handling) whose per-batch encoding step is ``gym_telemetry.span_encoding``: the batch is
+written straight to OTLP bytes and parsed once by the protobuf runtime (C), instead of
+being built as Python protobuf objects span by span (see that module for the figures).
+
+The lean encoder is used only when
+
+- ``GYM_TELEMETRY_ENCODER`` is not ``sdk`` (that value forces the stock encoder),
+- the installed exporter has the ``_translate_data`` step it replaces, and
+- ``self_check()`` passed: probe spans of every shape (events, links, remote parent,
+  status, arrays, maps, a foreign span class) encode to exactly what the stock
+  ``encode_spans`` produces with the installed SDK.
+
+A batch the lean encoder refuses (``UnsupportedValue``: a value the stock encoder logs
+and skips, an out-of-range integer) or fails on is encoded by the stock encoder
+instead and counted (``LeanEncodingStats.fallbacks``), so what reaches the sidecar is
+always what the stock exporter would have sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from gym_telemetry import span_encoding
+
+_log = logging.getLogger(__name__)
+
+#: ``sdk`` forces the exporter's stock encoder (default: ``lean``).
+ENV_ENCODER: Final = "GYM_TELEMETRY_ENCODER"
+
+
+class LeanEncodingStats:
+    """Batches encoded by the lean encoder, and batches that fell back to the stock one
+    (process-wide; plain int increments from the exporter's worker thread)."""
+
+    __slots__ = ("batches", "fallbacks")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.fallbacks = 0
+
+
+STATS: Final = LeanEncodingStats()
+_check_lock = threading.Lock()
+_check_result: list[bool] = []
+
+
+def lean_encoding_requested() -> bool:
+    """False when ``GYM_TELEMETRY_ENCODER=sdk``."""
+    return os.environ.get(ENV_ENCODER, "").strip().lower() != "sdk"
+
+
+def translate(spans: Sequence[ReadableSpan]) -> Any:
+    """``spans`` as an ``ExportTraceServiceRequest``: lean-encoded, or by the stock
+    ``encode_spans`` when the lean encoder refuses the batch. Raises only what the
+    stock encoder raises."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    try:
+        request = ExportTraceServiceRequest.FromString(span_encoding.encode_request(spans))
+    except Exception as exc:  # refused or failed: the stock encoder decides
+        STATS.fallbacks += 1
+        if STATS.fallbacks == 1 or STATS.fallbacks % 1000 == 0:
+            _log.info(
+                "gym_telemetry: batch encoded by the stock encoder (%r; %d so far)",
+                exc,
+                STATS.fallbacks,
+            )
+        return encode_spans(spans)
+    STATS.batches += 1
+    return request
+
+
+def self_check() -> bool:
+    """Whether the lean encoder reproduces ``encode_spans`` on the installed SDK, for
+    probe spans of every shape (computed once per process; never raises)."""
+    with _check_lock:
+        if not _check_result:
+            _check_result.append(_run_self_check())
+        return _check_result[0]
+
+
+def _run_self_check() -> bool:
+    try:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        from gym_telemetry.span_encoding_probes import probe_spans
+
+        spans = probe_spans()
+        lean = ExportTraceServiceRequest.FromString(span_encoding.encode_request(spans))
+        if lean != encode_spans(spans):
+            _log.info("gym_telemetry: lean span encoder differs here; using the stock one")
+            return False
+        return True
+    except Exception as exc:  # any surprise: the stock encoder
+        _log.info("gym_telemetry: lean span encoder self-check failed (%r)", exc)
+        return False
+
+
+_lean_class: list[type[SpanExporter]] = []
+
+
+def _lean_exporter_class() -> type[SpanExporter] | None:
+    """The SDK's gRPC span exporter with ``_translate_data`` replaced, or None when the
+    installed exporter has no such step."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    if not callable(getattr(OTLPSpanExporter, "_translate_data", None)):
+        return None
+    if not _lean_class:
+
+        class LeanOTLPSpanExporter(OTLPSpanExporter):
+            """``OTLPSpanExporter`` encoding its batches with ``translate``."""
+
+            def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
+                return translate(data)
+
+        _lean_class.append(LeanOTLPSpanExporter)
+    return _lean_class[0]
+
+
+def make_grpc_exporter(endpoint: str, insecure: bool | None) -> SpanExporter:
+    """An OTLP/gRPC span exporter to ``endpoint`` (module docstring for which encoder).
+    Does no network I/O (the channel connects lazily)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    cls: type[SpanExporter] = OTLPSpanExporter
+    if lean_encoding_requested() and self_check():
+        cls = _lean_exporter_class() or OTLPSpanExporter
+    exporter: SpanExporter = cls(endpoint=endpoint, insecure=insecure)  # type: ignore[call-arg]
+    return exporter
