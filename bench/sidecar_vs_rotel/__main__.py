@@ -5,12 +5,13 @@
     uv run --frozen python -m bench.sidecar_vs_rotel --pin        # collector on core 1
 
 Paths (``procs``): ``direct`` (generator -> sink), ``sidecar-gzip`` and ``sidecar-none``
-(full pipeline, export compressed or not), ``rotel`` (always gzips). Each repeat starts a
-fresh collector per path, in a shuffled order. Throughput runs send ``--requests`` x
-``--spans`` Gym-shaped spans (``bench.loadgen``) over gRPC and over HTTP protobuf; the
-fixed-rate runs pace ``--rate`` spans/s for ``--rate-seconds`` through the sidecar
-(gzip) and rotel. It prints a table and writes ``<out>/sidecar_vs_rotel.json`` and
-``.png`` (default ``docs/benchmarks/``).
+(full pipeline, gRPC export compressed or not), ``rotel`` (gRPC export, gzip), and the
+OTLP/HTTP export twins ``sidecar-http-gzip`` and ``rotel-http`` (into an HTTP sink).
+Each repeat starts a fresh collector per path, in a shuffled order. Throughput runs send
+``--requests`` x ``--spans`` Gym-shaped spans (``bench.loadgen``) over gRPC and over
+HTTP protobuf; the fixed-rate runs pace ``--rate`` spans/s for ``--rate-seconds``
+through the sidecar (gzip) and rotel. It prints a table and writes
+``<out>/sidecar_vs_rotel.json`` and ``.png`` (default ``docs/benchmarks/``).
 """
 
 from __future__ import annotations
@@ -29,17 +30,24 @@ from bench.sidecar_vs_rotel import report
 from bench.sidecar_vs_rotel.procs import Collector, Direct, Rotel, Sidecar, pin
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from bench.sidecar_vs_rotel.runs import LoadSpec, RunResult, run
+from tests.support.http_sink import HttpSink
 from tests.support.rotel import ROTEL_VERSION
 from tests.support.sink import RecordingSink
 
-PATHS = ("direct", "sidecar-gzip", "sidecar-none", "rotel")
+PATHS = ("direct", "sidecar-gzip", "sidecar-none", "rotel", "sidecar-http-gzip", "rotel-http")
+HTTP_EXPORT_PATHS = ("sidecar-http-gzip", "rotel-http")
+"""Paths whose collector exports over OTLP/HTTP (into the HTTP sink)."""
 
 
-def make(path: str, sink: str, workdir: Path) -> Collector:
+def make(path: str, sink: str, workdir: Path, gzip_level: int | None = None) -> Collector:
     if path == "direct":
         return Direct(sink)
     if path == "rotel":
         return Rotel(sink, workdir)
+    if path == "rotel-http":
+        return Rotel(sink, workdir, export="http")
+    if path == "sidecar-http-gzip":
+        return Sidecar(sink, "gzip", workdir, export="http", gzip_level=gzip_level)
     return Sidecar(sink, path.removeprefix("sidecar-"), workdir)
 
 
@@ -72,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="1 repeat, short runs")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     p.add_argument("--seed", type=int, default=11, help="shuffles the path order")
+    p.add_argument(
+        "--gzip-level",
+        type=int,
+        help="the sidecar's backend.compression_level for HTTP export (default: its own)",
+    )
     p.add_argument("--profile", type=Path, help="py-spy the sidecar's runs into this directory")
     return p
 
@@ -115,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     with (
         RecordingSink(record=False) as sink,
         ByteCountingRelay(sink.endpoint) as relay,
+        HttpSink() as http_sink,
+        ByteCountingRelay(http_sink.endpoint) as http_relay,
         Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -137,8 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                 spy = None
                 if args.profile is not None and path.startswith("sidecar"):
                     spy = args.profile / f"{kind}-{path}-{spec.protocol}-{repeat}.txt"
-                collector = make(path, relay.endpoint, workdir)
-                res = run(collector, sink, spec, repeat, update, pin_cores, spy, relay)
+                if path in HTTP_EXPORT_PATHS:
+                    collector = make(path, http_relay.endpoint, workdir, args.gzip_level)
+                    res = run(
+                        collector, http_sink, spec, repeat, update, pin_cores, spy, http_relay
+                    )
+                else:
+                    collector = make(path, relay.endpoint, workdir)
+                    res = run(collector, sink, spec, repeat, update, pin_cores, spy, relay)
                 progress.update(task, description=label + f"  {res.spans_per_s:,.0f}/s")
                 progress.remove_task(task)
                 results[kind].append(res)
@@ -153,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rat:
         console.print(
             f"{r['path']} {r['protocol']}: spans per CPU-second = "
-            f"{r['spans_per_cpu_s_vs_rotel']:.2f}x rotel's"
+            f"{r['spans_per_cpu_s_vs_rotel']:.2f}x {r['vs']}'s"
         )
     if args.profile is not None:
         print_profiles(console, args.profile)

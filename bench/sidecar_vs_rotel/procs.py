@@ -1,14 +1,18 @@
 """The collectors under test as processes, and what /proc says about them.
 
-Three paths end in the same counting sink (``tests.support.sink.RecordingSink``, which
-accepts messages up to 64 MiB, as rotel's ~3 MB batches need):
+The paths end in a counting sink: over gRPC ``tests.support.sink.RecordingSink``, over
+OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rotel's
+~3 MB batches need):
 
-- ``direct``: no collector; the load generator sends to the sink (the transport ceiling).
+- ``direct``: no collector; the load generator sends to the gRPC sink (the transport
+  ceiling).
 - ``sidecar``: a real ``gym-sidecar run`` process (``tests.support.sidecar_proc``) with
-  its full pipeline (enrich, derive, gate, queue, export over gRPC), span groups ``all``
-  so every span is forwarded, ``--backend-compression`` gzip or none.
+  its full pipeline (enrich, derive, gate, queue, export), span groups ``all`` so every
+  span is forwarded, ``--backend-compression`` gzip or none, exporting over gRPC or
+  OTLP/HTTP (``--backend-protocol``; HTTP gzip at the default ``compression_level``).
 - ``rotel``: rotel from PyPI (``tests.support.rotel.rotel_binary``, installed into a
-  cached venv), OTLP exporter over gRPC (it always gzips).
+  cached venv), OTLP exporter over gRPC or HTTP (``--otlp-exporter-protocol``), gzip
+  (its default).
 
 Both collectors add the same two static resource attributes (``BENCH_RESOURCE``).
 """
@@ -94,15 +98,32 @@ class Direct:
 class Sidecar:
     """``gym-sidecar run`` with the full pipeline, exporting to the sink."""
 
-    def __init__(self, sink_endpoint: str, compression: str, workdir: Path) -> None:
-        self.name = f"sidecar-{compression}"
+    def __init__(
+        self,
+        sink_endpoint: str,
+        compression: str,
+        workdir: Path,
+        export: str = "grpc",
+        gzip_level: int | None = None,
+    ) -> None:
+        self.name = f"sidecar-{compression}" if export == "grpc" else f"sidecar-http-{compression}"
+        protocol = "grpc" if export == "grpc" else "http/protobuf"
         self.proc = SidecarProcess(
             backend=sink_endpoint,
-            extra_args=["--backend-compression", compression, "--log-level", "warning"],
+            extra_args=[
+                "--backend-compression",
+                compression,
+                "--backend-protocol",
+                protocol,
+                "--log-level",
+                "warning",
+            ],
             config={
                 "span_groups": {"spec": "all"},
                 "enrich": {"attributes": dict(BENCH_RESOURCE)},
                 "metrics": {"enabled": True},
+                # HTTP export only (grpc core always uses zlib's default level).
+                **({"backend": {"compression_level": gzip_level}} if gzip_level else {}),
             },
             log_dir=workdir,
         )
@@ -124,8 +145,9 @@ class Sidecar:
 class Rotel:
     """rotel (PyPI) with its OTLP exporter pointed at the sink."""
 
-    def __init__(self, sink_endpoint: str, workdir: Path) -> None:
-        self.name = "rotel"
+    def __init__(self, sink_endpoint: str, workdir: Path, export: str = "grpc") -> None:
+        self.name = "rotel" if export == "grpc" else f"rotel-{export}"
+        self.export = export
         self.version = ROTEL_VERSION
         self.binary = rotel_binary()
         self.grpc_port, self.http_port = free_port(), free_port()
@@ -148,6 +170,8 @@ class Rotel:
             "otlp",
             "--otlp-exporter-endpoint",
             f"http://{self.sink_endpoint}",
+            "--otlp-exporter-protocol",
+            self.export,
             "--otel-resource-attributes",
             ",".join(f"{k}={v}" for k, v in BENCH_RESOURCE.items()),
             "--pid-file",

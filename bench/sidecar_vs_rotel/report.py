@@ -49,7 +49,7 @@ def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[RunResult]] = {}
     for r in results:
         groups.setdefault((r.path, r.protocol), []).append(r)
-    order = ("direct", "sidecar-gzip", "rotel", "sidecar-none")
+    order = ("direct", "sidecar-gzip", "rotel", "sidecar-none", "sidecar-http-gzip", "rotel-http")
     out = []
     for (path, protocol), runs in sorted(
         groups.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]) if kv[0][0] in order else 9)
@@ -64,11 +64,18 @@ def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 
 
 def ratios(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sidecar spans per CPU-second over rotel's, per protocol (medians)."""
+    """Sidecar spans per CPU-second over rotel's, per receiving protocol (medians).
+
+    A sidecar path exporting over HTTP (``sidecar-http-*``) is compared with
+    ``rotel-http`` (rotel exporting over HTTP) when that ran, else with ``rotel``.
+    """
     by = {(r["path"], r["protocol"]): r for r in summary}
     out = []
     for (path, protocol), row in by.items():
-        rotel = by.get(("rotel", protocol))
+        peer = "rotel"
+        if path.startswith("sidecar-http") and ("rotel-http", protocol) in by:
+            peer = "rotel-http"
+        rotel = by.get((peer, protocol))
         if not path.startswith("sidecar") or rotel is None:
             continue
         ours, theirs = row["spans_per_cpu_s"], rotel["spans_per_cpu_s"]
@@ -77,6 +84,7 @@ def ratios(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 {
                     "path": path,
                     "protocol": protocol,
+                    "vs": peer,
                     "spans_per_cpu_s_vs_rotel": ours["median"] / theirs["median"],
                 }
             )

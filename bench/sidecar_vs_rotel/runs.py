@@ -22,6 +22,7 @@ from typing import Any
 from bench import pyspy
 from bench.sidecar_vs_rotel.procs import Collector, cpu_seconds, pin, status_mib
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
+from tests.support.http_sink import HttpSink
 from tests.support.sink import RecordingSink
 
 Progress = Callable[[int, int], None]
@@ -116,7 +117,7 @@ class _Generator:
 
 def run(
     collector: Collector,
-    sink: RecordingSink,
+    sink: RecordingSink | HttpSink,
     load: LoadSpec,
     repeat: int,
     progress: Progress,
