@@ -4,6 +4,10 @@ All three read the store that ``gym-sidecar run`` writes: its path comes from th
 config file, environment (``GYM_SIDECAR_LOCAL_STORE__DATA_DIR`` / ``GYM_SIDECAR_STORE_DIR``)
 and ``--store-dir`` flag. They open it read-only and never block a running sidecar.
 Exit codes: 0 shown, 1 nothing found (no store, unknown id), 2 bad arguments/config.
+
+Only the parsers are built at import (``gym-sidecar run`` imports this module to register
+them): rich, sqlite3, the store and the renderers are imported by the commands
+themselves, so a running sidecar does not keep them resident.
 """
 
 from __future__ import annotations
@@ -11,22 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sqlite3
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, load_config
-from gym_sidecar.inspect.render import (
-    make_console,
-    rollouts_table,
-    stats_table,
-    trace_waterfall,
-)
-from gym_sidecar.store import db, queries, stats
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -67,6 +66,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace, console: Console) -> sqlite3.Connection | int:
+    import sqlite3
+
+    from gym_sidecar.store import db
+
     try:
         path = store_path(args.config, args.store_dir)
     except ConfigError as exc:
@@ -104,6 +107,9 @@ def add_rollouts(subparsers: Any) -> None:
 
 
 def cmd_rollouts(args: argparse.Namespace, console: Console | None = None) -> int:
+    from gym_sidecar.inspect.render import make_console, rollouts_table
+    from gym_sidecar.store import queries
+
     console = console or make_console()
     if args.limit <= 0 or (args.slowest is not None and args.slowest <= 0):
         print("gym-sidecar: --limit and --slowest must be positive", file=sys.stderr)
@@ -137,6 +143,9 @@ def add_trace(subparsers: Any) -> None:
 
 
 def cmd_trace(args: argparse.Namespace, console: Console | None = None) -> int:
+    from gym_sidecar.inspect.render import make_console, trace_waterfall
+    from gym_sidecar.store import queries
+
     console = console or make_console()
     conn = _open(args, console)
     if isinstance(conn, int):
@@ -164,6 +173,9 @@ def add_stats(subparsers: Any) -> None:
 
 
 def cmd_stats(args: argparse.Namespace, console: Console | None = None) -> int:
+    from gym_sidecar.inspect.render import make_console, stats_table
+    from gym_sidecar.store import stats
+
     console = console or make_console()
     conn = _open(args, console)
     if isinstance(conn, int):
