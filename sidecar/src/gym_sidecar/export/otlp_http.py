@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import logging
 import time
 import zlib
@@ -41,7 +42,9 @@ _GZIP_WBITS = 31
 """wbits selecting the gzip container (RFC 1952) with a 32 KiB window."""
 
 
-def _pick_deflate() -> tuple[str, Callable[[bytes, int, int], bytes]]:
+@functools.cache
+def _deflate() -> tuple[str, Callable[[bytes, int, int], bytes]]:
+    # Imported on first use, so a sidecar that never gzips over HTTP does not load it.
     try:
         from zlib_ng import zlib_ng
     except ImportError:  # no wheel for this platform: the standard library's zlib
@@ -49,13 +52,14 @@ def _pick_deflate() -> tuple[str, Callable[[bytes, int, int], bytes]]:
     return "zlib-ng", zlib_ng.compress
 
 
-GZIP_LIBRARY, _deflate = _pick_deflate()
-"""Which deflate implementation gzip bodies go through: ``zlib-ng`` or ``zlib``."""
+def gzip_library() -> str:
+    """Which deflate implementation gzip bodies go through: ``zlib-ng`` or ``zlib``."""
+    return _deflate()[0]
 
 
 def gzip_body(payload: bytes, level: int) -> bytes:
     """``payload`` as one standard gzip member at ``level`` (1 fastest .. 9 smallest)."""
-    return _deflate(payload, level, _GZIP_WBITS)
+    return _deflate()[1](payload, level, _GZIP_WBITS)
 
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
@@ -123,7 +127,7 @@ class OtlpHttpExporter(Exporter):
         self._headers = {**config.headers, "Content-Type": "application/x-protobuf"}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-            logger.info("OTLP/HTTP export: gzip with %s at level %d", GZIP_LIBRARY, self._level)
+            logger.info("OTLP/HTTP export: gzip with %s at level %d", gzip_library(), self._level)
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
