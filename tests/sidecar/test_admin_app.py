@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from fastapi import APIRouter
 from gym_sidecar.admin import Readiness, build_admin_app
 from gym_sidecar.selfmetrics import SelfMetrics
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, Router
 
 
 def test_readyz_follows_lifecycle_and_extra_routers_are_served() -> None:
     readiness = Readiness()
-    extra = APIRouter()
 
-    @extra.get("/v1/extra")
-    async def extra_route() -> dict[str, str]:
-        return {"from": "router"}
+    async def extra_route(request: Request) -> JSONResponse:
+        return JSONResponse({"from": "router"})
+
+    extra = Router(routes=[Route("/v1/extra", extra_route, methods=["GET"])])
 
     app = build_admin_app(readiness, SelfMetrics(), [extra])
 

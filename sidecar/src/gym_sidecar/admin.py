@@ -7,10 +7,13 @@ Routes:
 - ``GET /metrics``: :meth:`SelfMetrics.render` in Prometheus text format, or OpenMetrics
   (with exemplars) when ``Accept`` asks for ``application/openmetrics-text``.
 
-Adding routes (e.g. the span-group API): build an ``fastapi.APIRouter`` and append it to
-``routers`` in :func:`gym_sidecar.pipeline.build.build_pipeline`; the server passes that
-list to :func:`build_admin_app`, which includes each router as it is. Routers must not
-reuse the three paths above.
+Adding routes (e.g. the span-group API): build a ``starlette.routing.Router`` and append
+it to ``routers`` in :func:`gym_sidecar.pipeline.build.build_pipeline`; the server passes
+that list to :func:`build_admin_app`, which serves each router's routes after its own.
+Routers must not reuse the three paths above.
+
+The app is plain Starlette (FastAPI's routing, validation and OpenAPI models would cost
+~6 MiB of resident memory for five raw Request/Response routes).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, Router
 
 from gym_sidecar.selfmetrics import SelfMetrics
 
@@ -38,23 +44,19 @@ class Readiness:
 
 
 def build_admin_app(
-    readiness: Readiness, metrics: SelfMetrics, routers: Sequence[APIRouter] = ()
-) -> FastAPI:
-    """The admin FastAPI app; ``routers`` are included after the built-in routes."""
-    app = FastAPI(title="gym-sidecar admin", docs_url=None, redoc_url=None, openapi_url=None)
+    readiness: Readiness, metrics: SelfMetrics, routers: Sequence[Router] = ()
+) -> Starlette:
+    """The admin ASGI app; the routes of ``routers`` are served after the built-in ones."""
 
-    @app.get("/healthz")
-    async def healthz() -> Response:
+    async def healthz(request: Request) -> Response:
         return Response("ok\n", media_type="text/plain")
 
-    @app.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
         if readiness.ready:
             return Response("ready\n", media_type="text/plain")
         state = "shutting down" if readiness.shutting_down else "starting"
         return Response(f"not ready: {state}\n", status_code=503, media_type="text/plain")
 
-    @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:
         # OpenMetrics when the scraper asks for it: only that format carries exemplars
         # (the derived histograms' trace_id/span_id links).
@@ -63,6 +65,11 @@ def build_admin_app(
             return Response(body, media_type=openmetrics.CONTENT_TYPE_LATEST)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", prometheus_metrics, methods=["GET"]),
+    ]
     for router in routers:
-        app.include_router(router)
-    return app
+        routes.extend(router.routes)
+    return Starlette(routes=routes)

@@ -19,8 +19,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, Router
 
 from gym_sidecar.gating.config import ServiceOverride, SpanGroupsPolicyConfig
 from gym_sidecar.gating.policy import Policy
@@ -121,9 +123,8 @@ def put_span_groups(
     return _document(policy, service or None, every_service=True)
 
 
-def build_router(state: SpanGroupState) -> APIRouter:
-    """The admin listener's ``/v1/span-groups`` routes, bound to ``state``."""
-    router = APIRouter()
+def build_router(state: SpanGroupState) -> Router:
+    """The admin listener's ``/v1/span-groups`` routes (a Starlette router), bound to ``state``."""
 
     def respond(answer: ApiResponse) -> Response:
         return Response(
@@ -133,7 +134,6 @@ def build_router(state: SpanGroupState) -> APIRouter:
             media_type=_JSON if answer.body is not None else None,
         )
 
-    @router.get(PATH)
     async def get_groups(request: Request) -> Response:
         return respond(
             get_span_groups(
@@ -141,7 +141,6 @@ def build_router(state: SpanGroupState) -> APIRouter:
             )
         )
 
-    @router.put(PATH)
     async def put_groups(request: Request) -> Response:
         # Read at most one byte past the limit: a huge body costs nothing beyond it.
         body = b""
@@ -158,4 +157,9 @@ def build_router(state: SpanGroupState) -> APIRouter:
             )
         )
 
-    return router
+    return Router(
+        routes=[
+            Route(PATH, get_groups, methods=["GET"]),
+            Route(PATH, put_groups, methods=["PUT"]),
+        ]
+    )

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from fastapi import APIRouter
+from starlette.routing import Router
 
 from gym_sidecar.config import SidecarConfig
 from gym_sidecar.export import build_export_stage
@@ -36,7 +36,7 @@ class Pipeline:
     """The assembled stages plus what they contribute to the admin app and reloads."""
 
     head: Stage
-    routers: list[APIRouter] = field(default_factory=list)
+    routers: list[Router] = field(default_factory=list)
     reload_hooks: list[ReloadHook] = field(default_factory=list)
 
     @property
@@ -52,7 +52,7 @@ class Pipeline:
 
 def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
     """Build every stage, tail first, and return the head with its extras."""
-    routers: list[APIRouter] = []
+    routers: list[Router] = []
     reload_hooks: list[ReloadHook] = []
 
     stage = build_export_stage(cfg.backend, cfg.queue, metrics, cfg.local_store)

@@ -31,7 +31,7 @@ from gym_sidecar.pipeline.stage import Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 if TYPE_CHECKING:
-    from fastapi import APIRouter
+    from starlette.routing import Router
 
     from gym_sidecar.config import SidecarConfig
 
@@ -166,7 +166,7 @@ def build_gate_stage(
     )
 
 
-def gate_extras(stage: Stage, cfg: SidecarConfig) -> tuple[APIRouter, Callable[[], None]] | None:
+def gate_extras(stage: Stage, cfg: SidecarConfig) -> tuple[Router, Callable[[], None]] | None:
     """Attach live reconfiguration to a gate stage built by :func:`build_gate_stage`.
 
     Returns the admin router (``/v1/span-groups``) and the SIGHUP reload hook, and makes
