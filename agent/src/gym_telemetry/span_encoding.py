@@ -106,7 +106,7 @@ _EMPTY_STATUS: Final = _T_STATUS + b"\x00"
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-def _spanattributes_field(attributes: Mapping[str, Any]) -> list[bytes]:
+def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
     """Span.attributes fields; the common scalar values inline (the hot loop)."""
     out = []
     prefixes = KEY_PREFIXES
@@ -288,7 +288,7 @@ def encode_span(span: ReadableSpan) -> bytes:
         parts.append(_T_END)
         parts.append(_pack_fixed64(end))
     if attributes:
-        parts += _spanattributes_field(attributes)
+        parts += _span_attributes(attributes)
     if dropped_attributes:
         parts.append(_T_DROPPED_ATTRIBUTES + varint(dropped_attributes))
     if events:

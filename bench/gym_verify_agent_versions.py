@@ -1,0 +1,183 @@
+"""Two versions of the agent on a real NeMo Gym resources server's ``/verify``, one run.
+
+Same servers, client and sink as ``bench/gym_verify_throughput.py`` (whose pieces it
+imports), with the agent of the working tree ("after") against another agent source tree
+("before", e.g. a ``git archive`` of an older commit), put first on the servers'
+``PYTHONPATH`` so that Gym's activation imports it instead of the installed wheel.
+Variants, interleaved over rounds:
+
+- ``bare``: no ``GYM_TELEMETRY``;
+- ``default_before`` / ``default_after``: the ``default`` preset (the SERVER span);
+- ``all_before`` / ``all_after``: every group (SERVER span and ``gym.verify``).
+
+Prints per round and as medians: req/s and its ratio to ``bare``, server CPU µs per
+request and requests per CPU-second as a ratio to ``bare``, the server's cyclic-GC time
+per request (``gc.callbacks``, installed through a ``sitecustomize`` on the servers'
+path) and the load average. Only figures of the same run compare.
+
+    git archive <commit> agent/src | tar -x -C /tmp/before
+    uv run python bench/gym_verify_agent_versions.py --before /tmp/before/agent/src \\
+        [--duration 3] [--rounds 5] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.gym_verify_throughput import SERVER, cpu_seconds, gym_python, measure  # noqa: E402
+from tests.gym.stack import GymStack, load_configs  # noqa: E402
+from tests.support.ports import free_port, wait_listening  # noqa: E402
+
+# Installed on the servers' path: accumulates cyclic-GC time into a JSON file per second.
+_GC_PROBE = """
+import gc, json, os, threading, time
+_path = os.environ.get("BENCH_GC_LOG")
+if _path:
+    _state = {"gc_s": 0.0, "full_gc": 0, "collections": 0, "cpu_s": 0.0}
+    _started = [0.0]
+    def _callback(phase, info):
+        if phase == "start":
+            _started[0] = time.perf_counter()
+        else:
+            _state["gc_s"] += time.perf_counter() - _started[0]
+            _state["collections"] += 1
+            _state["full_gc"] += info["generation"] == 2
+    gc.callbacks.append(_callback)
+    def _dump():
+        while True:
+            time.sleep(0.5)
+            _state["cpu_s"] = time.process_time()
+            with open(_path + ".tmp", "w") as fh:
+                json.dump(_state, fh)
+            os.replace(_path + ".tmp", _path)
+    threading.Thread(target=_dump, name="bench-gc-probe", daemon=True).start()
+"""
+
+
+def _variants(before: Path) -> dict[str, dict[str, str]]:
+    on = {"GYM_TELEMETRY": "1"}
+    old = {"PYTHONPATH": str(before)}
+    return {
+        "bare": {},
+        "default_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default", **old},
+        "default_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default"},
+        "all_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all", **old},
+        "all_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all"},
+    }
+
+
+def _gc_state(path: Path) -> dict[str, float]:
+    state: dict[str, float] = json.loads(path.read_text())
+    return state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="agent source tree (src)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    if not (args.before / "gym_telemetry" / "__init__.py").is_file():
+        raise SystemExit(f"{args.before}: no gym_telemetry package there")
+
+    python = gym_python()
+    workdir = Path(tempfile.mkdtemp(prefix="gym-agent-versions-"))
+    probe_dir = workdir / "probe"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
+    sink_port = free_port()
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sink", "--port", str(sink_port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    stacks: dict[str, GymStack] = {}
+    variants = _variants(args.before.resolve())
+    rows: dict[str, dict[str, list[float]]] = {
+        name: {"rps": [], "cpu_us": [], "gc_us": [], "gc_per_kreq": [], "full_per_kreq": []}
+        for name in variants
+    }
+    try:
+        wait_listening(sink_port)
+        for name, extra in variants.items():
+            path = ":".join(p for p in (extra.get("PYTHONPATH"), str(probe_dir)) if p)
+            env = {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"127.0.0.1:{sink_port}",
+                "GYM_TELEMETRY_POLL_INTERVAL_S": "0",
+                "BENCH_GC_LOG": str(workdir / f"gc-{name}.json"),
+                **extra,
+                "PYTHONPATH": path,
+            }
+            stacks[name] = GymStack(
+                python, load_configs("stack.yaml"), [SERVER], env, workdir / name
+            ).start()
+        urls = {name: stack.url(SERVER) + "/verify" for name, stack in stacks.items()}
+        pids = {}
+        for name, stack in stacks.items():
+            proc = stack.processes[SERVER].proc
+            assert proc is not None
+            pids[name] = proc.pid
+        time.sleep(1.0)  # first GC probe files written
+        for round_no in range(args.rounds):
+            for name, url in urls.items():
+                gc_file = workdir / f"gc-{name}.json"
+                gc_before = _gc_state(gc_file)
+                cpu_before = cpu_seconds(pids[name])
+                result = measure(url, args.duration, args.concurrency)
+                cpu_used = cpu_seconds(pids[name]) - cpu_before
+                time.sleep(0.6)  # the probe's next dump covers the whole measurement
+                gc_after = _gc_state(gc_file)
+                gc_used = gc_after["gc_s"] - gc_before["gc_s"]
+                if result["errors"]:
+                    raise SystemExit(f"{name}: {result['errors']} failed requests")
+                requests = result["rps"] * (args.duration + 0.5)  # + the client's warm-up
+                row = rows[name]
+                row["rps"].append(result["rps"])
+                row["cpu_us"].append(1e6 * cpu_used / requests)
+                row["gc_us"].append(1e6 * gc_used / requests)
+                collections = gc_after["collections"] - gc_before["collections"]
+                row["gc_per_kreq"].append(1e3 * collections / requests)
+                row["full_per_kreq"].append(
+                    1e3 * (gc_after["full_gc"] - gc_before["full_gc"]) / requests
+                )
+                print(
+                    f"round {round_no + 1} {name:>15}: {result['rps']:7.1f} req/s "
+                    f"{row['cpu_us'][-1]:6.0f} CPU-us/req {row['gc_us'][-1]:5.0f} GC-us/req "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        sink.terminate()
+        sink.communicate(timeout=30)
+    med = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in rows.items()}
+    bare = med["bare"]
+    print(
+        f"\n/verify of {SERVER}, {args.concurrency} connections, "
+        f"{args.rounds} x {args.duration:g}s per variant (medians):"
+    )
+    for name, m in med.items():
+        print(
+            f"  {name:>15}: {m['rps']:7.1f} req/s (ratio {m['rps'] / bare['rps']:.3f})  "
+            f"{m['cpu_us']:6.0f} CPU-us/req (req per CPU-second, ratio to bare "
+            f"{bare['cpu_us'] / m['cpu_us']:.3f})  {m['gc_us']:5.0f} GC-us/req, collections "
+            f"per 1000 req {m['gc_per_kreq']:5.0f} (full {m['full_per_kreq']:.1f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
