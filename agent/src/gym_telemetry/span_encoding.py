@@ -2,16 +2,15 @@
 
 The OTLP exporters encode a batch with ``encode_spans`` from
 ``opentelemetry-exporter-otlp-proto-common``: one protobuf object per span, per
-attribute and per value, built field by field from Python (about 15-40 us per span on
+attribute and per value, built field by field from Python (about 14-40 us per span on
 the project's 2-core machines, several times what recording the span costs), on the
-batch worker thread, holding the GIL the request handlers need; and every one of those
-objects is tracked by the cyclic garbage collector while the batch is alive.
+batch worker thread, holding the GIL the request handlers need.
 
 ``encode_request(spans)`` produces the same ``ExportTraceServiceRequest`` as bytes
-(untracked) directly, about 4-5x faster: each span is a handful of byte-string joins;
-the resource and instrumentation-scope blocks and the attribute key prefixes are
-encoded once and reused; spans of a class that does not override ``ReadableSpan``'s
-properties are read from its fields.
+directly, about 3x faster (``bench/span_encoding.py``): each span is a handful of
+byte-string joins; the resource and instrumentation-scope blocks and the attribute key
+prefixes are encoded once and reused; spans of a class that does not override
+``ReadableSpan``'s properties are read from its fields.
 
 Contract:
 
