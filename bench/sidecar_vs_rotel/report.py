@@ -138,7 +138,7 @@ def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label
     colors = ["#dd8452" if n.startswith("rotel") else c for n, c in zip(names, colors, strict=True)]
     ax.bar(names, med, yerr=err, capsize=4, color=colors)
     ax.set_title(label, fontsize=10)
-    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="x", labelsize=7, labelrotation=60)
 
 
 def chart(
@@ -150,7 +150,7 @@ def chart(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
     _bars(axes[0][0], throughput, "spans_per_s", 1e3, "delivered k spans/s (median, min-max)")
     _bars(axes[0][1], throughput, "spans_per_cpu_s", 1e3, "k spans per collector CPU-second")
     _bars(axes[1][0], paced, "cpu_pct", 1, "fixed rate: collector CPU % of one core")
