@@ -10,6 +10,10 @@ Variants, interleaved over rounds:
 - ``default_before`` / ``default_after``: the ``default`` preset (the SERVER span);
 - ``all_before`` / ``all_after``: every group (SERVER span and ``gym.verify``).
 
+``--gc-freeze`` adds ``bare_gc_frozen`` and ``all_after_gc_frozen``: the same servers
+calling ``gc.freeze()`` once started (what Gym itself could do; the agent does not), to
+show how much of the cost is the cyclic GC traversing Gym's heap.
+
 Prints per round and as medians: req/s and its ratio to ``bare``, server CPU µs per
 request and requests per CPU-second as a ratio to ``bare``, the server's cyclic-GC time
 per request (``gc.callbacks``, installed through a ``sitecustomize`` on the servers'
@@ -39,7 +43,7 @@ from bench.gym_verify_throughput import SERVER, cpu_seconds, gym_python, measure
 from tests.gym.stack import GymStack, load_configs  # noqa: E402
 from tests.support.ports import free_port, wait_listening  # noqa: E402
 
-# Installed on the servers' path: accumulates cyclic-GC time into a JSON file per second.
+# Installed on the servers' path: cyclic-GC time and counts, dumped to a JSON file every 0.5 s.
 _GC_PROBE = """
 import gc, json, os, threading, time
 _path = os.environ.get("BENCH_GC_LOG")
@@ -62,19 +66,31 @@ if _path:
                 json.dump(_state, fh)
             os.replace(_path + ".tmp", _path)
     threading.Thread(target=_dump, name="bench-gc-probe", daemon=True).start()
+    _freeze_after = float(os.environ.get("BENCH_GC_FREEZE_AFTER_S") or 0)
+    if _freeze_after:  # move everything alive after start-up out of the GC's reach
+        threading.Timer(_freeze_after, gc.freeze).start()
 """
 
 
-def _variants(before: Path) -> dict[str, dict[str, str]]:
+def _variants(before: Path, gc_freeze: bool) -> dict[str, dict[str, str]]:
     on = {"GYM_TELEMETRY": "1"}
     old = {"PYTHONPATH": str(before)}
-    return {
+    variants = {
         "bare": {},
         "default_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default", **old},
         "default_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default"},
         "all_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all", **old},
         "all_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all"},
     }
+    if gc_freeze:
+        frozen = {"BENCH_GC_FREEZE_AFTER_S": str(FREEZE_AFTER_S)}
+        variants["bare_gc_frozen"] = frozen
+        variants["all_after_gc_frozen"] = {**variants["all_after"], **frozen}
+    return variants
+
+
+#: With --gc-freeze: seconds after a server's start when the probe calls gc.freeze().
+FREEZE_AFTER_S = 8.0
 
 
 def _gc_state(path: Path) -> dict[str, float]:
@@ -88,6 +104,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="add bare and all_after variants whose servers call gc.freeze() after start-up",
+    )
     args = parser.parse_args()
     if not (args.before / "gym_telemetry" / "__init__.py").is_file():
         raise SystemExit(f"{args.before}: no gym_telemetry package there")
@@ -105,7 +126,7 @@ def main() -> None:
         text=True,
     )
     stacks: dict[str, GymStack] = {}
-    variants = _variants(args.before.resolve())
+    variants = _variants(args.before.resolve(), args.gc_freeze)
     rows: dict[str, dict[str, list[float]]] = {
         name: {"rps": [], "cpu_us": [], "gc_us": [], "gc_per_kreq": [], "full_per_kreq": []}
         for name in variants
@@ -130,7 +151,8 @@ def main() -> None:
             proc = stack.processes[SERVER].proc
             assert proc is not None
             pids[name] = proc.pid
-        time.sleep(1.0)  # first GC probe files written
+        # first GC probe files written (and, with --gc-freeze, the heap frozen)
+        time.sleep(FREEZE_AFTER_S + 1.0 if args.gc_freeze else 1.0)
         for round_no in range(args.rounds):
             for name, url in urls.items():
                 gc_file = workdir / f"gc-{name}.json"
