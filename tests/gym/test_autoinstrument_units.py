@@ -298,3 +298,67 @@ def test_uvicorn_shutdown_is_patched_in_a_fresh_process() -> None:
         GYM_TELEMETRY="1",
     )
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_stock_fastapi_instrumentor_keeps_the_only_server_span() -> None:
+    """An app under gym_telemetry that is also given to the stock FastAPIInstrumentor:
+    the instrumentor must still instrument it (it refuses when the outermost layer is not
+    Starlette's ServerErrorMiddleware), its SERVER span is the only one, and the route's
+    gym.verify span is its child and still carries the rollout id from the baggage."""
+    result = _run(
+        """
+        from types import SimpleNamespace
+
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from opentelemetry.trace import SpanKind
+
+        memory = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        trace.set_tracer_provider(provider)
+
+        from gym_telemetry.autoinstrument.identity import start_server_telemetry
+        from gym_telemetry.autoinstrument.install import install
+
+        install()
+
+        class SimpleResourcesServer:
+            config = SimpleNamespace(name="units_resources")
+
+        assert start_server_telemetry(SimpleResourcesServer())
+
+        from fastapi import FastAPI
+        from fastapi.testclient import TestClient
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        app = FastAPI()
+
+        @app.post("/verify")
+        async def verify(body: dict) -> dict:
+            return {"reward": 0.0}
+
+        FastAPIInstrumentor.instrument_app(app)
+        with TestClient(app) as client:
+            answer = client.post(
+                "/verify", json={}, headers={"baggage": "nemo.gym.rollout.id=7-3"}
+            )
+        assert answer.status_code == 200, answer.text
+        spans = memory.get_finished_spans()
+        servers = [s for s in spans if s.kind == SpanKind.SERVER]
+        assert len(servers) == 1, [(s.name, s.instrumentation_scope.name) for s in spans]
+        assert servers[0].instrumentation_scope.name.startswith("opentelemetry.instrumentation")
+        verify_spans = [s for s in spans if s.name == "gym.verify"]
+        assert len(verify_spans) == 1, [s.name for s in spans]
+        assert verify_spans[0].parent.span_id == servers[0].context.span_id
+        assert verify_spans[0].attributes["nemo.gym.rollout.id"] == "7-3"
+        print("ok")
+        """,
+        GYM_TELEMETRY="1",
+        GYM_TELEMETRY_SPAN_GROUPS="default,verify",
+        GYM_TELEMETRY_POLL_INTERVAL_S="0",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+    )
+    assert result.stdout.strip() == "ok", result.stderr

@@ -95,7 +95,10 @@ def _already(func: Any) -> bool:
 
 def patch_fastapi_applications(module: ModuleType) -> None:
     """Defaults FastAPI's built-in telemetry to off; wraps every app's stack."""
-    from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware
+    from gym_telemetry.autoinstrument.server_span import (
+        RolloutCorrelationMiddleware,
+        ServerSpanMiddleware,
+    )
 
     app_cls = module.FastAPI
     original_init = app_cls.__init__
@@ -118,6 +121,12 @@ def patch_fastapi_applications(module: ModuleType) -> None:
         own = getattr(self, "_telemetry", None)
         if isinstance(own, dict) and own.get("tracing"):
             return stack  # the caller chose FastAPI's own SERVER spans: do not add a second
+        if getattr(self, "_is_instrumented_by_opentelemetry", False) and hasattr(stack, "app"):
+            # The stock FastAPIInstrumentor owns this app's SERVER span, and it only steps
+            # in when the outermost layer is Starlette's ServerErrorMiddleware: keep that
+            # layer outermost and carry just the rollout id inside it (one SERVER span).
+            stack.app = RolloutCorrelationMiddleware(stack.app)
+            return stack
         return ServerSpanMiddleware(stack)
 
     setattr(build_middleware_stack, PATCHED, True)

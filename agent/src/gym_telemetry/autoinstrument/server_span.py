@@ -222,6 +222,42 @@ class ServerSpanMiddleware:
                 _record_failure("span end")
 
 
+class RolloutCorrelationMiddleware:
+    """The rollout-id part of :class:`ServerSpanMiddleware` alone, for apps whose SERVER
+    span belongs to another instrumentation (the stock ``FastAPIInstrumentor``).
+
+    It sits inside that instrumentation's span and changes no trace context: it only
+    makes the rollout id from the ``/ng-rollout/<id>/`` prefix or the baggage member
+    telemetry's rollout id for the request, so the route spans still carry it.
+    """
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rollout_id = None
+        if RUNTIME.active and scope["type"] == "http":
+            try:
+                rollout_id = rollout_id_from_path(scope["path"])
+                if rollout_id is None:
+                    for key, value in scope["headers"]:
+                        if key == b"baggage":
+                            rollout_id = rollout_id_from_baggage(value)
+                            break
+            except Exception:  # bad headers must not fail the request
+                _record_failure("header parsing")
+        if rollout_id is None:
+            await self.app(scope, receive, send)
+            return
+        token = _ROLLOUT_VAR.set(rollout_id)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _ROLLOUT_VAR.reset(token)
+
+
 class _StatusSend:
     """``send`` that remembers the response status. One slotted object per request
     instead of a closure (function, cells and a list): Gym's middlewares keep ``send``
