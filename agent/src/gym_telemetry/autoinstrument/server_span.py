@@ -163,14 +163,7 @@ class ServerSpanMiddleware:
     async def _call(
         self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
     ) -> None:
-        if rollout_id is None:
-            await self.app(scope, receive, send)
-            return
-        token = _ROLLOUT_VAR.set(rollout_id)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _ROLLOUT_VAR.reset(token)
+        await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
 
     async def _without_span(
         self,
@@ -248,14 +241,21 @@ class RolloutCorrelationMiddleware:
                             break
             except Exception:  # bad headers must not fail the request
                 _record_failure("header parsing")
-        if rollout_id is None:
-            await self.app(scope, receive, send)
-            return
-        token = _ROLLOUT_VAR.set(rollout_id)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _ROLLOUT_VAR.reset(token)
+        await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+
+
+async def _call_with_rollout_id(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
+) -> None:
+    """Run ``app`` with ``rollout_id`` as telemetry's rollout id (if there is one)."""
+    if rollout_id is None:
+        await app(scope, receive, send)
+        return
+    token = _ROLLOUT_VAR.set(rollout_id)
+    try:
+        await app(scope, receive, send)
+    finally:
+        _ROLLOUT_VAR.reset(token)
 
 
 class _StatusSend:
