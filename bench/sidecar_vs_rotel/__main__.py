@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("throughput", path, LoadSpec(proto, args.spans, args.requests, args.concurrency))
             )
     if args.rate:
-        for path in ("sidecar-gzip", "rotel"):
+        for path in ("sidecar-gzip", "rotel", *HTTP_EXPORT_PATHS):
             if path in paths:
                 spec = LoadSpec("grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds)
                 plan.append(("fixed_rate", path, spec))

@@ -8,9 +8,9 @@ are permanent. Connection errors and timeouts are retryable.
 With ``compression: gzip`` the exporter compresses the body itself (standard gzip,
 ``Content-Encoding: gzip``) at ``compression_level``, with zlib-ng when the ``zlib-ng``
 package imports (the same format at about half the CPU of zlib for the same level),
-else with the standard library's zlib. Bodies past ``GZIP_IN_THREAD_BYTES`` are
-compressed in a worker thread (both libraries release the GIL while deflating), so the
-event loop keeps receiving meanwhile.
+else with the standard library's zlib. Compression and the POST run in a worker thread
+(both deflate libraries release the GIL), so the event loop keeps receiving meanwhile.
+The transport is the standard library's ``http.client`` (:mod:`.http_post`).
 """
 
 from __future__ import annotations
@@ -18,23 +18,18 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
+import http.client
 import logging
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from gym_sidecar.export.base import Exporter, ExportResult
 from gym_sidecar.export.config import BackendConfig
+from gym_sidecar.export.http_post import HttpPoster, PostResponse
 from gym_sidecar.export.otlp_grpc import rejected_items
 from gym_sidecar.pipeline.stage import Signal
-
-if TYPE_CHECKING:
-    import aiohttp
-
-# aiohttp (~8 MiB resident) is imported when an HTTP exporter is built, so a sidecar
-# exporting over gRPC never loads it.
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +58,6 @@ def gzip_body(payload: bytes, level: int) -> bytes:
 
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
-GZIP_IN_THREAD_BYTES = 64 * 1024
-"""Bodies past this size are compressed in a worker thread, off the event loop. Measured
-(bench.sidecar_vs_rotel, 2 MiB batches at level 5): the same CPU-seconds as in-loop.
-"""
 _MAX_ERROR_BODY_CHARS = 300
 
 
@@ -110,59 +101,56 @@ def classify_status(status: int, retry_after: str | None, body: str) -> ExportRe
 
 
 class OtlpHttpExporter(Exporter):
-    """Exports through one ``aiohttp.ClientSession`` (created lazily on the running loop)."""
+    """Exports with standard-library HTTP/1.1 connections (kept alive) in worker threads.
+
+    One export is one worker-thread call that gzips the body (when configured) and
+    POSTs it, so neither blocks the event loop. The attempt's deadline is
+    ``timeout_s``: the loop stops waiting then (retryable), and every socket operation
+    of the thread times out after the same time, so an abandoned attempt ends too.
+    """
 
     name = "otlp_http"
 
     def __init__(self, config: BackendConfig) -> None:
         if config.url is None:
             raise ValueError("OtlpHttpExporter needs backend.url")
-        import aiohttp
-
-        self._aiohttp = aiohttp
         self.urls = signal_urls(config.url)
+        self._paths = {signal: _path_of(url) for signal, url in self.urls.items()}
         self._gzip = config.compression == "gzip"
         self._level = config.compression_level
-        self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+        self._timeout_s = config.timeout_s
         self._headers = {**config.headers, "Content-Type": "application/x-protobuf"}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
             logger.info("OTLP/HTTP export: gzip with %s at level %d", gzip_library(), self._level)
-        self._session: aiohttp.ClientSession | None = None
+        self._poster = HttpPoster(config.url, timeout_s=config.timeout_s)
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = self._aiohttp.ClientSession(
-                timeout=self._timeout, headers=self._headers
-            )
-        return self._session
-
-    async def _body(self, payload: bytes) -> bytes:
-        if not self._gzip:
-            return payload
-        if len(payload) > GZIP_IN_THREAD_BYTES:
-            return await asyncio.to_thread(gzip_body, payload, self._level)
-        return gzip_body(payload, self._level)
+    def _send(self, signal: Signal, payload: bytes) -> PostResponse:
+        """Worker thread: compress (if configured) and POST."""
+        body = gzip_body(payload, self._level) if self._gzip else payload
+        return self._poster.post(self._paths[signal], body, self._headers)
 
     async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
-        body = await self._body(payload)
-        session = self._get_session()
         try:
-            async with session.post(self.urls[signal], data=body) as resp:
-                content = await resp.read()
-                if 200 <= resp.status < 300:
-                    if not content or resp.content_type != "application/x-protobuf":
-                        return ExportResult.success()
-                    rejected, message = rejected_items(signal, content)
-                    return ExportResult.success(min(rejected, items), message)
-                text = content.decode("utf-8", errors="replace")
-                return classify_status(resp.status, resp.headers.get("Retry-After"), text)
+            resp = await asyncio.wait_for(
+                asyncio.to_thread(self._send, signal, payload), self._timeout_s
+            )
         except TimeoutError:
-            return ExportResult.retryable(f"timed out after {self._timeout.total}s")
-        except self._aiohttp.ClientError as err:
+            return ExportResult.retryable(f"timed out after {self._timeout_s}s")
+        except (OSError, http.client.HTTPException) as err:
             return ExportResult.retryable(f"{type(err).__name__}: {err}")
+        if 200 <= resp.status < 300:
+            if not resp.body or resp.content_type != "application/x-protobuf":
+                return ExportResult.success()
+            rejected, message = rejected_items(signal, resp.body)
+            return ExportResult.success(min(rejected, items), message)
+        text = resp.body.decode("utf-8", errors="replace")
+        return classify_status(resp.status, resp.retry_after, text)
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        self._poster.close()
+
+
+def _path_of(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.path or "/"
