@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+
+from gym_sidecar.ports import free_port, wait_listening
 
 EXAMPLE_TASK: Final[dict[str, Any]] = {
     "responses_create_params": {
@@ -75,25 +76,6 @@ def repo_root() -> Path:
 
 def examples_dir() -> Path:
     return repo_root() / "examples" / "gym_stack"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
-    """Block until host:port accepts TCP connections; TimeoutError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s}s")
 
 
 def site_packages(python: Path) -> Path:

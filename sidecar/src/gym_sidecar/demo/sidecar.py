@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gym_sidecar.demo.gym_servers import free_port
+from gym_sidecar.ports import free_port
 
 
 class SidecarChild:
