@@ -10,8 +10,7 @@ import os
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -19,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from tests.support.wait import wait_for
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -168,15 +169,10 @@ class GrpcLoad:
             return len(self.acked)
 
 
-def wait_until(predicate: object, timeout_s: float, interval_s: float = 0.1) -> bool:
-    """Poll a zero-argument callable until it returns truthy or time runs out."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())
+def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.1) -> bool:
+    """:func:`tests.support.wait.wait_for` with a required timeout and the fault suite's
+    coarser poll (its predicates read whole sinks and directories)."""
+    return wait_for(predicate, timeout_s, interval_s)
 
 
 def pid_alive(pid: int) -> bool:
