@@ -50,7 +50,14 @@ from typing import Literal
 
 from gym_sidecar.export import segments
 from gym_sidecar.export.config import QueueConfig
-from gym_sidecar.export.queue import Entry, ExportQueue, Lease, MemoryQueue
+from gym_sidecar.export.queue import (
+    Entry,
+    ExportQueue,
+    Lease,
+    MemoryQueue,
+    next_deadline,
+    next_ready,
+)
 from gym_sidecar.export.segments import Damage, Position
 from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -330,20 +337,6 @@ class DiskQueue:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
 
-    def _ready(self, max_bytes: int, linger_s: float, now: float) -> Signal | None:
-        # Same policy as MemoryQueue: the ready signal whose head waited longest.
-        best: tuple[float, Signal] | None = None
-        for signal, q in self._pending.items():
-            if not q:
-                continue
-            head = q[0].enqueued_at
-            ready = (
-                self._draining or self._pending_bytes[signal] >= max_bytes or now - head >= linger_s
-            )
-            if ready and (best is None or head < best[0]):
-                best = (head, signal)
-        return None if best is None else best[1]
-
     def _take(self, signal: Signal, max_bytes: int) -> list[_Ref]:
         q = self._pending[signal]
         refs: list[_Ref] = []
@@ -358,7 +351,15 @@ class DiskQueue:
     async def get(self, max_bytes: int, linger_s: float) -> Lease | None:
         while True:
             now = time.monotonic()
-            signal = self._ready(max_bytes, linger_s, now)
+            # Same policy as MemoryQueue: the ready signal whose head waited longest.
+            signal = next_ready(
+                self._pending,
+                self._pending_bytes,
+                draining=self._draining,
+                max_bytes=max_bytes,
+                linger_s=linger_s,
+                now=now,
+            )
             if signal is not None:
                 lease = await self._lease(signal, self._take(signal, max_bytes))
                 if lease is not None:
@@ -371,9 +372,9 @@ class DiskQueue:
                 and not self._writing
             ):
                 return None
-            heads = [q[0].enqueued_at for q in self._pending.values() if q]
+            deadline = next_deadline(self._pending, linger_s)
             event = self._wakeup
-            timeout = max(0.0, min(heads) + linger_s - now) if heads else None
+            timeout = None if deadline is None else max(0.0, deadline - now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout)
 

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -97,6 +97,47 @@ class ExportQueue(Protocol):
         ...
 
 
+class Queued(Protocol):
+    """What the batching policy reads of a queued record (an :class:`Entry`, or the
+    on-disk queue's reference to a record)."""
+
+    @property
+    def enqueued_at(self) -> float:
+        """``time.monotonic()`` when it was queued."""
+        ...
+
+
+def next_ready(
+    pending: Mapping[Signal, Sequence[Queued]],
+    pending_bytes: Mapping[Signal, int],
+    *,
+    draining: bool,
+    max_bytes: int,
+    linger_s: float,
+    now: float,
+) -> Signal | None:
+    """The batching policy of every queue: the signal to send next. Among the signals
+    with a full batch (``pending_bytes`` >= ``max_bytes``), an aged head (waited
+    ``linger_s``), or (when ``draining``) anything queued, the one whose head waited
+    longest, so that a busy signal cannot starve the others; None when none is ready."""
+    best: tuple[float, Signal] | None = None
+    for signal, q in pending.items():
+        if not q:
+            continue
+        head = q[0].enqueued_at
+        ready = draining or pending_bytes[signal] >= max_bytes or now - head >= linger_s
+        if ready and (best is None or head < best[0]):
+            best = (head, signal)
+    return None if best is None else best[1]
+
+
+def next_deadline(pending: Mapping[Signal, Sequence[Queued]], linger_s: float) -> float | None:
+    """When the oldest queued head reaches ``linger_s`` (monotonic time); None when
+    nothing is queued."""
+    heads = [q[0].enqueued_at for q in pending.values() if q]
+    return min(heads) + linger_s if heads else None
+
+
 class MemoryQueue:
     """A FIFO per signal in memory, bounded in bytes. Not thread-safe (one event loop)."""
 
@@ -140,26 +181,6 @@ class MemoryQueue:
         self._notify()
         return True
 
-    def _ready(self, max_bytes: int, linger_s: float, now: float) -> Signal | None:
-        """The signal to send next: among those with a full batch, an aged head, or
-        (when draining) anything queued, the one whose head waited longest, so that a
-        busy signal cannot starve the others."""
-        best: tuple[float, Signal] | None = None
-        for signal, q in self._pending.items():
-            if not q:
-                continue
-            head = q[0].enqueued_at
-            ready = (
-                self._draining or self._pending_bytes[signal] >= max_bytes or now - head >= linger_s
-            )
-            if ready and (best is None or head < best[0]):
-                best = (head, signal)
-        return None if best is None else best[1]
-
-    def _next_deadline(self, linger_s: float) -> float | None:
-        heads = [q[0].enqueued_at for q in self._pending.values() if q]
-        return min(heads) + linger_s if heads else None
-
     def _take(self, signal: Signal, max_bytes: int) -> Lease:
         q = self._pending[signal]
         lease = Lease(next(self._ids), signal)
@@ -175,12 +196,19 @@ class MemoryQueue:
     async def get(self, max_bytes: int, linger_s: float) -> Lease | None:
         while True:
             now = time.monotonic()
-            signal = self._ready(max_bytes, linger_s, now)
+            signal = next_ready(
+                self._pending,
+                self._pending_bytes,
+                draining=self._draining,
+                max_bytes=max_bytes,
+                linger_s=linger_s,
+                now=now,
+            )
             if signal is not None:
                 return self._take(signal, max_bytes)
             if self._draining and not any(self._pending.values()):
                 return None
-            deadline = self._next_deadline(linger_s)
+            deadline = next_deadline(self._pending, linger_s)
             event = self._wakeup
             try:
                 timeout = None if deadline is None else max(0.0, deadline - now)
