@@ -31,7 +31,6 @@ puts in the scope and does not add a second span. Telemetry failures are counted
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from opentelemetry import context as context_api
@@ -39,6 +38,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_telemetry import semconv, span_groups
+from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
 from gym_telemetry.autoinstrument.correlation import TELEMETRY_ROLLOUT_ID
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
@@ -51,11 +51,6 @@ from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorde
 
 _log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Scope key marking that an outer layer already handles this request.
 SCOPE_MARKER: Final = "gym_telemetry.server_span"
