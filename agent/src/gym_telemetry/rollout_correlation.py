@@ -45,16 +45,9 @@ class _State:
         self.from_gym = False
 
 
-@contextmanager
-def _own_context(rollout_id: str | None) -> Iterator[None]:
-    token = ROLLOUT_ID_VAR.set(rollout_id)
-    try:
-        yield
-    finally:
-        ROLLOUT_ID_VAR.reset(token)
-
-
 def _var_context(var: ContextVar[Any]) -> Callable[[str | None], AbstractContextManager[None]]:
+    """A ``rollout_context`` factory that sets ``var`` for the block and resets it after."""
+
     @contextmanager
     def ctx(rollout_id: str | None) -> Iterator[None]:
         token = var.set(rollout_id)
@@ -64,6 +57,9 @@ def _var_context(var: ContextVar[Any]) -> Callable[[str | None], AbstractContext
             var.reset(token)
 
     return ctx
+
+
+_own_context: Final = _var_context(ROLLOUT_ID_VAR)
 
 
 def _resolve_and_get() -> str | None:
