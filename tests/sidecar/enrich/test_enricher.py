@@ -12,7 +12,7 @@ import pytest
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.enrich.enricher import Enricher, resource_blocks
 from gym_sidecar.pipeline.enrich import build_enrich_stage
-from gym_sidecar.pipeline.stage import Batch, Signal, Stage
+from gym_sidecar.pipeline.stage import Batch, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tests.support.collect_stage import CollectStage
 from tests.support.docker_engine import EngineContractServer, FakeContainer
 from tests.support.sink import attrs
 from tests.support.wait import wait_for_async as wait_for
@@ -232,18 +233,9 @@ def test_docker_pending_lookups_are_bounded(engine: EngineContractServer) -> Non
     asyncio.run(run())
 
 
-class _Capture(Stage):
-    def __init__(self, metrics: SelfMetrics) -> None:
-        super().__init__(None, metrics)
-        self.batches: list[Batch] = []
-
-    async def consume(self, batch: Batch) -> None:
-        self.batches.append(batch)
-
-
 def test_stage_counts_and_passes_on() -> None:
     metrics = SelfMetrics()
-    tail = _Capture(metrics)
+    tail = CollectStage(metrics)
     cfg = EnrichConfig.model_validate({"attributes": {"a": "1"}, "docker": {"enabled": False}})
     stage = build_enrich_stage(cfg, tail, metrics)
     batch = Batch(Signal.TRACES, traces({"service.name": "s"}), items=1, peer="10.0.0.1:1")

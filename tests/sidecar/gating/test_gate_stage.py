@@ -15,19 +15,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.sidecar.gating.helpers import add_resource, scope_counts
+from tests.support.collect_stage import CollectStage
 
 VERIFY = semconv.scope_name(semconv.GROUP_VERIFY)
 ROLLOUT = semconv.scope_name(semconv.GROUP_ROLLOUT)
 SANDBOX = semconv.scope_name(semconv.GROUP_SANDBOX)
-
-
-class Collect(Stage):
-    def __init__(self, metrics: SelfMetrics) -> None:
-        super().__init__(None, metrics)
-        self.batches: list[Batch] = []
-
-    async def consume(self, batch: Batch) -> None:
-        self.batches.append(batch)
 
 
 def sample(metrics: SelfMetrics, name: str, **labels: str) -> float:
@@ -41,7 +33,7 @@ def run(stage: Stage, batch: Batch) -> None:
 
 def test_drops_off_and_metrics_groups_per_service() -> None:
     metrics = SelfMetrics()
-    sink = Collect(metrics)
+    sink = CollectStage(metrics)
     cfg = SpanGroupsConfig(
         spec="default,verify",
         modes={semconv.GROUP_VERIFY: Mode.METRICS},
@@ -85,7 +77,7 @@ def test_drops_off_and_metrics_groups_per_service() -> None:
 
 def test_third_party_scopes_map_to_server_and_http_client() -> None:
     metrics = SelfMetrics()
-    sink = Collect(metrics)
+    sink = CollectStage(metrics)
     stage = build_gate_stage(SpanGroupsConfig(spec="rollout,verify"), sink, metrics)
     req = ExportTraceServiceRequest()
     scopes = {
@@ -105,7 +97,7 @@ def test_third_party_scopes_map_to_server_and_http_client() -> None:
 
 def test_all_dropped_batch_is_not_forwarded_and_other_signals_pass() -> None:
     metrics = SelfMetrics()
-    sink = Collect(metrics)
+    sink = CollectStage(metrics)
     stage = build_gate_stage(SpanGroupsConfig(spec="none"), sink, metrics)
     req = ExportTraceServiceRequest()
     add_resource(req, "svc", {VERIFY: 2})
@@ -119,7 +111,7 @@ def test_all_dropped_batch_is_not_forwarded_and_other_signals_pass() -> None:
 
 def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> None:
     metrics = SelfMetrics()
-    sink = Collect(metrics)
+    sink = CollectStage(metrics)
     stage = build_gate_stage(SpanGroupsConfig(spec="all", max_services=1), sink, metrics)
     req = ExportTraceServiceRequest()
     add_resource(req, "a", {VERIFY: 1})
@@ -139,7 +131,7 @@ def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> N
 
 def test_configured_scope_groups_extend_the_table() -> None:
     metrics = SelfMetrics()
-    sink = Collect(metrics)
+    sink = CollectStage(metrics)
     cfg = SpanGroupsConfig.model_validate(
         {"spec": "default", "scope_groups": {"my.sandbox.client": "sandbox"}}
     )

@@ -1,37 +1,18 @@
-"""A real downstream stage that keeps what reaches it, and reading OTLP metrics back."""
+"""Reading OTLP metrics back: every data point of a request, flattened.
+
+The collecting tail stage these tests pair it with is ``tests.support.collect_stage``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from gym_sidecar.pipeline.stage import Backpressure, Batch, Signal, Stage
-from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
 from tests.support.sink import attrs
-
-
-class CollectStage(Stage):
-    """The tail of a test pipeline: keeps batches; can push back ``refuse`` times."""
-
-    name = "collect"
-
-    def __init__(self, metrics: SelfMetrics) -> None:
-        super().__init__(None, metrics)
-        self.batches: list[Batch] = []
-        self.refuse = 0
-
-    async def consume(self, batch: Batch) -> None:
-        if self.refuse > 0:
-            self.refuse -= 1
-            raise Backpressure(1.0)
-        self.batches.append(batch)
-
-    def metric_requests(self) -> list[ExportMetricsServiceRequest]:
-        return [b.message for b in self.batches if b.signal is Signal.METRICS]  # type: ignore[misc]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from gym_telemetry import semconv
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-from tests.sidecar.metrics.collect import CollectStage, points
+from tests.sidecar.metrics.collect import points
 from tests.sidecar.metrics.traces import (
     RESOURCE,
     ROLLOUT_SCOPE,
@@ -26,6 +26,7 @@ from tests.sidecar.metrics.traces import (
     rollout,
     verify,
 )
+from tests.support.collect_stage import CollectStage
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA

@@ -14,7 +14,6 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.sidecar.metrics.collect import CollectStage
 from tests.sidecar.metrics.traces import (
     ROLLOUT_SCOPE,
     VERIFY_SCOPE,
@@ -23,6 +22,7 @@ from tests.sidecar.metrics.traces import (
     set_attrs,
     verify,
 )
+from tests.support.collect_stage import CollectStage
 
 LABELS = {
     "service_name": "math_with_judge",
