@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gym_verify_throughput import SERVER, cpu_seconds, gym_python, measure  # noqa: E402
+from bench.gym_verify_throughput import (  # noqa: E402
+    SERVER,
+    cpu_seconds,
+    gym_python,
+    measure,
+    start_sink,
+)
 from tests.gym.stack import GymStack, load_configs  # noqa: E402
-from tests.support.ports import free_port, wait_listening  # noqa: E402
+from tests.support.ports import wait_listening  # noqa: E402
 
 # Installed on the servers' path: cyclic-GC time and counts, dumped to a JSON file every 0.5 s.
 _GC_PROBE = """
@@ -118,13 +123,7 @@ def main() -> None:
     probe_dir = workdir / "probe"
     probe_dir.mkdir()
     (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
-    sink_port = free_port()
-    sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(sink_port)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    sink, sink_port = start_sink()
     stacks: dict[str, GymStack] = {}
     variants = _variants(args.before.resolve(), args.gc_freeze)
     rows: dict[str, dict[str, list[float]]] = {

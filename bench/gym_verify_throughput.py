@@ -172,6 +172,20 @@ def gym_python() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def start_sink() -> tuple[subprocess.Popen[str], int]:
+    """A counting OTLP/gRPC sink process (``tests.support.sink``) on a free port, and
+    that port. The caller waits for it to listen, then terminates it and reads its
+    last stdout line (the counts)."""
+    port = free_port()
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sink", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return sink, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
@@ -185,13 +199,7 @@ def main() -> None:
 
     python = gym_python()
     workdir = Path(tempfile.mkdtemp(prefix="gym-verify-bench-"))
-    sink_port = free_port()
-    sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(sink_port)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    sink, sink_port = start_sink()
     stacks: dict[str, GymStack] = {}
     try:
         wait_listening(sink_port)
