@@ -20,7 +20,13 @@ from typing import Final
 from urllib.parse import unquote
 
 from opentelemetry.context import Context
-from opentelemetry.trace import get_current_span
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import rollout_correlation, semconv
@@ -35,6 +41,13 @@ ROLLOUT_PATH_PREFIX: Final = "/ng-rollout/"
 _ROLLOUT_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _BAGGAGE_KEY_BYTES: Final = BAGGAGE_KEY.encode()
 _TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
+# The common ``traceparent`` form (version 00, no tracestate) is parsed here; anything
+# else goes through the SDK propagator. Same acceptance rules for that form.
+_TRACEPARENT_00: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# One shared TraceFlags per value: a parsed parent keeps no flags object of its own
+# (fewer GC-tracked objects held by every queued span).
+_FLAGS: Final = tuple(TraceFlags(value) for value in range(256))
+_EMPTY_CONTEXT: Final = Context()
 
 
 def valid_rollout_id(value: str) -> bool:
@@ -69,6 +82,15 @@ def rollout_id_from_baggage(header: bytes) -> str | None:
 
 def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | None:
     """The remote parent context from a ``traceparent`` header, or None when invalid."""
+    if not tracestate:
+        match = _TRACEPARENT_00.fullmatch(traceparent)
+        if match is not None:
+            trace_id = int(match.group(1), 16)
+            span_id = int(match.group(2), 16)
+            if not trace_id or not span_id:
+                return None
+            span_context = SpanContext(trace_id, span_id, True, _FLAGS[int(match.group(3), 16)])
+            return set_span_in_context(NonRecordingSpan(span_context), _EMPTY_CONTEXT)
     carrier = {"traceparent": traceparent.decode("latin-1")}
     if tracestate:
         carrier["tracestate"] = tracestate.decode("latin-1")
