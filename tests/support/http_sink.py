@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import threading
 from typing import Any
 
@@ -40,6 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.support.ports import free_port, wait_listening
+from tests.support.sink import serve_until_signalled
 from tests.support.wait import DEFAULT_TIMEOUT_S, wait_for
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -131,13 +131,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     sink = HttpSink(port=args.port).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"http sink listening on {sink.url}", flush=True)
-    stop.wait()
-    sink.stop()
-    print(f"spans={sink.span_count} calls={sink.calls} bad={sink.bad_requests}", flush=True)
+    serve_until_signalled(
+        f"http sink listening on {sink.url}",
+        sink.stop,
+        lambda: f"spans={sink.span_count} calls={sink.calls} bad={sink.bad_requests}",
+    )
 
 
 if __name__ == "__main__":

@@ -219,18 +219,28 @@ class RecordingSink:
         return export
 
 
+def serve_until_signalled(banner: str, stop: Callable[[], None], totals: Callable[[], str]) -> None:
+    """Run a sink as a benchmark process: print ``banner``, wait for SIGTERM or SIGINT,
+    call ``stop``, then print ``totals()`` (the harnesses parse that last line)."""
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print(banner, flush=True)
+    done.wait()
+    stop()
+    print(totals(), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Counting OTLP/gRPC sink")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     sink = RecordingSink(port=args.port, record=False).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"sink listening on {sink.endpoint}", flush=True)
-    stop.wait()
-    sink.stop()
-    print(f"spans={sink.span_count} calls={sink.calls}", flush=True)
+    serve_until_signalled(
+        f"sink listening on {sink.endpoint}",
+        sink.stop,
+        lambda: f"spans={sink.span_count} calls={sink.calls}",
+    )
 
 
 if __name__ == "__main__":
