@@ -53,7 +53,7 @@ from gym_telemetry import (
     rollout_correlation,
     span_groups,
 )
-from gym_telemetry.export import GymSpanProcessor
+from gym_telemetry._export.processor import GymSpanProcessor
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult

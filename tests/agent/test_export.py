@@ -1,11 +1,10 @@
-"""Export side: the processor switch, export tracking, rate-limited export logs."""
+"""Export side: the processor switch and export tracking."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
-from gym_telemetry.export import GymSpanProcessor, RateLimitFilter, TrackingExporter
+from gym_telemetry._export.processor import GymSpanProcessor, TrackingExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -23,23 +22,6 @@ class Flaky(SpanExporter):
 
     def shutdown(self) -> None:
         return None
-
-
-def _record(name: str, msg: str = "Transient error %s") -> logging.LogRecord:
-    return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, ("UNAVAILABLE",), None)
-
-
-def test_rate_limit_filter_lets_one_through_per_interval() -> None:
-    f = RateLimitFilter(interval_s=60.0)
-    assert f.filter(_record("a"))
-    assert not f.filter(_record("a"))
-    assert not f.filter(_record("a"))
-    assert f.filter(_record("b"))  # another logger is its own stream
-    assert f.filter(_record("a", "Failed to export %s"))  # another message too
-    f.interval_s = 0.0  # as if the interval had passed (no sleeping, no timing)
-    rec = _record("a")
-    assert f.filter(rec)
-    assert "2 similar messages suppressed" in rec.getMessage()
 
 
 def test_tracking_exporter_counts_and_never_raises() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gym_telemetry import grpc_exporter, otlp_wire, span_encoding
-from gym_telemetry.span_encoding_probes import probe_spans
+from gym_telemetry._export import grpc_exporter, otlp_wire, span_encoding
+from gym_telemetry._export.probes import probe_spans
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (

@@ -38,7 +38,6 @@ import functools
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
@@ -46,6 +45,7 @@ from opentelemetry import context as context_api
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry._logging import rate_limit
 from gym_telemetry.recording import (
     LeanRecorder,
     LeanSpan,
@@ -71,36 +71,32 @@ _detach = context_api.detach
 
 
 class _ErrorCounter:
-    """Counts telemetry failures; logs at most one WARNING per ``interval_s``."""
+    """Counts telemetry failures; logs them through a rate-limited logger (at most one
+    WARNING per minute, the next one saying how many were suppressed)."""
 
-    __slots__ = ("count", "interval_s", "last_log", "lock", "suppressed")
+    __slots__ = ("count", "lock")
 
-    def __init__(self, interval_s: float = 60.0) -> None:
+    def __init__(self) -> None:
         self.count = 0
-        self.suppressed = 0
-        self.interval_s = interval_s
-        self.last_log = float("-inf")
         self.lock = threading.Lock()
 
     def record(self, where: str, exc: BaseException) -> None:
         try:
             with self.lock:
                 self.count += 1
-                now = time.monotonic()
-                if now - self.last_log < self.interval_s:
-                    self.suppressed += 1
-                    return
-                self.last_log = now
-                suppressed, self.suppressed = self.suppressed, 0
-            _log.warning(
-                "gym_telemetry: telemetry failure in %s (%r); the handler was not affected "
-                "(%d similar failures suppressed since last report)",
+            _failure_log.warning(
+                "gym_telemetry: telemetry failure in %s (%r); the handler was not affected",
                 where,
                 exc,
-                suppressed,
             )
         except Exception:  # logging itself failed; nothing more we can do safely
             pass
+
+
+#: Its own logger, so the rate limit applies to the failure stream and not to the
+#: wrap-time warnings of this module.
+_failure_log = logging.getLogger(__name__ + ".failures")
+rate_limit(_failure_log)
 
 
 _ERRORS: Final = _ErrorCounter()

@@ -9,9 +9,9 @@
 - one ``BatchSpanProcessor`` with a bounded queue (``OTEL_BSP_*`` honoured) feeding an
   OTLP exporter to the local sidecar: gRPC to ``localhost:4317`` by default, plaintext
   (``insecure``) unless the endpoint says ``https://``; the SDK's gRPC exporter with
-  this package's batch encoder (``gym_telemetry.grpc_exporter``). ``OTEL_EXPORTER_OTLP_PROTOCOL``
-  / ``..._TRACES_PROTOCOL`` = ``http/protobuf`` selects the HTTP exporter when that
-  package is installed;
+  this package's batch encoder (``gym_telemetry._export.grpc_exporter``).
+  ``OTEL_EXPORTER_OTLP_PROTOCOL`` / ``..._TRACES_PROTOCOL`` = ``http/protobuf`` selects
+  the HTTP exporter when that package is installed;
 - the W3C propagators (tracecontext + baggage) as the global text-map propagator,
   unless ``OTEL_PROPAGATORS`` chose others;
 - the span groups: ``span_groups`` argument, else ``GYM_TELEMETRY_SPAN_GROUPS``, else
@@ -67,7 +67,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import span_groups as _span_groups
-from gym_telemetry.export import (
+from gym_telemetry._export.processor import (
     GymSpanProcessor,
     TrackingExporter,
     batch_queue,
@@ -174,7 +174,7 @@ def _make_exporter(endpoint: str | None) -> tuple[SpanExporter, tuple[str, int] 
                 ENV_PROTOCOL,
                 _protocol(),
             )
-    from gym_telemetry.grpc_exporter import make_grpc_exporter
+    from gym_telemetry._export.grpc_exporter import make_grpc_exporter
 
     target = (
         endpoint

@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types as otel_types
 
-from gym_telemetry.export import GymSpanProcessor
+from gym_telemetry._export.processor import GymSpanProcessor
 
 _log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ Contract:
 
 - Same message as ``encode_spans`` (same grouping by resource then scope, in first-seen
   order; same fields), checked against the stock encoder on probe spans of every shape
-  (``span_encoding_probes``) by ``grpc_exporter.self_check()`` before use and by
+  (``probes``) by ``grpc_exporter.self_check()`` before use and by
   ``tests/agent/test_span_encoding.py``.
 - A value ``encode_spans`` would log and skip (an unknown type, an integer outside
   int64, a string that is not valid UTF-8) makes ``encode_request`` raise
@@ -35,7 +35,7 @@ from typing import Any, Final
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry.otlp_wire import (
+from gym_telemetry._export.otlp_wire import (
     KEY_PREFIXES,
     T_AV_INT,
     T_AV_STRING,

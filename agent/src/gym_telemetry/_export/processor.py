@@ -9,7 +9,6 @@ the batch processor's worker thread.
 from __future__ import annotations
 
 import contextlib
-import logging
 import socket
 import threading
 import time
@@ -19,6 +18,8 @@ from typing import Any, Final
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from gym_telemetry._logging import rate_limit
 
 
 class TrackingExporter(SpanExporter):
@@ -188,35 +189,7 @@ EXPORT_LOGGERS: Final[tuple[str, ...]] = (
 )
 
 
-class RateLimitFilter(logging.Filter):
-    """Lets one record per (logger, message template) through every ``interval_s``;
-    the next one that passes says how many were suppressed in between. Thread-safe."""
-
-    def __init__(self, interval_s: float = 60.0) -> None:
-        super().__init__()
-        self.interval_s = interval_s
-        self._last: dict[tuple[str, str], float] = {}
-        self._suppressed: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, str(record.msg))
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(key)
-            if last is not None and now - last < self.interval_s:
-                self._suppressed[key] = self._suppressed.get(key, 0) + 1
-                return False
-            self._last[key] = now
-            suppressed = self._suppressed.pop(key, 0)
-        if suppressed:
-            record.msg = f"{record.msg} [{suppressed} similar messages suppressed]"
-        return True
-
-
 def rate_limit_export_logs(interval_s: float = 60.0) -> None:
-    """Install one ``RateLimitFilter`` on each of ``EXPORT_LOGGERS`` (idempotent)."""
+    """Rate-limit each of ``EXPORT_LOGGERS`` (``gym_telemetry._logging``; idempotent)."""
     for name in EXPORT_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, RateLimitFilter) for f in logger.filters):
-            logger.addFilter(RateLimitFilter(interval_s))
+        rate_limit(name, interval_s)

@@ -3,7 +3,7 @@ batch encoder.
 
 ``make_grpc_exporter(endpoint, insecure)`` returns the SDK's ``OTLPSpanExporter``
 (same channel, retries, timeout, headers, compression, TLS, ``OTEL_EXPORTER_OTLP_*``
-handling) whose per-batch encoding step is ``gym_telemetry.span_encoding``: the batch is
+handling) whose per-batch encoding step is ``gym_telemetry._export.span_encoding``: the batch is
 written straight to OTLP bytes and parsed once by the protobuf runtime (C), instead of
 being built as Python protobuf objects span by span (see that module for the figures).
 
@@ -32,7 +32,7 @@ from typing import Any, Final
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gym_telemetry import span_encoding
+from gym_telemetry._export import span_encoding
 
 _log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _run_self_check() -> bool:
             ExportTraceServiceRequest,
         )
 
-        from gym_telemetry.span_encoding_probes import probe_spans
+        from gym_telemetry._export.probes import probe_spans
 
         spans = probe_spans()
         lean = ExportTraceServiceRequest.FromString(span_encoding.encode_request(spans))
