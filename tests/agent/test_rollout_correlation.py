@@ -90,14 +90,70 @@ def test_context_is_per_task() -> None:
     assert asyncio.run(main()) == [f"r{i}" for i in range(5)]
 
 
-def test_install_getter_adds_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fallback_is_read_when_gym_has_no_id(monkeypatch: pytest.MonkeyPatch) -> None:
     gym_var = _fake_gym(monkeypatch)
     rc.resolve(force=True)
-    gym_get = rc.getter()
-    rc.install_getter(lambda: gym_get() or "fallback")
-    assert rc.current_rollout_id() == "fallback"
-    token = gym_var.set("from-gym")
+    rc.set_fallback(rc.ROLLOUT_ID_VAR.get)
     try:
-        assert rc.current_rollout_id() == "from-gym"
+        assert rc.current_rollout_id() is None
+        with rc.own_rollout_context("from-telemetry"):
+            assert gym_var.get() is None  # Gym's ContextVar is never written
+            assert rc.current_rollout_id() == "from-telemetry"
+            token = gym_var.set("from-gym")
+            try:
+                assert rc.current_rollout_id() == "from-gym"  # Gym's id wins
+            finally:
+                gym_var.reset(token)
+        rc.resolve(force=True)  # the fallback survives re-resolution
+        with rc.own_rollout_context("again"):
+            assert rc.current_rollout_id() == "again"
     finally:
-        gym_var.reset(token)
+        rc.set_fallback(None)
+    with rc.own_rollout_context("gone"):
+        assert rc.current_rollout_id() is None
+
+
+def test_fallback_equal_to_the_primary_is_not_composed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, rc.GYM_MODULE, raising=False)
+    monkeypatch.setattr(rc.importlib.util, "find_spec", lambda name: None)
+    rc.resolve(force=True)
+    rc.set_fallback(rc.ROLLOUT_ID_VAR.get)
+    try:
+        assert rc.getter() == rc.ROLLOUT_ID_VAR.get  # one ContextVar.get, no wrapper
+        with rc.own_rollout_context("r-3"):
+            assert rc.current_rollout_id() == "r-3"
+    finally:
+        rc.set_fallback(None)
+
+
+def test_a_raising_fallback_reads_as_no_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gym(monkeypatch)
+    rc.resolve(force=True)
+
+    def broken() -> str | None:
+        raise RuntimeError("fallback broke")
+
+    rc.set_fallback(broken)
+    try:
+        assert rc.current_rollout_id() is None
+        with rc.rollout_context("from-gym"):
+            assert rc.current_rollout_id() == "from-gym"
+    finally:
+        rc.set_fallback(None)
+
+
+def test_the_gym_integration_binds_through_the_public_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gym_telemetry.autoinstrument import correlation
+
+    gym_var = _fake_gym(monkeypatch)
+    rc.resolve(force=True)
+    correlation.bind()
+    correlation.bind()  # idempotent
+    try:
+        with rc.own_rollout_context("from-telemetry"):
+            assert rc.current_rollout_id() == "from-telemetry"
+            assert gym_var.get() is None
+    finally:
+        rc.set_fallback(None)

@@ -46,6 +46,7 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types as otel_types
 
@@ -348,21 +349,107 @@ def _is_default_sampler(sampler: Any) -> bool:
 
 
 def _layout_ok(recorder: LeanRecorder) -> bool:
-    """One-time check that LeanSpan carries every field ReadableSpan expects."""
+    """One-time check that a LeanSpan reads, through the SDK's own public accessors and
+    encoder, exactly like an SDK span with the same content; False on any difference or
+    surprise (the SDK path is then used). This is what keeps a new SDK release whose
+    ``ReadableSpan`` internals changed from silently breaking export."""
     try:
         reference = set(vars(ReadableSpan("probe", resource=recorder.resource)))
-        probe_context = SpanContext(1, 1, False, _FLAGS_SAMPLED, _EMPTY_STATE)
-        probe = LeanSpan("probe", probe_context, None, recorder, {"k": "v"})
+        parent = SpanContext(3, 4, True, _FLAGS_SAMPLED, _EMPTY_STATE)
+        probe_context = SpanContext(3, 5, False, _FLAGS_SAMPLED, _EMPTY_STATE)
+        probe = LeanSpan(
+            "probe", probe_context, parent, recorder, {"k": "v", "n": 1}, kind=SpanKind.SERVER
+        )
         missing = reference - set(vars(probe))
         if missing:
             _log.info("gym_telemetry: SDK span layout changed (%s); using the SDK path", missing)
             return False
-        probe._end_time = 2
-        probe.to_json()
+        # The same span through the SDK's own path: a throwaway provider with the same
+        # resource and fixed ids, its tracer's scope shared with the lean probe.
+        provider = sdk_trace.TracerProvider(
+            resource=recorder.resource, id_generator=_FixedIds(3, 5), shutdown_on_exit=False
+        )
+        tracer = provider.get_tracer("gym_telemetry.self_check")
+        if not isinstance(tracer, sdk_trace.Tracer):
+            return False
+        probe = LeanSpan(
+            "probe",
+            probe_context,
+            parent,
+            LeanRecorder(tracer),
+            {"k": "v", "n": 1},
+            kind=SpanKind.SERVER,
+        )
+        stock = tracer.start_span(
+            "probe",
+            context=trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent)),
+            kind=SpanKind.SERVER,
+            attributes={"k": "v", "n": 1},
+            start_time=1_000,
+        )
+        if not isinstance(stock, ReadableSpan):
+            return False
+        probe._start_time = 1_000
+        for span in (probe, stock):
+            span.set_attribute("late", True)
+            span.add_event("e", {"x": 1.5}, timestamp=1_500)
+            span.set_status(Status(StatusCode.ERROR, "probe"))
+        probe._end_time = 2_000  # not end(): the probe must not reach the processors
+        stock.end(end_time=2_000)
+        if _public_view(probe) != _public_view(stock) or probe.to_json() != stock.to_json():
+            _log.info("gym_telemetry: lean span reads differently here; using the SDK path")
+            return False
+        if not _encodes_alike(probe, stock):
+            _log.info("gym_telemetry: lean span encodes differently here; using the SDK path")
+            return False
         return True
     except Exception as exc:  # any surprise: use the SDK's own path
         _log.info("gym_telemetry: lean span self-check failed (%r); using the SDK path", exc)
         return False
+
+
+class _FixedIds(IdGenerator):
+    """Ids for the self-check's SDK span (the same as the lean probe's)."""
+
+    def __init__(self, trace_id: int, span_id: int) -> None:
+        self.trace_id, self.span_id = trace_id, span_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+
+def _public_view(span: ReadableSpan) -> tuple[Any, ...]:
+    """What exporters read from a finished span, through the SDK's public accessors."""
+    return (
+        span.name,
+        span.context,
+        span.kind,
+        span.parent,
+        span.start_time,
+        span.end_time,
+        dict(span.attributes or {}),
+        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
+        list(span.links),
+        (span.status.status_code, span.status.description),
+        span.resource,
+        span.instrumentation_scope,
+        span.dropped_attributes,
+        span.dropped_events,
+        span.dropped_links,
+    )
+
+
+def _encodes_alike(lean: ReadableSpan, stock: ReadableSpan) -> bool:
+    """Whether the OTLP exporters' stock encoder gives the same message for both (True
+    when that encoder is not installed: nothing else exports them then)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    except ImportError:
+        return True
+    return bool(encode_spans([lean]) == encode_spans([stock]))
 
 
 _layout_checked: dict[str, bool] = {}

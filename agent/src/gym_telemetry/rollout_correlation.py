@@ -11,6 +11,13 @@ Resolution is lazy and happens once, on the first call of ``current_rollout_id``
 is already imported, it is used as is; otherwise it is imported only when the
 ``nemo_gym`` distribution is present. Afterwards ``current_rollout_id`` costs one
 ``ContextVar.get``.
+
+A fallback source: ``set_fallback(fn)`` makes ``current_rollout_id`` return ``fn()``
+when the primary source (Gym's ContextVar, or this module's own) holds no id; then it
+costs one more call on that path only. The Gym integration uses it with this module's
+own ContextVar, set through ``own_rollout_context`` without touching Gym's
+(``gym_telemetry.autoinstrument.correlation``). ``ROLLOUT_ID_VAR`` is the only rollout
+ContextVar this package owns.
 """
 
 from __future__ import annotations
@@ -29,17 +36,21 @@ _log = logging.getLogger(__name__)
 
 GYM_MODULE: Final = "nemo_gym.rollout_correlation"
 
-#: This package's own ContextVar, used only when NeMo Gym is not importable.
+#: This package's own ContextVar (the only one): the primary source when NeMo Gym is not
+#: importable; with Gym, what ``own_rollout_context`` sets and a fallback may read.
 ROLLOUT_ID_VAR: Final[ContextVar[str | None]] = ContextVar("gym_telemetry_rollout_id", default=None)
 
 
 class _State:
-    """Resolved correlation backend: a getter, and a context-manager factory."""
+    """Resolved correlation backend: the primary getter, the optional fallback, the
+    getter readers call (the two composed), and a context-manager factory."""
 
-    __slots__ = ("from_gym", "get", "resolved", "set_ctx")
+    __slots__ = ("fallback", "from_gym", "get", "primary", "resolved", "set_ctx")
 
     def __init__(self) -> None:
         self.get: Callable[[], str | None] = _resolve_and_get
+        self.primary: Callable[[], str | None] = ROLLOUT_ID_VAR.get
+        self.fallback: Callable[[], str | None] | None = None
         self.set_ctx: Callable[[str | None], AbstractContextManager[None]] = _own_context
         self.resolved = False
         self.from_gym = False
@@ -111,7 +122,8 @@ def resolve(force: bool = False) -> bool:
                 getter = gym_get
                 set_ctx = gym_ctx
                 from_gym = True
-        _STATE.get = getter
+        _STATE.primary = getter
+        _STATE.get = _compose(getter, _STATE.fallback)
         _STATE.set_ctx = set_ctx
         _STATE.from_gym = from_gym
         _STATE.resolved = True
@@ -145,10 +157,33 @@ def getter() -> Callable[[], str | None]:
     return _STATE.get
 
 
-def install_getter(getter_fn: Callable[[], str | None]) -> None:
-    """Replace the resolved getter (after resolving), e.g. with one that falls back to
-    another source when Gym's ContextVar is unset. ``rollout_context`` is unchanged.
-    Thread-safe; takes effect on the next ``current_rollout_id`` call."""
+def own_rollout_context(rollout_id: str | None) -> AbstractContextManager[None]:
+    """Context manager that sets ``ROLLOUT_ID_VAR`` (never Gym's ContextVar) for the
+    enclosed code, then restores it."""
+    return _own_context(rollout_id)
+
+
+def _compose(
+    primary: Callable[[], str | None], fallback: Callable[[], str | None] | None
+) -> Callable[[], str | None]:
+    if fallback is None or fallback == primary:
+        return primary
+
+    def current() -> str | None:
+        return primary() or fallback()
+
+    return current
+
+
+def set_fallback(fallback: Callable[[], str | None] | None) -> None:
+    """Make ``current_rollout_id`` return ``fallback()`` when the primary source has no
+    id; ``None`` removes it. One fallback at a time (a new one replaces the old).
+
+    The fallback must be cheap and must not raise (an exception reads as no id). It
+    survives re-resolution. A fallback equal to the primary getter is not called twice.
+    Thread-safe; takes effect on the next ``current_rollout_id`` call.
+    """
     resolve()
     with _lock:
-        _STATE.get = getter_fn
+        _STATE.fallback = fallback
+        _STATE.get = _compose(_STATE.primary, fallback)

@@ -108,6 +108,15 @@ def _run_self_check() -> bool:
         if lean != encode_spans(spans):
             _log.info("gym_telemetry: lean span encoder differs here; using the stock one")
             return False
+        # The step the lean exporter overrides must still be "spans in, the stock
+        # encoder's message out" on this SDK; anything else (renamed, another signature,
+        # another return type, needs the instance) keeps the stock exporter.
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        stock_step = getattr(OTLPSpanExporter, "_translate_data", None)
+        if not callable(stock_step) or stock_step(None, spans) != lean:
+            _log.info("gym_telemetry: the SDK exporter's encoding step changed; stock encoder")
+            return False
         return True
     except Exception as exc:  # any surprise: the stock encoder
         _log.info("gym_telemetry: lean span encoder self-check failed (%r)", exc)

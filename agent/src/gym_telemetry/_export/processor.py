@@ -8,6 +8,7 @@ the batch processor's worker thread.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import threading
@@ -112,9 +113,13 @@ def batch_queue(processor: BatchSpanProcessor) -> tuple[Any, int]:
     if queue is None:
         queue = getattr(inner, "queue", None)
     bound = getattr(inner, "_max_queue_size", None) or getattr(inner, "max_queue_size", 0)
-    if queue is None or not bound:
+    # Private SDK fields: only a deque of the expected bound is used; anything else (a
+    # newer SDK's layout) leaves the queue to the SDK, which then drops and logs itself.
+    if not isinstance(queue, collections.deque) or not isinstance(bound, int) or bound <= 0:
         return None, 0
-    return queue, int(bound)
+    if queue.maxlen not in (None, bound):
+        return None, 0
+    return queue, bound
 
 
 class GymSpanProcessor(SpanProcessor):
@@ -162,6 +167,9 @@ class GymSpanProcessor(SpanProcessor):
                 with contextlib.suppress(IndexError):
                     queue.pop()  # oldest is at the right; make room without the SDK's log
                 self.dropped += 1
+        except Exception:  # a changed SDK queue must not cost the span its export
+            pass
+        try:  # noqa: SIM105 - try/except is cheaper than suppress() on this per-span path
             delegate.on_end(span)
         except Exception:  # a processor failure must never reach span.end()
             pass

@@ -46,7 +46,6 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gym_telemetry import endpoints, rollout_correlation, semconv, span_groups
-from gym_telemetry.autoinstrument.correlation import telemetry_rollout_context
 from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,
@@ -232,7 +231,7 @@ def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
                 rollout_id = None
         if rollout_id is None:
             return await traced(*args, **kwargs)
-        with telemetry_rollout_context(rollout_id):
+        with rollout_correlation.own_rollout_context(rollout_id):
             return await traced(*args, **kwargs)
 
     return wrapper

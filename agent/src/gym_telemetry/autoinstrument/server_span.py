@@ -10,7 +10,8 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
 2. One pass over the request headers for ``traceparent``, ``tracestate`` and
    ``baggage``. The rollout id comes from a ``/ng-rollout/<id>/`` path prefix, else from
    the ``nemo.gym.rollout.id`` baggage member; when found it is telemetry's rollout id
-   for the whole request (``correlation``; Gym's own ContextVar is not touched).
+   for the whole request (``rollout_correlation.ROLLOUT_ID_VAR``, read as the fallback
+   when Gym has no id; Gym's own ContextVar is not touched).
 3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
@@ -37,9 +38,8 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry import semconv, span_groups
+from gym_telemetry import rollout_correlation, semconv, span_groups
 from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
-from gym_telemetry.autoinstrument.correlation import TELEMETRY_ROLLOUT_ID
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
     ROLLOUT_PATH_PREFIX,
@@ -61,7 +61,7 @@ HTTP_STATUS: Final = "http.response.status_code"
 _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
-_ROLLOUT_VAR: Final = TELEMETRY_ROLLOUT_ID
+_ROLLOUT_VAR: Final = rollout_correlation.ROLLOUT_ID_VAR
 _SERVER: Final = SpanKind.SERVER
 
 
