@@ -182,3 +182,12 @@ def test_every_lean_path_refused_still_exports_to_a_real_sink(
         (recorded,) = sink.spans()
         assert recorded.span.name == "gym.verify"
         assert recorded.attributes["succeeded"] is True
+
+
+def test_the_recorder_check_ignores_the_environment_sampler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The check's own SDK span must record even when the process samples nothing.
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    tracer = TracerProvider(shutdown_on_exit=False).get_tracer("gym_telemetry.verify")
+    assert isinstance(recorder_for(tracer), LeanRecorder)

@@ -366,8 +366,12 @@ def _layout_ok(recorder: LeanRecorder) -> bool:
             return False
         # The same span through the SDK's own path: a throwaway provider with the same
         # resource and fixed ids, its tracer's scope shared with the lean probe.
+        # (Sampler given: OTEL_TRACES_SAMPLER must not turn the probe into a no-op.)
         provider = sdk_trace.TracerProvider(
-            resource=recorder.resource, id_generator=_FixedIds(3, 5), shutdown_on_exit=False
+            sampler=sampling.ALWAYS_ON,
+            resource=recorder.resource,
+            id_generator=_FixedIds(3, 5),
+            shutdown_on_exit=False,
         )
         tracer = provider.get_tracer("gym_telemetry.self_check")
         if not isinstance(tracer, sdk_trace.Tracer):
