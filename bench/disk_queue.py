@@ -17,9 +17,9 @@ import asyncio
 import tempfile
 import time
 
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.disk_queue import DiskQueue
 from gym_sidecar.export.queue import ExportQueue, MemoryQueue
-from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 
 

@@ -23,10 +23,10 @@ import asyncio
 import statistics
 import time
 
+from gym_sidecar.core.stage import Batch, PassThrough, Signal, Stage
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.enrich.enricher import Enricher
-from gym_sidecar.pipeline.enrich import EnrichStage
-from gym_sidecar.pipeline.stage import Batch, PassThrough, Signal, Stage
+from gym_sidecar.enrich.stage import EnrichStage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue

@@ -21,8 +21,9 @@ import subprocess
 import sys
 import time
 
-from gym_sidecar.export import BackendConfig, QueueConfig, build_export_stage
-from gym_sidecar.pipeline.stage import Backpressure, Batch, Signal
+from gym_sidecar.assemble import build_export_stage
+from gym_sidecar.core.stage import Backpressure, Batch, Signal
+from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue

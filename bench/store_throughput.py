@@ -40,8 +40,8 @@ from contextlib import closing
 from pathlib import Path
 
 import grpc
-from gym_sidecar.export.base import Outcome
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.store import db, queries
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export import segments
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.disk_queue import DiskQueue, build_queue
 from gym_sidecar.export.queue import MemoryQueue
-from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 
 from tests.faults.support import small_filesystem

@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.pipeline.stage import Batch, Stage
+from gym_sidecar.core.stage import Batch, Stage
 from gym_sidecar.receiver.grpc import RETRY_INFO_TRAILER, GrpcReceiver
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

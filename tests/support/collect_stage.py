@@ -3,7 +3,7 @@ reaches it."""
 
 from __future__ import annotations
 
-from gym_sidecar.pipeline.stage import Backpressure, Batch, Signal, Stage
+from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,

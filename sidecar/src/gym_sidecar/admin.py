@@ -8,7 +8,7 @@ Routes:
   (with exemplars) when ``Accept`` asks for ``application/openmetrics-text``.
 
 Adding routes (e.g. the span-group API): build a ``starlette.routing.Router`` and append
-it to ``routers`` in :func:`gym_sidecar.pipeline.build.build_pipeline`; the server passes
+it to ``routers`` in :func:`gym_sidecar.assemble.build_pipeline`; the server passes
 that list to :func:`build_admin_app`, which serves each router's routes after its own.
 Routers must not reuse the three paths above.
 

@@ -20,7 +20,7 @@
     and without ``startup()``.
 
 SIGHUP runs every hook in :attr:`reload_hooks` (stages add theirs in
-:mod:`gym_sidecar.pipeline.build`; others may append before ``serve()``).
+:mod:`gym_sidecar.assemble`; others may append before ``serve()``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import time
 
 from gym_sidecar.admin import Readiness, build_admin_app
 from gym_sidecar.asgi_listener import AsgiListener
+from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
-from gym_sidecar.pipeline.build import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics

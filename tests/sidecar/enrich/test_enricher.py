@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gym_sidecar.core.stage import Batch, Signal
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.enrich.enricher import Enricher, resource_blocks
-from gym_sidecar.pipeline.enrich import build_enrich_stage
-from gym_sidecar.pipeline.stage import Batch, Signal
+from gym_sidecar.enrich.stage import build_enrich_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from gym_sidecar.pipeline.stage import Batch, Signal
+from gym_sidecar.core.stage import Batch, Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue

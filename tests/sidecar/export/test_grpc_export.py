@@ -7,10 +7,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from gym_sidecar.export import BackendConfig, QueueConfig, QueueStage, build_export_stage
-from gym_sidecar.export.base import Outcome
+from gym_sidecar.assemble import build_export_stage
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Backpressure, Signal
+from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter, classify, grpc_target
-from gym_sidecar.pipeline.stage import Backpressure, Signal
+from gym_sidecar.export.stage import QueueStage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 from tests.sidecar.export.helpers import (

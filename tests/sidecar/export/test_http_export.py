@@ -7,9 +7,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from gym_sidecar.export import BackendConfig, QueueConfig, QueueStage, build_export_stage
+from gym_sidecar.assemble import build_export_stage
+from gym_sidecar.core.stage import Signal
+from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.export.otlp_http import parse_retry_after, signal_urls
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.export.stage import QueueStage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,

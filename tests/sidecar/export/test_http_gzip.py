@@ -6,14 +6,14 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from gym_sidecar.export import BackendConfig
-from gym_sidecar.export.base import Outcome
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Signal
+from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_http import (
     OtlpHttpExporter,
     gzip_body,
     gzip_library,
 )
-from gym_sidecar.pipeline.stage import Signal
 from pydantic import ValidationError
 
 from tests.sidecar.export.helpers import run, trace_request

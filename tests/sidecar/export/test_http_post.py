@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from gym_sidecar.export import BackendConfig
-from gym_sidecar.export.base import Outcome
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Signal
+from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.http_post import HttpPoster
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
-from gym_sidecar.pipeline.stage import Signal
 
 from tests.sidecar.export.helpers import run
 from tests.support.ports import free_port

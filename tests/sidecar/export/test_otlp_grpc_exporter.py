@@ -11,10 +11,10 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
-from gym_sidecar.export.base import Outcome
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
-from gym_sidecar.pipeline.stage import Signal
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.backoff import Backoff
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.queue import MemoryQueue
-from gym_sidecar.pipeline.stage import Signal
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.sidecar.export.helpers import run, trace_request

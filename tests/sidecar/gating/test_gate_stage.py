@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from gym_sidecar.core.stage import Batch, Signal, Stage
 from gym_sidecar.gating.config import Mode, ServiceOverride, SpanGroupsConfig
-from gym_sidecar.pipeline.gate import build_gate_stage
-from gym_sidecar.pipeline.stage import Batch, Signal, Stage
+from gym_sidecar.gating.stage import build_gate_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (

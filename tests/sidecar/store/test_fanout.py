@@ -8,11 +8,11 @@ from contextlib import closing
 from pathlib import Path
 
 import grpc
-from gym_sidecar.export.base import ExportResult, Outcome
+from gym_sidecar.core.exporter import ExportResult, Outcome
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.fanout import FanOutExporter, _combine
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
-from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.store import db, queries
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter

@@ -27,6 +27,7 @@ from cachetools import LRUCache
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from gym_sidecar.core.stage import ExportRequest
 from gym_sidecar.enrich.attributes import AttributeValue, to_any_value
 from gym_sidecar.enrich.config import EnrichConfig, SourceName
 from gym_sidecar.enrich.docker_lookup import (
@@ -42,7 +43,6 @@ from gym_sidecar.enrich.host import host_attributes
 from gym_sidecar.enrich.keys import CONTAINER_ID
 from gym_sidecar.enrich.kubernetes import kubernetes_attributes
 from gym_sidecar.enrich.static import static_attributes
-from gym_sidecar.pipeline.stage import ExportRequest
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)

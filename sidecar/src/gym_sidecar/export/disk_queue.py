@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export import segments
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.queue import (
@@ -59,7 +60,6 @@ from gym_sidecar.export.queue import (
     next_ready,
 )
 from gym_sidecar.export.segments import Damage, Position
-from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from gym_sidecar.export.base import Exporter, ExportResult, Outcome
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.exporter import Exporter, ExportResult, Outcome
+from gym_sidecar.core.stage import Signal
 
 _MAX_REMEMBERED = 64
 

@@ -18,25 +18,15 @@ from urllib.parse import urlsplit
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceResponse,
-)
 
-from gym_sidecar.export.base import Exporter, ExportResult
+from gym_sidecar.core.exporter import Exporter, ExportResult
+from gym_sidecar.core.otlp import SPECS, rejected_items
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
-from gym_sidecar.pipeline.stage import Signal
 
 logger = logging.getLogger(__name__)
 
-_METHODS = {
-    Signal.TRACES: "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-    Signal.METRICS: "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-    Signal.LOGS: "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
-}
+_METHODS = {signal: spec.grpc_method for signal, spec in SPECS.items()}
 
 _RETRYABLE = frozenset(
     {
@@ -51,23 +41,6 @@ _RETRYABLE = frozenset(
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
-
-
-def rejected_items(signal: Signal, response: bytes) -> tuple[int, str]:
-    """Items the backend rejected according to the response's ``partial_success``."""
-    try:
-        if signal is Signal.TRACES:
-            t = ExportTraceServiceResponse.FromString(response)
-            return t.partial_success.rejected_spans, t.partial_success.error_message
-        if signal is Signal.METRICS:
-            m = ExportMetricsServiceResponse.FromString(response)
-            return m.partial_success.rejected_data_points, m.partial_success.error_message
-        lg = ExportLogsServiceResponse.FromString(response)
-        return lg.partial_success.rejected_log_records, lg.partial_success.error_message
-    except DecodeError:
-        # The data was accepted; an unreadable response only loses the rejection count.
-        logger.warning("backend sent an unparsable %s export response", signal.value)
-        return 0, ""
 
 
 def _seconds(info: Any) -> float:

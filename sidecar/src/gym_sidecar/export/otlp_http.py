@@ -25,11 +25,11 @@ import zlib
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from gym_sidecar.export.base import Exporter, ExportResult
+from gym_sidecar.core.exporter import Exporter, ExportResult
+from gym_sidecar.core.otlp import PROTOBUF, SPECS, rejected_items
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.http_post import HttpPoster, PostResponse
-from gym_sidecar.export.otlp_grpc import rejected_items
-from gym_sidecar.pipeline.stage import Signal
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +62,16 @@ _MAX_ERROR_BODY_CHARS = 300
 
 
 def signal_urls(url: str) -> dict[Signal, str]:
-    """The POST URL per signal: base URL + ``/v1/<signal>`` (see BackendConfig.url)."""
+    """The POST URL per signal: base URL + its OTLP path (see BackendConfig.url)."""
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
-    for signal in Signal:
-        suffix = f"/v1/{signal.value}"
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
+    for spec in SPECS.values():
+        if path.endswith(spec.http_path):
+            path = path[: -len(spec.http_path)]
             break
     return {
-        signal: urlunsplit((parts.scheme, parts.netloc, f"{path}/v1/{signal.value}", "", ""))
-        for signal in Signal
+        signal: urlunsplit((parts.scheme, parts.netloc, path + spec.http_path, "", ""))
+        for signal, spec in SPECS.items()
     }
 
 
@@ -119,7 +118,7 @@ class OtlpHttpExporter(Exporter):
         self._gzip = config.compression == "gzip"
         self._level = config.compression_level
         self._timeout_s = config.timeout_s
-        self._headers = {**config.headers, "Content-Type": "application/x-protobuf"}
+        self._headers = {**config.headers, "Content-Type": PROTOBUF}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
             logger.info("OTLP/HTTP export: gzip with %s at level %d", gzip_library(), self._level)
@@ -140,7 +139,7 @@ class OtlpHttpExporter(Exporter):
         except (OSError, http.client.HTTPException) as err:
             return ExportResult.retryable(f"{type(err).__name__}: {err}")
         if 200 <= resp.status < 300:
-            if not resp.body or resp.content_type != "application/x-protobuf":
+            if not resp.body or resp.content_type != PROTOBUF:
                 return ExportResult.success()
             rejected, message = rejected_items(signal, resp.body)
             return ExportResult.success(min(rejected, items), message)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.stage import Signal
 
 
 @dataclass(slots=True)

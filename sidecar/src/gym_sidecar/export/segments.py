@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.stage import Signal
 
 MAGIC = b"GYMQSEG1"
 HEADER = struct.Struct(">IIBI")

@@ -14,12 +14,12 @@ import contextlib
 import logging
 import time
 
+from gym_sidecar.core.exporter import Exporter, ExportResult, Outcome
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export import reasons
 from gym_sidecar.export.backoff import Backoff
-from gym_sidecar.export.base import Exporter, ExportResult, Outcome
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.queue import ExportQueue, Lease
-from gym_sidecar.pipeline.stage import Signal
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
+from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
 from gym_sidecar.export import reasons
 from gym_sidecar.export.queue import ExportQueue
 from gym_sidecar.export.sender import Sender
-from gym_sidecar.pipeline.stage import Backpressure, Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)

@@ -31,11 +31,10 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[i
 from grpc_status import rpc_status  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.pipeline.stage import Batch, Stage
+from gym_sidecar.core.otlp import SPECS, SignalSpec
+from gym_sidecar.core.stage import Batch, Stage
 from gym_sidecar.receiver.otlp import (
-    SPECS,
     BadRequest,
-    SignalSpec,
     build_response,
     decode_protobuf,
     submit,

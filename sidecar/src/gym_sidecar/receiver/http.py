@@ -34,11 +34,10 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.pipeline.stage import Batch, ExportRequest, Stage
+from gym_sidecar.core.otlp import JSON, PROTOBUF, SPECS, SignalSpec
+from gym_sidecar.core.stage import Batch, ExportRequest, Stage
 from gym_sidecar.receiver.otlp import (
-    SPECS,
     BadRequest,
-    SignalSpec,
     build_response,
     decode_json,
     decode_protobuf,
@@ -53,8 +52,6 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 TRANSPORT = "http"
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
 
 _BY_PATH: dict[str, SignalSpec] = {spec.http_path: spec for spec in SPECS.values()}
 

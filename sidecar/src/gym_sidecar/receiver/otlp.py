@@ -1,5 +1,6 @@
-"""What both receivers share: OTLP message types per signal, decoding, item counting,
-responses, and handing a decoded request to the pipeline.
+"""What both receivers share: decoding, responses, and handing a decoded request to the
+pipeline. The per-signal OTLP table (message types, names, item counting) is
+:mod:`gym_sidecar.core.otlp`.
 
 Decoding never raises anything but :class:`BadRequest`, whose message is safe to send
 back to the client. Item counts walk ResourceX/ScopeX blocks only (plus the metric list
@@ -13,26 +14,13 @@ import binascii
 import enum
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
-from gym_sidecar.pipeline.stage import Backpressure, Batch, ExportRequest, Signal, Stage
+from gym_sidecar.core.otlp import SignalSpec
+from gym_sidecar.core.stage import Backpressure, Batch, ExportRequest, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -49,65 +37,6 @@ class BadRequest(Exception):
 class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     BACKPRESSURE = "backpressure"
-
-
-@dataclass(frozen=True, slots=True)
-class SignalSpec:
-    """The OTLP types and names of one signal."""
-
-    signal: Signal
-    request_type: type[Message]
-    response_type: type[Message]
-    grpc_service: str
-    http_path: str
-    count: Callable[[Any], int]
-
-
-def count_spans(req: ExportTraceServiceRequest) -> int:
-    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-
-
-def count_log_records(req: ExportLogsServiceRequest) -> int:
-    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
-
-
-def count_data_points(req: ExportMetricsServiceRequest) -> int:
-    total = 0
-    for rm in req.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                kind = m.WhichOneof("data")
-                if kind is not None:
-                    total += len(getattr(m, kind).data_points)
-    return total
-
-
-SPECS: dict[Signal, SignalSpec] = {
-    Signal.TRACES: SignalSpec(
-        Signal.TRACES,
-        ExportTraceServiceRequest,
-        ExportTraceServiceResponse,
-        "opentelemetry.proto.collector.trace.v1.TraceService",
-        "/v1/traces",
-        count_spans,
-    ),
-    Signal.METRICS: SignalSpec(
-        Signal.METRICS,
-        ExportMetricsServiceRequest,
-        ExportMetricsServiceResponse,
-        "opentelemetry.proto.collector.metrics.v1.MetricsService",
-        "/v1/metrics",
-        count_data_points,
-    ),
-    Signal.LOGS: SignalSpec(
-        Signal.LOGS,
-        ExportLogsServiceRequest,
-        ExportLogsServiceResponse,
-        "opentelemetry.proto.collector.logs.v1.LogsService",
-        "/v1/logs",
-        count_log_records,
-    ),
-}
 
 
 def decode_protobuf(spec: SignalSpec, data: bytes) -> ExportRequest:
@@ -171,12 +100,7 @@ def build_response(spec: SignalSpec, batch: Batch) -> Message:
     resp = spec.response_type()
     if batch.rejected > 0:
         partial = resp.partial_success  # type: ignore[attr-defined]
-        field = {
-            Signal.TRACES: "rejected_spans",
-            Signal.METRICS: "rejected_data_points",
-            Signal.LOGS: "rejected_log_records",
-        }[spec.signal]
-        setattr(partial, field, batch.rejected)
+        setattr(partial, spec.rejected_field, batch.rejected)
         partial.error_message = "; ".join(batch.rejection_messages)[:1024]
     return resp
 

@@ -1,4 +1,4 @@
-"""The local store behind the :class:`~gym_sidecar.export.base.Exporter` interface.
+"""The local store behind the :class:`~gym_sidecar.core.exporter.Exporter` interface.
 
 ``export`` resolves once the request is committed to SQLite, so the export queue holds
 the data until it is stored, and a store that falls behind pushes back on clients
@@ -12,8 +12,8 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from gym_sidecar.export.base import Exporter, ExportResult
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.exporter import Exporter, ExportResult
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.db import StoreVersionError
 from gym_sidecar.store.writer import StoreMetrics, StoreWriter

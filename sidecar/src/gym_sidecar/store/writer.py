@@ -26,7 +26,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter
 
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.store import db
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.rows import PointRow, TraceRows, Truncation, point_rows, trace_rows

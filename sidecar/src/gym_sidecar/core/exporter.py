@@ -5,8 +5,10 @@ serialized requests of one signal concatenated are still one valid request, beca
 protobuf merges repeated fields on concatenation) and returns an :class:`ExportResult`.
 It never raises for remote or network errors: the sender decides what to do from the
 result's outcome (retry with backoff, or drop and count). Implementations: OTLP/gRPC
-(:mod:`.otlp_grpc`), OTLP/HTTP (:mod:`.otlp_http`); a local store or a fan-out can sit
-behind the same interface.
+(:mod:`gym_sidecar.export.otlp_grpc`), OTLP/HTTP (:mod:`gym_sidecar.export.otlp_http`),
+the fan-out (:mod:`gym_sidecar.export.fanout`) and the embedded store
+(:mod:`gym_sidecar.store.exporter`); the last two live in different areas and meet only
+here, in core.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import abc
 import enum
 from dataclasses import dataclass
 
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.stage import Signal
 
 
 class Outcome(enum.Enum):

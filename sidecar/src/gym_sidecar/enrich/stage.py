@@ -8,37 +8,26 @@ and docs/enrichment.md.
 
 from __future__ import annotations
 
+from gym_sidecar.core.stage import Batch, ProcessorStage, Stage
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.enrich.enricher import Enricher
-from gym_sidecar.pipeline.stage import Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 STAGE_NAME = "enrich"
 
 
-class EnrichStage(Stage):
-    """Enriches each batch in place, counts it, and passes it on."""
+class EnrichStage(ProcessorStage[None]):
+    """Enriches each batch in place (every signal); :class:`ProcessorStage` counts it
+    and passes it on."""
 
     name = STAGE_NAME
 
     def __init__(self, enricher: Enricher, next_stage: Stage | None, metrics: SelfMetrics) -> None:
         super().__init__(next_stage, metrics)
         self.enricher = enricher
-        self._counters = {
-            signal: (
-                metrics.stage_items.labels(STAGE_NAME, signal.value, "received"),
-                metrics.stage_items.labels(STAGE_NAME, signal.value, "passed"),
-            )
-            for signal in Signal
-        }
 
-    async def consume(self, batch: Batch) -> None:
-        received, passed = self._counters[batch.signal]
-        received.inc(batch.items)
+    def process(self, batch: Batch) -> None:
         self.enricher.enrich(batch.message, batch.peer)
-        passed.inc(batch.items)
-        if self.next is not None:
-            await self.next.consume(batch)
 
     async def shutdown(self, deadline_s: float) -> None:
         """Stops Docker lookup threads (nothing to drain: the stage holds no data)."""

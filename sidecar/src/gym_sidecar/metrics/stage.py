@@ -5,9 +5,10 @@ the gate so a span group in ``metrics`` mode still yields its metrics (the gate 
 its spans afterwards), and after enrichment so derived series carry the enriched
 resource.
 
-``consume``: for trace batches, reads the ``gym.rollout`` / ``gym.verify`` spans of the
-rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), passes the batch on
-unchanged, and records the points once ``next`` accepted it. Backpressure (or any error)
+``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
+batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` spans of the rollout and
+verify scopes (see :mod:`gym_sidecar.metrics.spans`), the batch goes on unchanged, and
+``accepted`` records the points once ``next`` accepted it. Backpressure (or any error)
 from downstream propagates to the receiver and nothing is recorded, so the client's
 retry of the same request is counted once. Other signals pass straight through.
 
@@ -32,12 +33,12 @@ from typing import Final
 
 from gym_telemetry import semconv
 
+from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import build_request
 from gym_sidecar.metrics.prometheus import DerivedCollector
-from gym_sidecar.metrics.spans import SpanDeriver
+from gym_sidecar.metrics.spans import Pending, SpanDeriver
 from gym_sidecar.metrics.store import DerivedMetrics
-from gym_sidecar.pipeline.stage import Backpressure, Batch, PassThrough, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 _log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ SHUTDOWN_SHARE: Final = 0.5
 """Share of the shutdown deadline the final flush may spend retrying."""
 
 
-class DeriveStage(Stage):
+class DeriveStage(ProcessorStage["Pending | None"]):
     """Derives ``gym.rollout.*`` / ``gym.verify.*`` metrics; see the module docstring.
 
     The constructor registers a Prometheus collector on ``metrics.registry``: build one
@@ -72,27 +73,19 @@ class DeriveStage(Stage):
         self._timer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopped = False
-        self._counts = {
-            (sig, outcome): metrics.stage_items.labels(
-                stage=self.name, signal=sig.value, outcome=outcome
-            )
-            for sig in Signal
-            for outcome in ("received", "passed")
-        }
         self._last_error_log = float("-inf")
 
-    async def consume(self, batch: Batch) -> None:
-        self._counts[(batch.signal, "received")].inc(batch.items)
-        pending = None
+    def process(self, batch: Batch) -> Pending | None:
+        # Read before passing on (the gate removes metrics-mode blocks), record in
+        # ``accepted``: a batch refused downstream is retried by its client and must
+        # count once.
         if batch.signal is Signal.TRACES:
-            # Read before passing on (the gate removes metrics-mode blocks), record after:
-            # a batch refused downstream is retried by its client and must count once.
-            pending = self._deriver.extract(batch.message)  # type: ignore[arg-type]
-        if self.next is not None:
-            await self.next.consume(batch)
-        if pending is not None:
-            self._deriver.record(pending)
-        self._counts[(batch.signal, "passed")].inc(batch.items)
+            return self._deriver.extract(batch.message)  # type: ignore[arg-type]
+        return None
+
+    def accepted(self, batch: Batch, token: Pending | None) -> None:
+        if token is not None:
+            self._deriver.record(token)
 
     async def start(self) -> None:
         if self._timer is None and not self._stopped:

@@ -16,24 +16,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
+from gym_sidecar.core.stage import Batch, ProcessorStage, Signal, Stage
 from gym_sidecar.gating.api import build_router
 from gym_sidecar.gating.config import Mode, SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
 from gym_sidecar.gating.reload import ConfigReloader
 from gym_sidecar.gating.state import SpanGroupState
-from gym_sidecar.pipeline.stage import Batch, Signal, Stage
 from gym_sidecar.selfmetrics import SelfMetrics
 
 if TYPE_CHECKING:
     from starlette.routing import Router
-
-    from gym_sidecar.config import SidecarConfig
 
 _log = logging.getLogger(__name__)
 
@@ -50,25 +49,26 @@ def _service_name(resource_attributes: Iterable[KeyValue]) -> str | None:
     return None
 
 
-class GateStage(Stage):
-    """Enforces the span-group policy held by ``state`` (see module docstring)."""
+class GateStage(ProcessorStage[None]):
+    """Enforces the span-group policy held by ``state`` (see module docstring).
+
+    Counting (received / dropped / passed, traces only) and forwarding are
+    :class:`ProcessorStage`'s; a batch left with no ResourceSpans ends here.
+    """
 
     name = STAGE_NAME
+    signals = frozenset({Signal.TRACES})
 
     def __init__(self, state: SpanGroupState, next_stage: Stage | None, metrics: SelfMetrics):
         super().__init__(next_stage, metrics)
         self.state = state
-        traces = Signal.TRACES.value
-        self._received = metrics.stage_items.labels(STAGE_NAME, traces, "received")
-        self._dropped = metrics.stage_items.labels(STAGE_NAME, traces, "dropped")
-        self._passed = metrics.stage_items.labels(STAGE_NAME, traces, "passed")
         self._dropped_total = metrics.dropped.labels(Signal.TRACES.value, _DROP_REASON)
         self._labels: set[str] = set()
         """service.name values counted under their own name (at most max_services)."""
         self._children: dict[tuple[str, str, Mode], Any] = {}
         """Labelled counter children, cached: ``labels()`` costs more than the drop."""
         self.reloader: ConfigReloader | None = None
-        """Set by :func:`gate_extras`: watched while the stage runs."""
+        """Set by :func:`live_reconfiguration`: watched while the stage runs."""
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -96,20 +96,15 @@ class GateStage(Stage):
         self.metrics.limit_hits.labels("span_groups.max_services").inc()
         return OTHER_SERVICE
 
-    async def consume(self, batch: Batch) -> None:
-        if batch.signal is Signal.TRACES:
-            assert isinstance(batch.message, ExportTraceServiceRequest)
-            self._received.inc(batch.items)
-            dropped = self.gate(batch.message)
-            if dropped:
-                batch.items -= dropped
-                self._dropped.inc(dropped)
-                self._dropped_total.inc(dropped)
-            self._passed.inc(batch.items)
-            if not batch.message.resource_spans:
-                return  # nothing left to forward
-        if self.next is not None:
-            await self.next.consume(batch)
+    def process(self, batch: Batch) -> None:
+        assert isinstance(batch.message, ExportTraceServiceRequest)
+        dropped = self.gate(batch.message)
+        if dropped:
+            batch.items -= dropped
+            self._dropped_total.inc(dropped)
+
+    def nothing_left(self, batch: Batch) -> bool:
+        return not batch.message.resource_spans  # type: ignore[union-attr]
 
     def gate(self, message: ExportTraceServiceRequest) -> int:
         """Remove the dropped groups' ScopeSpans from ``message``; return spans dropped."""
@@ -166,23 +161,17 @@ def build_gate_stage(
     )
 
 
-def gate_extras(stage: Stage, cfg: SidecarConfig) -> tuple[Router, Callable[[], None]] | None:
-    """Attach live reconfiguration to a gate stage built by :func:`build_gate_stage`.
+def live_reconfiguration(
+    stage: GateStage, config_file: str | Path | None, load: Callable[[], SpanGroupsConfig]
+) -> tuple[Router, Callable[[], None]]:
+    """Attach live reconfiguration to ``stage``.
 
     Returns the admin router (``/v1/span-groups``) and the SIGHUP reload hook, and makes
-    the stage watch the config file while it runs (``span_groups.watch_interval_s``).
-    Reloads load the whole config again from the same file, environment and flags
-    (``cfg.source``) and apply only its ``span_groups`` section. None for another stage.
+    the stage watch ``config_file`` while it runs (``span_groups.watch_interval_s``;
+    None: no file to watch). ``load`` returns the ``span_groups`` section to apply on a
+    reload (the assembly loads the whole config again from the same sources).
     """
-    if not isinstance(stage, GateStage):
-        return None
-    source = cfg.source
-    if source is not None:
-        reloader = ConfigReloader(
-            stage.state, source.config_file, lambda: source.load().span_groups
-        )
-    else:  # built in code, not from a file: SIGHUP re-applies what it was given
-        reloader = ConfigReloader(stage.state, None, lambda: cfg.span_groups)
+    reloader = ConfigReloader(stage.state, config_file, load)
     stage.reloader = reloader
 
     def on_sighup() -> None:
