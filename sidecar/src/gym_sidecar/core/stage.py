@@ -143,6 +143,9 @@ class ProcessorStage(Stage, Generic[T]):
             for signal in self.signals
         }
         self._dropped: dict[Signal, Any] = {}
+        # Skip the call when a subclass has no use for it: consume runs per request.
+        overridden = type(self).accepted is not ProcessorStage.accepted
+        self._accepted = self.accepted if overridden else None
 
     @abc.abstractmethod
     def process(self, batch: Batch) -> T:
@@ -189,4 +192,5 @@ class ProcessorStage(Stage, Generic[T]):
             return
         if self.next is not None:
             await self.next.consume(batch)
-        self.accepted(batch, token)
+        if self._accepted is not None:
+            self._accepted(batch, token)
