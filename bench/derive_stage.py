@@ -27,11 +27,11 @@ import statistics
 import time
 from collections.abc import Sequence
 
+import gym_telemetry_semconv as semconv
 from gym_sidecar.core.stage import Batch, PassThrough, Signal, Stage
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.stage import DeriveStage
 from gym_sidecar.selfmetrics import SelfMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 

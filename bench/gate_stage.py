@@ -23,11 +23,11 @@ import statistics
 import time
 from collections.abc import Callable
 
+import gym_telemetry_semconv as semconv
 from gym_sidecar.core.stage import PassThrough
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.stage import GateStage, build_gate_stage
 from gym_sidecar.selfmetrics import SelfMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.sidecar.gating.helpers import add_resource

@@ -27,7 +27,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from gym_telemetry import semconv, span_groups
+import gym_telemetry_semconv as semconv
+from gym_telemetry import span_groups
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware
 from opentelemetry import trace

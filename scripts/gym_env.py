@@ -4,8 +4,9 @@
 Usage::
 
     python3 scripts/gym_env.py ensure          # build if absent/incomplete; print its python
-    python3 scripts/gym_env.py install-agent   # ensure, then (re)install the agent wheel
-                                               # built from the current tree; print python
+    python3 scripts/gym_env.py install-agent   # ensure, then (re)install the agent and
+                                               # semconv wheels built from the current
+                                               # tree; print python
     python3 scripts/gym_env.py path            # print where the env lives (no build)
 
 Why a separate environment: nemo-gym 0.7.0 declares ``Requires-Python >=3.13.14`` and pulls
@@ -23,8 +24,10 @@ Contract:
   is deleted and rebuilt. A lock file serialises concurrent callers (they wait).
 - Only the standard library and pip are needed; packages come from the configured
   package index (PyPI).
-- ``install-agent`` builds a real (non-editable) wheel of ``agent/`` and force-reinstalls
-  it without dependencies, so what runs is the installed activation path (``.pth``).
+- ``install-agent`` builds real (non-editable) wheels of ``semconv/`` and ``agent/`` and
+  force-reinstalls them without dependencies, so what runs is the installed activation
+  path (``.pth``). ``gym-telemetry-semconv`` is a workspace member, not on PyPI: it is
+  left out of the env's dependency list (and its hash) and installed from its wheel.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ GYM_VERSION = os.environ.get("GYM_TELEMETRY_NEMO_GYM_VERSION", "0.7.0")
 RECIPE_VERSION = "1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT_DIR = REPO_ROOT / "agent"
+SEMCONV_DIR = REPO_ROOT / "semconv"
+#: Distributions of this workspace: installed from wheels built here, never from PyPI.
+WORKSPACE_DISTRIBUTIONS = frozenset({"gym-telemetry-semconv"})
 MARKER = ".complete"
 _EXTRA_MARKER = re.compile(r"\bextra\s*==")
 
@@ -72,8 +78,18 @@ def _base_python() -> str:
 def _agent_dependencies() -> list[str]:
     with (AGENT_DIR / "pyproject.toml").open("rb") as fh:
         project = tomllib.load(fh)["project"]
-    deps: list[str] = list(project.get("dependencies", []))
+    deps: list[str] = [
+        d
+        for d in project.get("dependencies", [])
+        if _requirement_name(d) not in WORKSPACE_DISTRIBUTIONS
+    ]
     return sorted(deps)
+
+
+def _requirement_name(requirement: str) -> str:
+    """The normalised distribution name of a PEP 508 requirement string."""
+    name = re.split(r"[\s\[<>=!~;(@]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _python_tag(python: str) -> str:
@@ -174,10 +190,12 @@ def ensure() -> Path:
     return env_python(root)
 
 
-def _build_agent_wheel(out_dir: Path) -> Path:
+def _build_wheel(project: Path, out_dir: Path) -> Path:
+    """Build ``project``'s wheel into ``out_dir`` (uv if present, else pip) and return it."""
+    before = set(out_dir.glob("*.whl"))
     uv = shutil.which("uv")
     if uv is not None:
-        _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out_dir), str(AGENT_DIR)])
+        _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(out_dir), str(project)])
     else:
         _run(
             [
@@ -189,19 +207,20 @@ def _build_agent_wheel(out_dir: Path) -> Path:
                 "--quiet",
                 "--wheel-dir",
                 str(out_dir),
-                str(AGENT_DIR),
+                str(project),
             ]
         )
-    return next(out_dir.glob("gym_telemetry_agent-*.whl"))
+    (wheel,) = set(out_dir.glob("*.whl")) - before
+    return wheel
 
 
 def install_agent() -> Path:
-    """Ensure the env, then install the agent from the current tree as a real wheel."""
+    """Ensure the env, then install semconv and the agent from the current tree as wheels."""
     python = ensure()
     root = python.parent.parent
     lock_path = root.with_name(root.name + ".lock")
     with tempfile.TemporaryDirectory() as tmp, lock_path.open("w") as lock:
-        wheel = _build_agent_wheel(Path(tmp))
+        wheels = [_build_wheel(SEMCONV_DIR, Path(tmp)), _build_wheel(AGENT_DIR, Path(tmp))]
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             _run(
@@ -214,7 +233,7 @@ def install_agent() -> Path:
                     "--disable-pip-version-check",
                     "--no-deps",
                     "--force-reinstall",
-                    str(wheel),
+                    *map(str, wheels),
                 ]
             )
         finally:

@@ -16,9 +16,12 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 RUN pip install "nemo-gym==${NEMO_GYM_VERSION}"
 
 # The agent, built from this tree as a wheel: it installs the one-line .pth that turns
-# the instrumentation on in every Python process when GYM_TELEMETRY is set.
+# the instrumentation on in every Python process when GYM_TELEMETRY is set. Its shared
+# names (gym-telemetry-semconv) are not on PyPI: they are installed from this tree too,
+# in the same command, so pip resolves the agent's dependency on them locally.
+COPY semconv/ /src/semconv/
 COPY agent/ /src/agent/
-RUN pip install /src/agent && rm -rf /src
+RUN pip install /src/semconv /src/agent && rm -rf /src
 
 # Servers beyond the ones nemo-gym ships (the project's stub model for offline demos).
 COPY examples/gym_stack/ /opt/gym-servers/

@@ -7,9 +7,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
 import uvicorn
-from gym_telemetry import semconv, span_groups
+from gym_telemetry import span_groups
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor

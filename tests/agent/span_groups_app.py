@@ -19,9 +19,10 @@ import argparse
 import threading
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import uvicorn
 from fastapi import FastAPI
-from gym_telemetry import remote_config, semconv, span_groups
+from gym_telemetry import remote_config, span_groups
 from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.provider import fastapi_telemetry_off, init_telemetry, shutdown_telemetry
 from opentelemetry import trace

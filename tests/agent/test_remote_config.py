@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import remote_config, semconv, span_groups
+from gym_telemetry import remote_config, span_groups
 from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.remote_config import RemoteConfigPoller
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -181,7 +182,8 @@ class AgentApp:
             {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{sidecar.grpc_endpoint}",
                 "OTEL_BSP_SCHEDULE_DELAY": "100",
-                "GYM_TELEMETRY_SPAN_GROUPS": "default",
+                # Local config without verify: the sidecar's answer must bring it back.
+                "GYM_TELEMETRY_SPAN_GROUPS": "default,-verify",
                 remote_config.ENV_ADMIN_URL: sidecar.admin_url,
                 remote_config.ENV_POLL_INTERVAL_S: str(POLL_INTERVAL_S),
                 "PYTHONUNBUFFERED": "1",
@@ -255,7 +257,7 @@ def test_agent_follows_the_sidecar(
         assert sink.wait_for(lambda: verify_spans_at(sink) == 5)
 
         # verify off: within two poll intervals the agent stops creating verify spans.
-        put(sidecar, {"spec": "default"})
+        put(sidecar, {"spec": "default,-verify"})
         agent.wait_polls(2)
         assert "verify" not in agent.stats()["enabled"]
         agent.verify(5)

@@ -8,8 +8,9 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import recording, semconv, span_groups
+from gym_telemetry import recording, span_groups
 from gym_telemetry.autoinstrument import server_span
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware

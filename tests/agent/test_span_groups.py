@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import semconv, span_groups
+from gym_telemetry import span_groups
 
 from tests.agent.conftest import Spans
 
@@ -55,11 +56,16 @@ def test_set_enabled_swaps_a_frozenset_and_drops_unknown_groups() -> None:
 
 def test_configure_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(span_groups.ENV_SPAN_GROUPS, raising=False)
-    assert span_groups.configure_from_env() == semconv.PRESETS["default"]
+    # issue 15.1: with no configuration, verify spans are created (metrics mode) too.
+    assert span_groups.configure_from_env() == semconv.PRESETS["default"] | {"verify"}
     monkeypatch.setenv(span_groups.ENV_SPAN_GROUPS, "per_rollout,sandbox")
     span_groups.configure_from_env()
     assert span_groups.enabled_groups() == semconv.PRESETS["per_rollout"] | {"sandbox"}
     assert span_groups.configure_from_env({span_groups.ENV_SPAN_GROUPS: "none"}) == frozenset()
+    no_verify = {span_groups.ENV_SPAN_GROUPS: "default,-verify"}
+    assert span_groups.configure_from_env(no_verify) == semconv.PRESETS["default"]
+    only_job = {span_groups.ENV_SPAN_GROUPS: "job"}
+    assert span_groups.configure_from_env(only_job) == {"job", "rollout", "verify"}
     assert span_groups.ENV_SPAN_GROUPS == "GYM_TELEMETRY_SPAN_GROUPS"
 
 

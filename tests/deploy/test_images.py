@@ -133,8 +133,19 @@ def test_sidecar_build_step_yields_a_working_install(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "uv.lock"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache")
-    for name in ("agent", "sidecar"):
-        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    # Exactly what the Dockerfile COPYs from the tree (everything else is ignored).
+    for keyword, args in steps:
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for source in sources:
+            path = REPO / source.rstrip("/")
+            target = src / source.rstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=ignore, dirs_exist_ok=True)
+            else:
+                shutil.copy(path, target)
     venv = tmp_path / "venv"
     env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv), "UV_LINK_MODE": "copy"}
     result = subprocess.run(
@@ -162,6 +173,15 @@ def test_sidecar_build_step_yields_a_working_install(tmp_path: Path) -> None:
         check=False,
     ).stdout + " ".join(p.name for p in (venv / "lib").glob("python*/site-packages/*"))
     assert "pytest" not in installed and "mypy" not in installed
+    # issue 17.1: the sidecar no longer carries the agent, the OpenTelemetry SDK, the OTLP
+    # exporter or the agent's start-up hook; it carries the shared names package.
+    site = next((venv / "lib").glob("python*/site-packages"))
+    names = {p.name for p in site.iterdir()}
+    assert "gym_telemetry_semconv" in names
+    assert "gym_telemetry" not in names
+    assert "gym_telemetry_autoinstrument.pth" not in names
+    assert not any(n.startswith("opentelemetry_sdk") for n in names), sorted(names)
+    assert not any(n.startswith("opentelemetry_exporter_otlp") for n in names), sorted(names)
 
 
 def test_launcher_reports_unknown_server(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import semconv
 from gym_telemetry.autoinstrument import activation_requested
 from gym_telemetry.autoinstrument.gym_primitives import REDACTED, safe_set_span_attributes
 from gym_telemetry.autoinstrument.identity import (

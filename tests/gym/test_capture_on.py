@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import semconv
 
 from tests.gym.stack import GymStack, load_configs, post_json, run_body
 from tests.gym.traces import SERVER, by_rollout, traces

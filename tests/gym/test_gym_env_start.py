@@ -23,9 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import gym_telemetry_semconv as semconv
 import pytest
 import yaml
-from gym_telemetry import semconv
 
 from tests.gym.stack import EXAMPLES, load_configs, post_json, run_body, server_location
 from tests.gym.traces import SERVER, by_rollout, traces

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import semconv
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
 from tests.gym.stack import GymStack, load_configs, post_json, run_body

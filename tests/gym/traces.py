@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.support.sink import RecordedSpan

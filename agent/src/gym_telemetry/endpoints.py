@@ -41,10 +41,11 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar, cast
 
+import gym_telemetry_semconv as semconv
 from opentelemetry import context as context_api
 from opentelemetry.trace import Span, Status, StatusCode
 
-from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry import rollout_correlation, span_groups
 from gym_telemetry._logging import rate_limit
 from gym_telemetry.recording import (
     LeanRecorder,

@@ -233,8 +233,7 @@ def _apply_span_groups(span_groups: str | None) -> None:
     if span_groups is None:
         _span_groups.configure_from_env()
     else:
-        groups, _unknown = _span_groups.parse_spec(span_groups)
-        _span_groups.set_enabled(groups)
+        _span_groups.set_enabled(_span_groups.enabled_for_spec(span_groups))
 
 
 def init_telemetry(

@@ -33,13 +33,15 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from gym_telemetry import semconv, span_groups
+import gym_telemetry_semconv as semconv
+
+from gym_telemetry import span_groups
 
 _log = logging.getLogger(__name__)
 
 ENV_ADMIN_URL: Final = "GYM_TELEMETRY_SIDECAR_ADMIN_URL"
 ENV_POLL_INTERVAL_S: Final = "GYM_TELEMETRY_POLL_INTERVAL_S"
-DEFAULT_ADMIN_URL: Final = "http://localhost:13133"
+DEFAULT_ADMIN_URL: Final = f"http://localhost:{semconv.DEFAULT_ADMIN_PORT}"
 DEFAULT_POLL_INTERVAL_S: Final = 10.0
 #: Relative jitter applied to every wait between polls.
 JITTER: Final = 0.2
@@ -47,7 +49,7 @@ JITTER: Final = 0.2
 MAX_TIMEOUT_S: Final = 2.0
 #: Largest answer read from the sidecar.
 MAX_RESPONSE_BYTES: Final = 64 * 1024
-PATH: Final = "/v1/span-groups"
+PATH: Final = semconv.SPAN_GROUPS_PATH
 
 _KNOWN: Final = frozenset(semconv.ALL_GROUPS)
 

@@ -26,9 +26,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from opentelemetry.sdk.resources import Resource
-
-from gym_telemetry import semconv
 
 _log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""Span groups: Gym's group names and presets, the spec parser, the process-wide
-enabled set that the endpoint wrappers read, and one tracer per group.
+"""Span groups in the agent: the process-wide enabled set that the endpoint wrappers
+read, and one tracer per group. The names, presets, spec grammar and default modes are
+``gym_telemetry_semconv.span_groups``'s, shared with the sidecar.
 
 The enabled set is a ``frozenset`` held in a module-level holder. Readers (the wrappers,
 on every request) do one attribute load and one membership test; writers
@@ -22,18 +23,17 @@ import threading
 from collections.abc import Iterable
 from typing import Final
 
+import gym_telemetry_semconv as semconv
 from opentelemetry import trace
-
-from gym_telemetry import semconv
 
 _log = logging.getLogger(__name__)
 
 #: Environment variable holding the span-group spec, e.g. ``"default,sandbox"``.
 ENV_SPAN_GROUPS: Final = "GYM_TELEMETRY_SPAN_GROUPS"
-#: Spec used when ``GYM_TELEMETRY_SPAN_GROUPS`` is unset or empty.
-DEFAULT_SPEC: Final = "default"
-#: Spec value that disables every group.
-NONE_SPEC: Final = "none"
+#: Spec used when ``GYM_TELEMETRY_SPAN_GROUPS`` is unset or empty (the sidecar's too).
+DEFAULT_SPEC: Final = semconv.DEFAULT_SPEC
+#: Spec value that turns every group it does not select off.
+NONE_SPEC: Final = semconv.NONE_SPEC
 
 GROUPS: Final[tuple[str, ...]] = semconv.ALL_GROUPS
 PRESETS: Final[dict[str, frozenset[str]]] = semconv.PRESETS
@@ -60,48 +60,41 @@ ENABLED: Final = _Enabled()
 
 
 def parse_spec(spec: str | Iterable[str] | None) -> tuple[frozenset[str], list[str]]:
-    """Parse a span-group spec into (groups, unknown names).
+    """Parse a span-group spec into (selected groups, unknown names).
 
-    ``spec`` is a comma- (or whitespace-) separated list of group names and preset
-    names, mixed freely: ``"default,sandbox"``, ``"per_rollout verify"``, ``"all"``.
-    Names are case-insensitive. ``"none"`` (or an empty spec) selects no group. A
-    leading ``-`` removes a group or preset after the others are added:
-    ``"all,-sandbox"``. Unknown names are returned in the second element and logged at
-    WARNING; they are never fatal. An iterable of names is accepted too.
+    The grammar is ``gym_telemetry_semconv.parse_spec``'s: comma- or space-separated
+    group and preset names, case-insensitive, ``-name`` removes, ``none`` selects
+    nothing. Unknown names are returned and logged at WARNING; they are never fatal.
+    The selected groups are those in mode ``on``; :func:`enabled_for_spec` adds the
+    groups in ``metrics`` mode by default.
     """
-    if spec is None:
-        return frozenset(), []
-    if isinstance(spec, str):
-        tokens = spec.replace(",", " ").split()
-    else:
-        tokens = [str(t).strip() for t in spec]
-    added: set[str] = set()
-    removed: set[str] = set()
-    unknown: list[str] = []
-    for raw in tokens:
-        token = raw.strip().lower()
-        if not token:
-            continue
-        target = added
-        if token.startswith("-"):
-            target = removed
-            token = token[1:]
-        if token == NONE_SPEC:
-            continue
-        if token in _GROUP_SET:
-            target.add(token)
-        elif token in PRESETS:
-            target.update(PRESETS[token])
-        else:
-            unknown.append(raw.strip())
-    if unknown:
+    parsed = semconv.parse_spec(spec)
+    _warn_unknown(parsed.unknown)
+    return parsed.selected, list(parsed.unknown)
+
+
+def enabled_for_spec(spec: str | Iterable[str] | None) -> frozenset[str]:
+    """The groups the agent creates spans for under ``spec``: mode ``on`` or ``metrics``.
+
+    Same rule as the sidecar's (``gym_telemetry_semconv.resolve_modes``): groups whose
+    spans feed a derived metric (rollout, verify) are created unless the spec turns
+    them off with ``-name`` or ``none``, so the agent's answer before its first poll
+    agrees with the sidecar's default. Unknown names are logged and ignored.
+    """
+    parsed = semconv.parse_spec(spec)
+    _warn_unknown(parsed.unknown)
+    return semconv.enabled_groups(semconv.resolve_modes(spec))
+
+
+def _warn_unknown(unknown: Iterable[str]) -> None:
+    names = list(unknown)
+    if names:
         _log.warning(
             "gym_telemetry: unknown span group(s) %s ignored; known groups: %s; presets: %s",
-            ", ".join(unknown),
+            ", ".join(names),
             ", ".join(GROUPS),
             ", ".join(PRESETS),
         )
-    return frozenset(added - removed), unknown
 
 
 def enabled_groups() -> frozenset[str]:
@@ -135,11 +128,13 @@ def is_enabled(group: str) -> bool:
 def configure_from_env(environ: dict[str, str] | None = None) -> frozenset[str]:
     """Set the enabled set from ``GYM_TELEMETRY_SPAN_GROUPS`` (default ``"default"``).
 
-    Returns the groups now enabled. Unknown names are logged and ignored.
+    The set is :func:`enabled_for_spec` of the spec: with no configuration that is the
+    ``default`` preset plus ``verify`` (``metrics`` mode), the same as the sidecar's
+    default answer. Returns the groups now enabled. Unknown names are logged and ignored.
     """
     env = os.environ if environ is None else environ
     spec = env.get(ENV_SPAN_GROUPS, "").strip() or DEFAULT_SPEC
-    groups, _unknown = parse_spec(spec)
+    groups = enabled_for_spec(spec)
     set_enabled(groups)
     return groups
 

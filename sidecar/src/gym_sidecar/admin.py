@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import gym_telemetry_semconv as semconv
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 from starlette.applications import Starlette
@@ -66,9 +67,9 @@ def build_admin_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     routes: list[BaseRoute] = [
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", prometheus_metrics, methods=["GET"]),
+        Route(semconv.HEALTHZ_PATH, healthz, methods=["GET"]),
+        Route(semconv.READYZ_PATH, readyz, methods=["GET"]),
+        Route(semconv.METRICS_PATH, prometheus_metrics, methods=["GET"]),
     ]
     for router in routers:
         routes.extend(router.routes)

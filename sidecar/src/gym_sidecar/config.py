@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import gym_telemetry_semconv as semconv
 import yaml
 from pydantic import (
     AfterValidator,
@@ -129,7 +130,7 @@ class SidecarConfig(BaseModel):
 
     grpc_listen: ListenAddress = "127.0.0.1:4317"
     http_listen: ListenAddress = "127.0.0.1:4318"
-    admin_listen: ListenAddress = "127.0.0.1:13133"
+    admin_listen: ListenAddress = f"127.0.0.1:{semconv.DEFAULT_ADMIN_PORT}"
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)

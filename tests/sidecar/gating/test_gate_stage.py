@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import gym_telemetry_semconv as semconv
 from gym_sidecar.core.stage import Batch, Signal, Stage
 from gym_sidecar.gating.config import Mode, ServiceOverride, SpanGroupsConfig
 from gym_sidecar.gating.stage import build_gate_stage
 from gym_sidecar.selfmetrics import SelfMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -118,7 +118,7 @@ def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> N
     run(stage, Batch(Signal.TRACES, req, items=1))
     assert scope_counts(req) == {("a", VERIFY): 1}
 
-    stage.state.replace_policy(SpanGroupsConfig(spec="default").policy())
+    stage.state.replace_policy(SpanGroupsConfig(spec="default,-verify").policy())
     req = ExportTraceServiceRequest()
     add_resource(req, "a", {VERIFY: 1})
     add_resource(req, "b", {VERIFY: 2})

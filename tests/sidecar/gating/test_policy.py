@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import gym_telemetry_semconv as semconv
 import pydantic
 import pytest
 from gym_sidecar.config import ConfigError, load_config
 from gym_sidecar.gating.config import Mode, SpanGroupsConfig
 from gym_sidecar.gating.policy import Policy
-from gym_telemetry import semconv
 
 
 def test_unknown_names_are_reported_with_their_paths() -> None:

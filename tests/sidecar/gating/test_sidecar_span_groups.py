@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
 import yaml
-from gym_telemetry import semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.sidecar.gating.helpers import add_resource
@@ -129,7 +129,9 @@ def test_spans_of_disabled_groups_are_dropped_and_counted(sink: RecordingSink) -
         post_traces(sc, req)
         assert sink.wait_spans(5)
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        status, _, _ = http("PUT", sc.admin_url + "/v1/span-groups", {"spec": "default"}, auth)
+        status, _, _ = http(
+            "PUT", sc.admin_url + "/v1/span-groups", {"spec": "default,-verify"}, auth
+        )
         assert status == 200
         before = sink.span_count
         post_traces(sc, req)  # stale agents still sending verify spans
@@ -154,7 +156,7 @@ def replace_file(path: Path, text: str) -> None:
 
 
 def test_reload_by_file_change_and_by_sighup(sink: RecordingSink) -> None:
-    sc = start_sidecar(sink, {"spec": "default", "token": TOKEN, "watch_interval_s": 0.1})
+    sc = start_sidecar(sink, {"spec": "default,-verify", "token": TOKEN, "watch_interval_s": 0.1})
     try:
         assert sc.config_path is not None
         path: Path = sc.config_path

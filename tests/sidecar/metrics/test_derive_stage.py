@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import SCOPE_NAME
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 

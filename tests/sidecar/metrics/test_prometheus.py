@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import gym_telemetry_semconv as semconv
 from gym_sidecar.core.stage import Batch, Signal
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.prometheus import resource_labels, sanitize_name
 from gym_sidecar.metrics.stage import build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families

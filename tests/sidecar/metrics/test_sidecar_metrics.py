@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import httpx
 import pytest
-from gym_telemetry import semconv
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,

@@ -17,12 +17,12 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.store import db
 from gym_sidecar.store.config import DB_FILE_NAME, LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter, StoreOpenError
 from gym_sidecar.store.writer import StoreMetrics
-from gym_telemetry import semconv
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource

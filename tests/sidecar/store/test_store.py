@@ -7,6 +7,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
@@ -14,7 +15,6 @@ from gym_sidecar.store import db, queries, stats
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter, StoreOpenError
 from gym_sidecar.store.writer import StoreMetrics
-from gym_telemetry import semconv
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from tests.sidecar.store.requests import (

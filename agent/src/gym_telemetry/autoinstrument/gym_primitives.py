@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry import rollout_correlation, span_groups
 from gym_telemetry.autoinstrument import propagation
 
 _log = logging.getLogger(__name__)

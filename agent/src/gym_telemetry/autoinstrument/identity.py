@@ -26,7 +26,9 @@ import logging
 import os
 from typing import Final
 
-from gym_telemetry import provider, semconv
+import gym_telemetry_semconv as semconv
+
+from gym_telemetry import provider
 from gym_telemetry.autoinstrument import DEFAULT_SERVICE_PREFIX, ENV_SERVICE_PREFIX
 from gym_telemetry.autoinstrument.correlation import bind as bind_rollout_fallback
 

@@ -19,6 +19,7 @@ from collections.abc import MutableMapping
 from typing import Final
 from urllib.parse import unquote
 
+import gym_telemetry_semconv as semconv
 from opentelemetry.context import Context
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -29,7 +30,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gym_telemetry import rollout_correlation, semconv
+from gym_telemetry import rollout_correlation
 
 #: The baggage key carrying the rollout id (same name as the span attribute).
 BAGGAGE_KEY: Final = semconv.ROLLOUT_ID

@@ -42,10 +42,11 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from gym_telemetry import endpoints, rollout_correlation, semconv, span_groups
+from gym_telemetry import endpoints, rollout_correlation, span_groups
 from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,

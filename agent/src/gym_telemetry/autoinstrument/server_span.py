@@ -34,11 +34,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry import rollout_correlation, semconv, span_groups
+from gym_telemetry import rollout_correlation, span_groups
 from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
@@ -54,9 +55,9 @@ _log = logging.getLogger(__name__)
 
 #: Scope key marking that an outer layer already handles this request.
 SCOPE_MARKER: Final = "gym_telemetry.server_span"
-HTTP_METHOD: Final = "http.request.method"
-HTTP_ROUTE: Final = "http.route"
-HTTP_STATUS: Final = "http.response.status_code"
+HTTP_METHOD: Final = semconv.HTTP_REQUEST_METHOD
+HTTP_ROUTE: Final = semconv.HTTP_ROUTE
+HTTP_STATUS: Final = semconv.HTTP_RESPONSE_STATUS_CODE
 
 _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED

@@ -1,7 +1,7 @@
 """Resource attribute keys the enrichment sources add (OpenTelemetry semantic conventions).
 
 The one place these strings live on the sidecar side; Gym's own keys come from
-``gym_telemetry.semconv``. Notes on choices:
+``gym_telemetry_semconv``. Notes on choices:
 
 - The image tag goes out under two keys: ``container.image.tags`` (a string array, the
   current convention) and ``container.image.tag`` (a plain string, the older key, which
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gym_telemetry.semconv import SERVER_NAME, SERVER_TYPE
+from gym_telemetry_semconv.attributes import SERVER_NAME, SERVER_TYPE
 
 HOST_NAME: Final = "host.name"
 HOST_ARCH: Final = "host.arch"

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,7 +29,7 @@ from gym_sidecar.gating.config import ServiceOverride, SpanGroupsPolicyConfig
 from gym_sidecar.gating.policy import Policy
 from gym_sidecar.gating.state import SpanGroupState
 
-PATH: Final = "/v1/span-groups"
+PATH: Final = semconv.SPAN_GROUPS_PATH
 #: Largest PUT body accepted; larger bodies are refused with 413.
 MAX_BODY_BYTES: Final = 256 * 1024
 _JSON: Final = "application/json"

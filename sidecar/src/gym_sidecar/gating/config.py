@@ -10,55 +10,35 @@ The ``span_groups`` section of the sidecar's config file::
       token: "..."                  # bearer token for PUT /v1/span-groups
       watch_interval_s: 2           # how often the config file is checked (0: never)
 
-How a group's mode is decided for a service: the service's ``spec`` (else the global
-one) selects groups, which are ``on``; unselected groups are ``off``; then the global
-``modes`` and then the service's ``modes`` override single groups. Unknown group or
-preset names are validation errors, reported with their key path.
+How a group's mode is decided for a service (``gym_telemetry_semconv.resolve_modes``,
+the same rule the agent applies before its first poll): the service's ``spec`` (else the
+global one) selects groups, which are ``on``; groups it removes with ``-name`` (or all
+unselected ones, with ``none``) are ``off``; the others take their default mode,
+``metrics`` for the groups that feed derived metrics (rollout, verify) and ``off`` for
+the rest; then the global ``modes`` and then the service's ``modes`` override single
+groups. Unknown group or preset names are validation errors, reported with their key
+path.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated
 
-from gym_telemetry import semconv
-from gym_telemetry.span_groups import parse_spec
+import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.span_groups import Mode
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 #: Environment variable that supplies the PUT token when the file does not.
 ENV_TOKEN = "GYM_SIDECAR_SPAN_GROUPS__TOKEN"
 
 
-class Mode(enum.StrEnum):
-    """What happens to a span group's spans."""
-
-    ON = "on"
-    """Agents create the spans and the sidecar forwards them."""
-    METRICS = "metrics"
-    """Agents create the spans; the sidecar derives metrics from them, then drops them."""
-    OFF = "off"
-    """Agents do not create the spans; the sidecar drops any that arrive anyway."""
-
-
 def unknown_names(spec: str) -> list[str]:
     """Names in ``spec`` that are neither a group, a preset nor ``none``.
 
-    Same grammar as ``gym_telemetry.span_groups.parse_spec`` (comma or space separated,
-    case-insensitive, ``-name`` removes), checked here without its warning log because
-    the sidecar rejects such a spec instead of ignoring the names.
+    The grammar is ``gym_telemetry_semconv.parse_spec``'s, shared with the agent; the
+    agent ignores such names, the sidecar rejects the spec.
     """
-    out: list[str] = []
-    for raw in spec.replace(",", " ").split():
-        name = raw.lower().removeprefix("-")
-        if name not in semconv.ALL_GROUPS and name not in semconv.PRESETS and name != "none":
-            out.append(raw)
-    return out
-
-
-def spec_groups(spec: str) -> frozenset[str]:
-    """The groups a (validated) spec selects."""
-    groups, _unknown = parse_spec(spec)
-    return groups
+    return list(semconv.parse_spec(spec).unknown)
 
 
 def _check_spec(spec: str) -> str:
@@ -103,7 +83,7 @@ class SpanGroupsPolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: Spec = "default"
+    spec: Spec = semconv.DEFAULT_SPEC
     """A preset (default, per_rollout, all) or a comma list of groups and presets."""
     modes: Modes = Field(default_factory=dict)
     """Per-group mode overriding what the spec selects."""

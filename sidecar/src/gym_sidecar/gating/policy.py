@@ -16,9 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.span_groups import Mode
 
-from gym_sidecar.gating.config import Mode, SpanGroupsPolicyConfig, spec_groups
+from gym_sidecar.gating.config import SpanGroupsPolicyConfig
 
 #: Groups whose absence breaks joining one rollout's spans across processes.
 JOINING_GROUPS: Final = (semconv.GROUP_SERVER, semconv.GROUP_HTTP_CLIENT)
@@ -108,13 +109,11 @@ class Policy:
         cfg = self.config
         override = cfg.services.get(service) if service is not None else None
         spec = override.spec if override is not None and override.spec is not None else cfg.spec
-        selected = spec_groups(spec)
-        modes = {g: (Mode.ON if g in selected else Mode.OFF) for g in semconv.ALL_GROUPS}
-        modes.update(cfg.modes)
+        modes = semconv.resolve_modes(spec, cfg.modes)
         if override is not None:
             modes.update(override.modes)
         drop = frozenset(g for g, m in modes.items() if m is not Mode.ON)
-        enabled = frozenset(g for g, m in modes.items() if m is not Mode.OFF)
+        enabled = semconv.enabled_groups(modes)
         answer = ServiceGroups(service, spec, modes, drop, enabled, joining_warnings(modes))
         doc = answer.to_json()
         return ServiceGroups(service, spec, modes, drop, enabled, answer.warnings, etag=_etag(doc))

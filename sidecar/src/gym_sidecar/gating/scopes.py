@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 
 #: Built-in third-party scope -> group table.
 THIRD_PARTY_SCOPES: Final[Mapping[str, str]] = {

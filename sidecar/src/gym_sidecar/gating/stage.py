@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.span_groups import Mode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from gym_sidecar.core.stage import Batch, ProcessorStage, Signal, Stage
 from gym_sidecar.gating.api import build_router
-from gym_sidecar.gating.config import Mode, SpanGroupsConfig
+from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
 from gym_sidecar.gating.reload import ConfigReloader
 from gym_sidecar.gating.state import SpanGroupState

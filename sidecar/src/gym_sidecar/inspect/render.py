@@ -9,7 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -23,12 +23,12 @@ TRACE_ID_CHARS: Final = 16
 PIPE_WIDTH: Final = 160
 """Console width when output is not a terminal (rich would use 80)."""
 KEY_ATTRIBUTES: Final[tuple[str, ...]] = (
-    "http.route",
-    "url.path",
-    "http.response.status_code",
+    semconv.HTTP_ROUTE,
+    semconv.URL_PATH,
+    semconv.HTTP_RESPONSE_STATUS_CODE,
     semconv.VERIFY_SUCCEEDED,
     semconv.ERROR_TYPE,
-    "gen_ai.request.model",
+    semconv.GEN_AI_REQUEST_MODEL,
 )
 """Span attributes shown in the waterfall (when present), in this order."""
 _KINDS: Final = {1: "int", 2: "srv", 3: "cli", 4: "prod", 5: "cons"}

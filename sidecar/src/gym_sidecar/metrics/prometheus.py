@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from prometheus_client.metrics_core import (

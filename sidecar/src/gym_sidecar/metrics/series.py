@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 AttrValue = bool | str

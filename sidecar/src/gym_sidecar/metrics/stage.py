@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.metrics.config import MetricsConfig

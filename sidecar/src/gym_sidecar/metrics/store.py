@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gym_sidecar.metrics.config import MetricsConfig

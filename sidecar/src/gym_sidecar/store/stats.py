@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 
 from gym_sidecar.store.queries import STATUS_ERROR
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import gym_telemetry_semconv as semconv
 import yaml
 from pydantic import (
     BaseModel,
@@ -116,7 +117,7 @@ class InjectorConfig(BaseModel):
     resources: SidecarResources = Field(default_factory=SidecarResources)
     data_size_limit: str = "1Gi"
     """``sizeLimit`` of the sidecar's emptyDir data volume (local store, disk queue)."""
-    admin_port: int = Field(default=13133, gt=0, lt=65536)
+    admin_port: int = Field(default=semconv.DEFAULT_ADMIN_PORT, gt=0, lt=65536)
     """Sidecar admin listener port: probes hit ``/healthz`` and ``/readyz`` there."""
     grpc_port: int = Field(default=4317, gt=0, lt=65536)
     http_port: int = Field(default=4318, gt=0, lt=65536)

@@ -13,6 +13,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+import gym_telemetry_semconv as semconv
+
 from gym_sidecar.enrich.downward_api import (
     ENV_TO_ATTRIBUTE,
     PODINFO_ANNOTATIONS_FILE,
@@ -128,7 +130,7 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
         "volumeMounts": mounts,
         "resources": config.resources.model_dump(),
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": config.admin_port},
+            "httpGet": {"path": semconv.HEALTHZ_PATH, "port": config.admin_port},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
@@ -143,7 +145,7 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
         # The app containers start only once this succeeds: the sidecar is ready first.
         container["restartPolicy"] = "Always"
         container["startupProbe"] = {
-            "httpGet": {"path": "/readyz", "port": config.admin_port},
+            "httpGet": {"path": semconv.READYZ_PATH, "port": config.admin_port},
             "periodSeconds": 1,
             "failureThreshold": config.startup_failure_threshold,
         }

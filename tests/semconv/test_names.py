@@ -1,4 +1,4 @@
-from gym_telemetry import semconv
+import gym_telemetry_semconv as semconv
 
 
 def test_scope_name_round_trips_for_every_group() -> None:
@@ -14,3 +14,13 @@ def test_presets_are_subsets_of_all_groups() -> None:
     for name, groups in semconv.PRESETS.items():
         assert groups <= semconv.PRESETS["all"], name
     assert semconv.PRESETS["default"] == {"job", "server", "http_client", "rollout"}
+
+
+def test_every_derived_metric_reads_a_derived_group() -> None:
+    assert set(semconv.SOURCE_GROUP.values()) == semconv.DERIVED_GROUPS
+    assert {semconv.GROUP_ROLLOUT, semconv.GROUP_VERIFY} == semconv.DERIVED_GROUPS
+
+
+def test_admin_paths() -> None:
+    assert semconv.SPAN_GROUPS_PATH == "/v1/span-groups"
+    assert semconv.DEFAULT_ADMIN_PORT == 13133

@@ -1,0 +1,121 @@
+"""gym_telemetry_semconv: the names gym-telemetry's agent and sidecar share.
+
+Each name is written once, in one of the submodules below, and re-exported here flat
+(``import gym_telemetry_semconv as semconv; semconv.GROUP_VERIFY``):
+
+- :mod:`~gym_telemetry_semconv.attributes`: attribute keys and span names;
+- :mod:`~gym_telemetry_semconv.metrics`: derived metric names and their source groups;
+- :mod:`~gym_telemetry_semconv.span_groups`: groups, presets, scopes, the spec grammar,
+  modes and defaults;
+- :mod:`~gym_telemetry_semconv.admin_api`: the sidecar admin listener's port and paths.
+
+Standard library only; no process state.
+"""
+
+from __future__ import annotations
+
+from gym_telemetry_semconv.admin_api import (
+    DEFAULT_ADMIN_PORT,
+    HEALTHZ_PATH,
+    METRICS_PATH,
+    READYZ_PATH,
+    SPAN_GROUPS_PATH,
+)
+from gym_telemetry_semconv.attributes import (
+    ERROR_TYPE,
+    GEN_AI_REQUEST_MODEL,
+    HTTP_REQUEST_METHOD,
+    HTTP_RESPONSE_STATUS_CODE,
+    HTTP_ROUTE,
+    ROLLOUT_ID,
+    SERVER_NAME,
+    SERVER_TYPE,
+    SERVER_TYPES,
+    SERVICE_NAME,
+    SPAN_ROLLOUT,
+    SPAN_VERIFY,
+    URL_PATH,
+    VERIFY_SUCCEEDED,
+)
+from gym_telemetry_semconv.metrics import (
+    METRIC_ROLLOUT_DURATION,
+    METRIC_VERIFY_COUNT,
+    METRIC_VERIFY_DURATION,
+    METRIC_VERIFY_SUCCESS_RATE,
+    SOURCE_GROUP,
+)
+from gym_telemetry_semconv.span_groups import (
+    ALL_GROUPS,
+    DEFAULT_MODES,
+    DEFAULT_SPEC,
+    DERIVED_GROUPS,
+    GROUP_AGENT,
+    GROUP_HTTP_CLIENT,
+    GROUP_JOB,
+    GROUP_MODEL_CALL,
+    GROUP_ROLLOUT,
+    GROUP_SANDBOX,
+    GROUP_SERVER,
+    GROUP_VERIFY,
+    NONE_SPEC,
+    PRESETS,
+    SCOPE_PREFIX,
+    Mode,
+    ParsedSpec,
+    enabled_groups,
+    forwarded_groups,
+    group_of_scope,
+    parse_spec,
+    resolve_modes,
+    scope_name,
+)
+
+__all__ = [
+    "ALL_GROUPS",
+    "DEFAULT_ADMIN_PORT",
+    "DEFAULT_MODES",
+    "DEFAULT_SPEC",
+    "DERIVED_GROUPS",
+    "ERROR_TYPE",
+    "GEN_AI_REQUEST_MODEL",
+    "GROUP_AGENT",
+    "GROUP_HTTP_CLIENT",
+    "GROUP_JOB",
+    "GROUP_MODEL_CALL",
+    "GROUP_ROLLOUT",
+    "GROUP_SANDBOX",
+    "GROUP_SERVER",
+    "GROUP_VERIFY",
+    "HEALTHZ_PATH",
+    "HTTP_REQUEST_METHOD",
+    "HTTP_RESPONSE_STATUS_CODE",
+    "HTTP_ROUTE",
+    "METRICS_PATH",
+    "METRIC_ROLLOUT_DURATION",
+    "METRIC_VERIFY_COUNT",
+    "METRIC_VERIFY_DURATION",
+    "METRIC_VERIFY_SUCCESS_RATE",
+    "NONE_SPEC",
+    "PRESETS",
+    "READYZ_PATH",
+    "ROLLOUT_ID",
+    "SCOPE_PREFIX",
+    "SERVER_NAME",
+    "SERVER_TYPE",
+    "SERVER_TYPES",
+    "SERVICE_NAME",
+    "SOURCE_GROUP",
+    "SPAN_GROUPS_PATH",
+    "SPAN_ROLLOUT",
+    "SPAN_VERIFY",
+    "URL_PATH",
+    "VERIFY_SUCCEEDED",
+    "Mode",
+    "ParsedSpec",
+    "enabled_groups",
+    "forwarded_groups",
+    "group_of_scope",
+    "parse_spec",
+    "resolve_modes",
+    "scope_name",
+]

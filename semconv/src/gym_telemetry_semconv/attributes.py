@@ -1,0 +1,32 @@
+"""Attribute keys and span names that the agent writes and the sidecar reads.
+
+Each string is written here once; the agent's wrappers and server-span middleware set
+them, the sidecar's derive stage, local store and ``inspect`` views read them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- span names ------------------------------------------------------------------------
+SPAN_ROLLOUT: Final = "gym.rollout"
+SPAN_VERIFY: Final = "gym.verify"
+
+# --- NeMo Gym attributes ---------------------------------------------------------------
+ROLLOUT_ID: Final = "nemo.gym.rollout.id"
+SERVER_NAME: Final = "nemo.gym.server.name"
+SERVER_TYPE: Final = "nemo.gym.server.type"
+VERIFY_SUCCEEDED: Final = "succeeded"
+"""Boolean on a ``gym.verify`` span: whether the verification passed."""
+
+SERVER_TYPES: Final[tuple[str, ...]] = ("resources", "agent", "model", "environment")
+"""The values ``SERVER_TYPE`` takes (NeMo Gym's server kinds)."""
+
+# --- OpenTelemetry semantic-convention keys used here -----------------------------------
+SERVICE_NAME: Final = "service.name"
+ERROR_TYPE: Final = "error.type"
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_ROUTE: Final = "http.route"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_PATH: Final = "url.path"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
