@@ -93,9 +93,8 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
         router, on_sighup = live_reconfiguration(gate, None, lambda: cfg.span_groups)
     routers.append(router)  # the span-group API
     reload_hooks.append(on_sighup)
-    stage = gate
-
-    stage = build_derive_stage(cfg.metrics, stage, metrics)
+    # Derive asks the gate's policy so that spans of groups that are off are not derived.
+    stage = build_derive_stage(cfg.metrics, gate, metrics, gate.enabled_groups)
 
     stage = build_enrich_stage(cfg.enrich, stage, metrics)
 

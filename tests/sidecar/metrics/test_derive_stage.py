@@ -446,3 +446,66 @@ def test_shutdown_gives_up_after_half_the_deadline_while_pushed_back() -> None:
     assert tail.metric_requests() == []
     assert stage.store.exports["backpressure"] >= 2
     assert took < 0.95  # the queue behind keeps the rest of the deadline
+
+
+# --- span groups: metrics mode by default, off groups not derived (issue 15.1) ----------
+
+
+def derive_then_gate(**span_groups: Any) -> tuple[DeriveStage, CollectStage]:
+    """derive -> gate -> collect, wired the way ``build_pipeline`` wires them."""
+    from gym_sidecar.gating.config import SpanGroupsConfig
+    from gym_sidecar.gating.stage import build_gate_stage
+
+    metrics = SelfMetrics()
+    tail = CollectStage(metrics)
+    gate = build_gate_stage(SpanGroupsConfig(**span_groups), tail, metrics)
+    stage = build_derive_stage(MetricsConfig(), gate, metrics, gate.enabled_groups)
+    assert isinstance(stage, DeriveStage)
+    return stage, tail
+
+
+def derived_and_forwarded(stage: DeriveStage, tail: CollectStage) -> tuple[set[str], set[str]]:
+    async def go() -> None:
+        await stage.consume(traces(request(GYM_BATCH)))
+        await stage.flush()
+
+    run(go())
+    derived = {p.metric for req in tail.metric_requests() for p in points(req)}
+    forwarded = {
+        ss.scope.name
+        for b in tail.batches
+        if b.signal is Signal.TRACES
+        for rs in b.message.resource_spans  # type: ignore[union-attr]
+        for ss in rs.scope_spans
+    }
+    return derived, forwarded
+
+
+ALL_DERIVED = {
+    semconv.METRIC_ROLLOUT_DURATION,
+    semconv.METRIC_VERIFY_DURATION,
+    semconv.METRIC_VERIFY_COUNT,
+    semconv.METRIC_VERIFY_SUCCESS_RATE,
+}
+
+
+def test_default_span_groups_derive_every_metric_and_forward_no_verify_span() -> None:
+    derived, forwarded = derived_and_forwarded(*derive_then_gate())
+    assert derived == ALL_DERIVED
+    assert forwarded == {ROLLOUT_SCOPE, SERVER_SCOPE}
+
+
+def test_spans_of_an_off_group_are_not_derived() -> None:
+    # A stale agent still sends verify spans although verify is off: no gym.verify.*.
+    derived, forwarded = derived_and_forwarded(*derive_then_gate(modes={"verify": "off"}))
+    assert derived == {semconv.METRIC_ROLLOUT_DURATION}
+    assert forwarded == {ROLLOUT_SCOPE, SERVER_SCOPE}
+
+
+def test_off_is_decided_per_service() -> None:
+    service = RESOURCE[semconv.SERVICE_NAME]
+    stage, tail = derive_then_gate(services={service: {"spec": "default,-rollout,-verify"}})
+    derived, _ = derived_and_forwarded(stage, tail)
+    assert derived == set()
+    stage, tail = derive_then_gate(services={"another-service": {"modes": {"verify": "off"}}})
+    assert derived_and_forwarded(stage, tail)[0] == ALL_DERIVED

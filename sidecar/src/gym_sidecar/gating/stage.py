@@ -23,6 +23,7 @@ import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.span_groups import Mode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gym_sidecar.core.stage import Batch, ProcessorStage, Signal, Stage
 from gym_sidecar.gating.api import build_router
@@ -106,6 +107,13 @@ class GateStage(ProcessorStage[None]):
 
     def nothing_left(self, batch: Batch) -> bool:
         return not batch.message.resource_spans  # type: ignore[union-attr]
+
+    def enabled_groups(self, resource: Resource) -> frozenset[str]:
+        """The groups not ``off`` for ``resource``'s service under the current policy.
+
+        The derive stage asks this so that an ``off`` group's spans are not counted.
+        """
+        return self.state.policy.for_service(_service_name(resource.attributes)).enabled
 
     def gate(self, message: ExportTraceServiceRequest) -> int:
         """Remove the dropped groups' ScopeSpans from ``message``; return spans dropped."""

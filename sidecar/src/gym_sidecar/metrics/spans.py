@@ -22,6 +22,9 @@ Per span:
   ``max_error_type_chars``.
 - Spans with another name in those scopes are ignored. Spans whose end precedes their
   start, or with no start, are counted in ``invalid_spans`` and skipped.
+- With ``enabled_groups`` given, a block whose group is ``off`` for its resource (a
+  stale agent still sending it) is not read: the derived metrics mean exactly what the
+  span-group configuration says (docs/span-groups.md). The gate drops and counts it.
 
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
@@ -29,12 +32,13 @@ never modified.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs
@@ -49,6 +53,9 @@ _NS_PER_MS: Final = 1_000_000.0
 
 _ROLLOUT: Final = 1
 _VERIFY: Final = 2
+
+EnabledGroups = Callable[[Resource], frozenset[str]]
+"""The span groups not ``off`` for a resource (the gate's policy answer for its service)."""
 
 PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
 """(resource key, attributes, value ms, end unix nanos, trace_id, span_id)."""
@@ -66,12 +73,14 @@ class Pending:
 class SpanDeriver:
     """Reads rollout and verify spans from trace requests and records them in a store."""
 
-    def __init__(self, store: DerivedMetrics) -> None:
+    def __init__(self, store: DerivedMetrics, enabled_groups: EnabledGroups | None = None) -> None:
         self.store = store
         self._scopes: dict[str, int] = {
             semconv.scope_name(semconv.GROUP_ROLLOUT): _ROLLOUT,
             semconv.scope_name(semconv.GROUP_VERIFY): _VERIFY,
         }
+        self._groups: Final = {_ROLLOUT: semconv.GROUP_ROLLOUT, _VERIFY: semconv.GROUP_VERIFY}
+        self._enabled_groups = enabled_groups
         self._exemplars = store.cfg.exemplars
         self._max_error_chars = store.cfg.max_error_type_chars
 
@@ -81,13 +90,20 @@ class SpanDeriver:
         Pure: reads ``request`` only. Safe from any thread.
         """
         scopes = self._scopes
+        enabled_of = self._enabled_groups
         pending: Pending | None = None
         for rs in request.resource_spans:
             resource_key: bytes | None = None
+            enabled: frozenset[str] | None = None
             for ss in rs.scope_spans:
                 kind = scopes.get(ss.scope.name)
                 if kind is None:
                     continue
+                if enabled_of is not None:
+                    if enabled is None:
+                        enabled = enabled_of(rs.resource)
+                    if self._groups[kind] not in enabled:
+                        continue  # an off group: not derived (the gate drops it)
                 if resource_key is None:
                     resource_key = rs.resource.SerializeToString()
                 if pending is None:

@@ -3,7 +3,8 @@
 Placement: receive -> enrich -> **derive** -> gate -> queue -> export. It runs before
 the gate so a span group in ``metrics`` mode still yields its metrics (the gate drops
 its spans afterwards), and after enrichment so derived series carry the enriched
-resource.
+resource. Spans of a group that is ``off`` for their service (a stale agent) are not
+derived: it asks the gate's policy (``enabled_groups``).
 
 ``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
 batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` spans of the rollout and
@@ -37,7 +38,7 @@ from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorSt
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import build_request
 from gym_sidecar.metrics.prometheus import DerivedCollector
-from gym_sidecar.metrics.spans import Pending, SpanDeriver
+from gym_sidecar.metrics.spans import EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.metrics.store import DerivedMetrics
 from gym_sidecar.selfmetrics import SelfMetrics
 
@@ -59,13 +60,19 @@ class DeriveStage(ProcessorStage["Pending | None"]):
 
     name = "derive"
 
-    def __init__(self, cfg: MetricsConfig, next_stage: Stage | None, metrics: SelfMetrics) -> None:
+    def __init__(
+        self,
+        cfg: MetricsConfig,
+        next_stage: Stage | None,
+        metrics: SelfMetrics,
+        enabled_groups: EnabledGroups | None = None,
+    ) -> None:
         super().__init__(next_stage, metrics)
         self.cfg = cfg
         self.store = DerivedMetrics(cfg, metrics)
         self.collector = DerivedCollector(self.store)
         metrics.registry.register(self.collector)
-        self._deriver = SpanDeriver(self.store)
+        self._deriver = SpanDeriver(self.store, enabled_groups)
         self._bounds = {
             semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
@@ -171,8 +178,17 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         )
 
 
-def build_derive_stage(cfg: MetricsConfig, next_stage: Stage, metrics: SelfMetrics) -> Stage:
-    """The derive stage for ``cfg`` (a pass-through when ``cfg.enabled`` is False)."""
+def build_derive_stage(
+    cfg: MetricsConfig,
+    next_stage: Stage,
+    metrics: SelfMetrics,
+    enabled_groups: EnabledGroups | None = None,
+) -> Stage:
+    """The derive stage for ``cfg`` (a pass-through when ``cfg.enabled`` is False).
+
+    ``enabled_groups`` (the gate's :meth:`GateStage.enabled_groups`) keeps blocks of
+    span groups that are ``off`` for their service out of the metrics.
+    """
     if not cfg.enabled:
         return PassThrough("derive", next_stage, metrics)
-    return DeriveStage(cfg, next_stage, metrics)
+    return DeriveStage(cfg, next_stage, metrics, enabled_groups)
