@@ -1,12 +1,15 @@
 """Throughput of a real NeMo Gym resources server's ``/verify``, instrumented vs not.
 
-Three copies of the shipped ``example_single_tool_call`` server run from the cached Gym
+Copies of the shipped ``example_single_tool_call`` server run from the cached Gym
 environment (``scripts/gym_env.py``), started like Gym's launcher starts them:
 
 - ``bare``: no ``GYM_TELEMETRY`` (the agent is installed but inactive);
 - ``groups_off``: ``GYM_TELEMETRY=1``, span groups ``none`` (every gate closed);
-- ``groups_default``: ``GYM_TELEMETRY=1``, the ``default`` preset (per ``/verify``
-  request: the SERVER span);
+- ``groups_default_no_verify``: ``GYM_TELEMETRY=1``, ``default,-verify`` (per
+  ``/verify`` request: the SERVER span; what ``default`` meant before issue 15.1);
+- ``groups_default``: ``GYM_TELEMETRY=1``, the ``default`` spec, i.e. no configuration
+  (per request: the SERVER span and ``gym.verify``, which is in ``metrics`` mode by
+  default so that the sidecar derives ``gym.verify.*``);
 - ``groups_all``: ``GYM_TELEMETRY=1``, span groups ``all`` (per request: the SERVER span
   and ``gym.verify``).
 
@@ -49,6 +52,10 @@ BAGGAGE = "nemo.gym.rollout.id=12-3"
 VARIANTS: dict[str, dict[str, str]] = {
     "bare": {},
     "groups_off": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "none"},
+    "groups_default_no_verify": {
+        "GYM_TELEMETRY": "1",
+        "GYM_TELEMETRY_SPAN_GROUPS": "default,-verify",
+    },
     "groups_default": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "default"},
     "groups_all": {"GYM_TELEMETRY": "1", "GYM_TELEMETRY_SPAN_GROUPS": "all"},
 }
@@ -228,7 +235,7 @@ def main() -> None:
                 rates[name].append(result["rps"])
                 cpu_us[name].append(1e6 * cpu_used / requests)
                 print(
-                    f"round {round_no + 1} {name:>14}: {result['rps']:8.1f} req/s "
+                    f"round {round_no + 1} {name:>24}: {result['rps']:8.1f} req/s "
                     f"{cpu_us[name][-1]:8.0f} server CPU-us/req",
                     flush=True,
                 )
@@ -245,7 +252,7 @@ def main() -> None:
     )
     for name, value in medians.items():
         print(
-            f"  {name:>14}: {value:8.1f} req/s (ratio {value / medians['bare']:.3f})  "
+            f"  {name:>24}: {value:8.1f} req/s (ratio {value / medians['bare']:.3f})  "
             f"{cpu[name]:6.0f} server CPU-us/req (req per CPU-second, ratio to bare "
             f"{cpu['bare'] / cpu[name]:.3f})"
         )

@@ -17,8 +17,9 @@ for it; see ``gym_telemetry.fastapi_telemetry_off``):
 - ``bare``: no OpenTelemetry set up at all.
 - ``gym_telemetry``: the agent as a Gym server gets it (``autoinstrument.install`` hooks,
   ``start_server_telemetry`` for a resources server): the SERVER span middleware and the
-  route wrappers, span groups ``--span-groups`` (default: ``default``, i.e. one SERVER
-  span per request; ``default,verify`` adds the ``gym.verify`` span).
+  route wrappers, span groups ``--span-groups`` (default: ``default,-verify``, i.e. one
+  SERVER span per request; ``default`` adds the ``gym.verify`` span, in ``metrics`` mode
+  by default since issue 15.1).
 - ``stock``: ``opentelemetry-instrumentation-fastapi``'s ``FastAPIInstrumentor`` with an
   SDK ``TracerProvider``, ``BatchSpanProcessor`` and the OTLP/gRPC exporter.
 - ``both``: gym_telemetry, plus ``FastAPIInstrumentor`` on the same app and provider.
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--connections", type=int, default=32)
-    p.add_argument("--span-groups", default="default", help="GYM_TELEMETRY_SPAN_GROUPS")
+    p.add_argument("--span-groups", default="default,-verify", help="GYM_TELEMETRY_SPAN_GROUPS")
     p.add_argument(
         "--handler-us", type=float, default=0.0, help="CPU the handler burns per request (µs)"
     )

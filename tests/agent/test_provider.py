@@ -96,7 +96,7 @@ def test_environment_configures_endpoint_service_and_groups(sink: RecordingSink)
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{sink.endpoint}",
             "OTEL_SERVICE_NAME": "svc-from-env",
             "OTEL_RESOURCE_ATTRIBUTES": "team=rl",
-            "GYM_TELEMETRY_SPAN_GROUPS": "verify",
+            "GYM_TELEMETRY_SPAN_GROUPS": "verify,-rollout",
             "GYM_TELEMETRY_SERVER_NAME": "math",
             "GYM_TELEMETRY_SERVER_TYPE": "resources",
         },
@@ -189,7 +189,7 @@ def test_existing_provider_is_reused_and_gets_the_exporter(
     """In this process the test fixtures installed an SDK provider first."""
     monkeypatch.setenv("GYM_TELEMETRY_POLL_INTERVAL_S", "0")
     assert gym_telemetry.init_telemetry(
-        server_name="reuse", endpoint=sink.endpoint, span_groups="verify"
+        server_name="reuse", endpoint=sink.endpoint, span_groups="verify,-rollout"
     )
     try:
         assert provider.is_active()

@@ -6,8 +6,8 @@
 - ``init_telemetry`` / ``shutdown_telemetry``: SDK setup towards the local sidecar.
 
 The three setup functions are loaded from ``gym_telemetry.provider`` on first access
-(PEP 562), so importing ``gym_telemetry.semconv`` or ``gym_telemetry.span_groups`` alone
-(as the sidecar does) does not load the OpenTelemetry SDK.
+(PEP 562), so importing ``gym_telemetry.span_groups`` alone does not load the
+OpenTelemetry SDK. The names shared with the sidecar are in ``gym_telemetry_semconv``.
 """
 
 from __future__ import annotations
