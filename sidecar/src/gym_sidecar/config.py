@@ -115,6 +115,30 @@ class LimitsConfig(BaseModel):
     http_body_timeout_s: float = Field(default=30.0, gt=0)
     """Longest wait for an OTLP/HTTP request body to arrive in full; slower: 408, so a
     trickling client cannot hold a concurrency slot for ever."""
+    max_message_depth: int = Field(default=100, ge=8, le=100)
+    """Deepest protobuf message nesting accepted, counted in message levels from the
+    request (1) down (an attribute's kvlist AnyValue adds 3 levels, an array 2); deeper:
+    400 / INVALID_ARGUMENT. 100 is the protobuf parser's own fixed bound (upb), so it
+    cannot be raised; OTLP/JSON is checked against this value before it is converted,
+    protobuf below 100 by an extra walk over the decoded request (see docs/sidecar.md)."""
+    http_max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest request line plus headers on the OTLP/HTTP and admin listeners; larger:
+    431 and the connection is closed."""
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest time from a request's first byte to the end of its headers on the OTLP/HTTP
+    and admin listeners; slower: 408 and the connection is closed."""
+    http_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """How long the OTLP/HTTP and admin listeners keep a connection that has no request
+    in progress (a new one, or keep-alive between requests); then it is closed."""
+    http_max_connections: int = Field(default=1024, gt=0)
+    """Open connections on the OTLP/HTTP listener; more are answered 503 and closed at
+    once (the header and idle timeouts free the slots slow clients hold)."""
+    admin_max_connections: int = Field(default=64, gt=0)
+    """Open connections on the admin listener (its own pool, so OTLP clients can never
+    starve health checks); more are answered 503 and closed at once."""
+    admin_body_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest wait for an admin request body (``PUT /v1/span-groups``) to arrive in
+    full; slower: 408."""
 
     @model_validator(mode="after")
     def _transport_above_message(self) -> LimitsConfig:

@@ -32,7 +32,7 @@ import signal
 import time
 
 from gym_sidecar.admin import Readiness, build_admin_app
-from gym_sidecar.asgi_listener import AsgiListener
+from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
 from gym_sidecar.receiver.grpc import GrpcReceiver
@@ -70,15 +70,24 @@ class SidecarServer:
         for stage in reversed(pipeline.stages):
             await stage.start()
         self.admin = AsgiListener(
-            build_admin_app(self.readiness, self.metrics, pipeline.routers),
+            build_admin_app(
+                self.readiness,
+                self.metrics,
+                pipeline.routers,
+                body_timeout_s=cfg.limits.admin_body_timeout_s,
+            ),
             cfg.admin_listen,
             "admin",
+            ConnectionLimits.from_config(cfg.limits, self.metrics, "admin_max_connections"),
         )
         await self.admin.start()
         self.grpc = GrpcReceiver(cfg.grpc_listen, pipeline.head, cfg.limits, self.metrics)
         await self.grpc.start()
         self.http = AsgiListener(
-            OtlpHttpApp(pipeline.head, cfg.limits, self.metrics), cfg.http_listen, "OTLP/HTTP"
+            OtlpHttpApp(pipeline.head, cfg.limits, self.metrics),
+            cfg.http_listen,
+            "OTLP/HTTP",
+            ConnectionLimits.from_config(cfg.limits, self.metrics, "http_max_connections"),
         )
         await self.http.start()
         self.readiness.receivers_up = True

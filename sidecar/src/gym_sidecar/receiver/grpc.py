@@ -8,7 +8,8 @@ grpc core handles client-side per-message compression (gzip), bounded by
 
 Answers:
 - OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
-- INVALID_ARGUMENT for undecodable or oversized messages (clients must not retry);
+- INVALID_ARGUMENT for undecodable or oversized messages and for messages nested deeper
+  than ``limits.max_message_depth`` (clients must not retry);
 - RESOURCE_EXHAUSTED with RetryInfo when ``limits.grpc_max_concurrent_requests`` calls
   are already being handled (counted in ``limit_hits``);
 - RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` on backpressure, both as a status
@@ -184,8 +185,10 @@ class GrpcReceiver:
                     f"message of {len(request)} bytes exceeds the limit of {max_bytes} bytes",
                 )
             try:
-                message = decode_protobuf(spec, request)
+                message = decode_protobuf(spec, request, self.limits.max_message_depth)
             except BadRequest as exc:
+                if exc.limit is not None:
+                    metrics.limit_hits.labels(exc.limit).inc()
                 metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
                 return refuse(context, str(exc))
             peer = _peer_address(context.peer())

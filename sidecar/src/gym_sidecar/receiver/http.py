@@ -6,7 +6,7 @@ Accepted: ``POST`` with ``Content-Type: application/x-protobuf`` or
 Answers (the body is encoded like the request; protobuf when that is unknown):
 - 200 + Export*ServiceResponse (``partial_success`` when a stage rejected items);
 - 400 + google.rpc.Status for an undecodable body (garbage, truncated, invalid JSON,
-  broken gzip);
+  broken gzip) and for one nested deeper than ``limits.max_message_depth``;
 - 413 when the body exceeds ``limits.http_max_body_bytes`` as sent or
   ``limits.http_max_decompressed_bytes`` once inflated; inflation stops at the limit
   (``zlib`` ``max_length``), so a gzip bomb costs at most that much memory;
@@ -159,11 +159,14 @@ class OtlpHttpApp:
             if encoding == "gzip":
                 body = self._gunzip(body)
             try:
+                depth = self.limits.max_message_depth
                 message: ExportRequest = (
-                    decode_json(spec, body) if content_type == JSON else decode_protobuf(spec, body)
+                    decode_json(spec, body, depth)
+                    if content_type == JSON
+                    else decode_protobuf(spec, body, depth)
                 )
             except BadRequest as exc:
-                raise _Refusal(400, str(exc), exc.reason) from None
+                raise _Refusal(400, str(exc), exc.reason, exc.limit) from None
         except _Refusal as refusal:
             await self._refuse(send, refusal, reply_type)
             return

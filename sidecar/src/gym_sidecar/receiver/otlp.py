@@ -9,7 +9,6 @@ for data points), never individual spans' contents.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import enum
 import json
@@ -21,6 +20,16 @@ from google.protobuf.message import DecodeError, Message
 
 from gym_sidecar.core.otlp import SignalSpec
 from gym_sidecar.core.stage import Backpressure, Batch, ExportRequest, Stage
+from gym_sidecar.receiver.limits import (
+    DEPTH_LIMIT,
+    PARSER_MAX_DEPTH,
+    TOO_DEEP,
+    BadHexId,
+    TooDeep,
+    message_depth_exceeds,
+    rewrite_json_ids,
+    too_deep_message,
+)
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -29,9 +38,15 @@ logger = logging.getLogger(__name__)
 class BadRequest(Exception):
     """The client sent something that is not a valid OTLP request (permanent error)."""
 
-    def __init__(self, message: str, reason: str = "bad_request") -> None:
+    def __init__(self, message: str, reason: str = "bad_request", limit: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.limit = limit
+        """The ``limits.`` key that refused the request, counted in ``limit_hits``."""
+
+
+def _too_deep(max_depth: int) -> BadRequest:
+    return BadRequest(too_deep_message(max_depth), TOO_DEEP, DEPTH_LIMIT)
 
 
 class Outcome(enum.Enum):
@@ -39,55 +54,52 @@ class Outcome(enum.Enum):
     BACKPRESSURE = "backpressure"
 
 
-def decode_protobuf(spec: SignalSpec, data: bytes) -> ExportRequest:
-    """Parse binary protobuf with the upb backend; BadRequest when it is not one."""
+def decode_protobuf(
+    spec: SignalSpec, data: bytes, max_depth: int = PARSER_MAX_DEPTH
+) -> ExportRequest:
+    """Parse binary protobuf with the upb backend; BadRequest when it is not one.
+
+    Nesting beyond ``max_depth`` message levels is refused (see receiver/limits.py):
+    upb itself stops at 100; a lower limit costs an extra walk of the decoded request.
+    """
     msg = spec.request_type()
     try:
         msg.ParseFromString(data)
     except DecodeError as exc:
+        if "MaxDepth" in str(exc):  # upb: "Exceeded upb_DecodeOptions_MaxDepth"
+            raise _too_deep(min(max_depth, PARSER_MAX_DEPTH)) from None
         raise BadRequest(f"body is not a valid {spec.request_type.__name__}: {exc}") from None
+    if max_depth < PARSER_MAX_DEPTH and message_depth_exceeds(msg, max_depth):
+        raise _too_deep(max_depth)
     return msg  # type: ignore[return-value]
 
 
-# OTLP/JSON spells these bytes fields as hex, not as proto3-JSON base64 (OTLP spec,
-# "JSON Protobuf Encoding"). They occur only as keys of span, link, log record and
-# exemplar objects; attribute keys live under "key" values, never as object keys.
-_HEX_ID_FIELDS = frozenset(
-    {"traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"}
-)
-
-
-def _hex_ids_to_base64(node: Any) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _HEX_ID_FIELDS and isinstance(value, str):
-                try:
-                    raw = bytes.fromhex(value)
-                except ValueError:
-                    raise BadRequest(f"{key} must be a hex string, got {value[:64]!r}") from None
-                node[key] = base64.b64encode(raw).decode("ascii")
-            else:
-                _hex_ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids_to_base64(item)
-
-
-def decode_json(spec: SignalSpec, data: bytes) -> ExportRequest:
+def decode_json(spec: SignalSpec, data: bytes, max_depth: int = PARSER_MAX_DEPTH) -> ExportRequest:
     """Parse OTLP/JSON: hex ids, camelCase or snake_case names, enums as ints or names.
 
-    Unknown fields are ignored, as the OTLP spec asks of receivers.
+    Unknown fields are ignored, as the OTLP spec asks of receivers. Nesting beyond
+    ``max_depth`` message levels is refused before any conversion (receiver/limits.py).
     """
     try:
         doc = json.loads(data)
+    except RecursionError:
+        # json's C scanner guards its own recursion (~1000 levels): far past any limit.
+        raise _too_deep(max_depth) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("body must be a JSON object")
-    _hex_ids_to_base64(doc)
+    try:
+        rewrite_json_ids(doc, max_depth)
+    except TooDeep:
+        raise _too_deep(max_depth) from None
+    except BadHexId as exc:
+        raise BadRequest(str(exc)) from None
     msg = spec.request_type()
     try:
-        json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
+        json_format.ParseDict(
+            doc, msg, ignore_unknown_fields=True, max_recursion_depth=PARSER_MAX_DEPTH
+        )
     except (json_format.ParseError, binascii.Error, ValueError, TypeError) as exc:
         raise BadRequest(
             f"body is not a valid OTLP/JSON {spec.signal.value} request: {exc}"
