@@ -136,6 +136,17 @@ class LimitsConfig(BaseModel):
     admin_max_connections: int = Field(default=64, gt=0)
     """Open connections on the admin listener (its own pool, so OTLP clients can never
     starve health checks); more are answered 503 and closed at once."""
+    grpc_message_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait, from the start of an OTLP/gRPC call, for its one request message and
+    the end of the client's stream; slower: DEADLINE_EXCEEDED."""
+    grpc_idle_timeout_s: float = Field(default=60.0, gt=0)
+    """A gRPC connection with no call in progress this long is closed (GOAWAY); clients
+    reconnect when they next send. Done by grpc core, so not counted."""
+    grpc_max_connections: int = Field(default=1024, gt=0)
+    """Open connections on the gRPC port; grpc core closes more at once (not counted)."""
+    grpc_max_streams_per_connection: int = Field(default=128, gt=0)
+    """Concurrent calls one gRPC connection may open (HTTP/2 SETTINGS); more are refused
+    by grpc core with REFUSED_STREAM, which clients retry (not counted)."""
     admin_body_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for an admin request body (``PUT /v1/span-groups``) to arrive in
     full; slower: 408."""

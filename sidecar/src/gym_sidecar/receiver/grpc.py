@@ -4,12 +4,19 @@ Handlers are registered generically with identity (bytes) (de)serialisers, so th
 receiver itself enforces ``limits.grpc_max_message_bytes`` (counted in
 ``limit_hits{limit="grpc_max_message_bytes"}``) and parses with the upb protobuf.
 grpc core handles client-side per-message compression (gzip), bounded by
-``limits.grpc_transport_max_bytes``.
+``limits.grpc_transport_max_bytes``, and the connection-level limits (idle timeout,
+connection cap, streams per connection, metadata size), which it enforces without
+telling the sidecar: those refusals are not counted.
 
 Answers:
 - OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
-- INVALID_ARGUMENT for undecodable or oversized messages and for messages nested deeper
-  than ``limits.max_message_depth`` (clients must not retry);
+- INVALID_ARGUMENT for undecodable or oversized messages, for messages nested deeper
+  than ``limits.max_message_depth``, and for a call that ends without one whole
+  message or sends more than one (clients must not retry);
+- RESOURCE_EXHAUSTED (without RetryInfo: not to be retried) when the call's metadata
+  exceeds ``limits.http_max_header_bytes``;
+- DEADLINE_EXCEEDED when the message and the end of the client's stream have not
+  arrived within ``limits.grpc_message_timeout_s`` (counted in ``limit_hits``);
 - RESOURCE_EXHAUSTED with RetryInfo when ``limits.grpc_max_concurrent_requests`` calls
   are already being handled (counted in ``limit_hits``);
 - RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` on backpressure, both as a status
@@ -23,7 +30,9 @@ calls (which finish handing their data to the pipeline). Both are safe to repeat
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import grpc
@@ -116,12 +125,18 @@ class GrpcReceiver:
         self._in_flight = 0
 
     async def start(self) -> None:
+        limits = self.limits
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", self.limits.grpc_transport_max_bytes),
+                ("grpc.max_receive_message_length", limits.grpc_transport_max_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 # Without this a second sidecar could silently share the port.
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_metadata_size", limits.http_max_header_bytes),
+                ("grpc.absolute_max_metadata_size", limits.http_max_header_bytes),
+                ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout_s * 1000)),
+                ("grpc.max_allowed_incoming_connections", limits.grpc_max_connections),
+                ("grpc.max_concurrent_streams", limits.grpc_max_streams_per_connection),
             ]
         )
         handlers = []
@@ -130,7 +145,13 @@ class GrpcReceiver:
                 grpc.method_handlers_generic_handler(
                     spec.grpc_service,
                     {
-                        "Export": grpc.unary_unary_rpc_method_handler(
+                        # Registered as client-streaming, although Export is unary on the
+                        # wire (the handler type is invisible to clients): grpc.aio's unary
+                        # path returns without any status when no whole message arrives
+                        # (headers only, a length prefix longer than the body), leaving the
+                        # call open until the client gives up. Reading the stream here
+                        # answers those, a second message, and a slow sender.
+                        "Export": grpc.stream_unary_rpc_method_handler(
                             self._handler(spec),
                             request_deserializer=_identity,
                             response_serializer=_identity,
@@ -162,7 +183,12 @@ class GrpcReceiver:
         metrics = self.metrics
         signal = spec.signal.value
 
-        async def export(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        timeout_s = self.limits.grpc_message_timeout_s
+        max_metadata = self.limits.http_max_header_bytes
+
+        async def export(
+            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> bytes:
             if self._in_flight >= self.limits.grpc_max_concurrent_requests:
                 metrics.limit_hits.labels("grpc_max_concurrent_requests").inc()
                 status = retry_info_status(
@@ -172,9 +198,44 @@ class GrpcReceiver:
                 return refuse(context, status.details, status.code, status.trailing_metadata)
             self._in_flight += 1
             try:
+                # grpc core advertises the metadata limit (SETTINGS_MAX_HEADER_LIST_SIZE)
+                # but lets far larger metadata through (1 MB was accepted with 4 KiB
+                # configured): check it here, where it can be counted.
+                metadata = context.invocation_metadata() or ()
+                size = sum(len(k) + len(v) for k, v in metadata)
+                if size > max_metadata:
+                    metrics.limit_hits.labels("http_max_header_bytes").inc()
+                    metrics.bad_requests.labels(TRANSPORT, "metadata_too_large").inc()
+                    return refuse(
+                        context,
+                        f"request metadata of {size} bytes exceeds {max_metadata} bytes",
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    )
+                try:
+                    request = await asyncio.wait_for(read_one(context), timeout_s)
+                except TimeoutError:
+                    metrics.limit_hits.labels("grpc_message_timeout_s").inc()
+                    metrics.bad_requests.labels(TRANSPORT, "timeout").inc()
+                    return refuse(
+                        context,
+                        f"request message not received within {timeout_s}s",
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    )
+                except BadRequest as exc:
+                    metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
+                    return refuse(context, str(exc))
                 return await handle(request, context)
             finally:
                 self._in_flight -= 1
+
+        async def read_one(context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            """The call's one message, once the client has ended its stream."""
+            first = await context.read()
+            if first is grpc.aio.EOF:
+                raise BadRequest("no complete request message received", "no_message")
+            if await context.read() is not grpc.aio.EOF:
+                raise BadRequest("Export takes exactly one request message", "many_messages")
+            return first  # type: ignore[no-any-return]
 
         async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             if len(request) > max_bytes:
