@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.faults.support import rss_kib
-from tests.sidecar.otlp_samples import SERVICES, trace_request, trace_request_json
+from tests.sidecar.otlp_samples import SERVICES, deep_json_text, trace_request, trace_request_json
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
@@ -253,6 +253,26 @@ def test_deeply_nested_values(target: Target, depth: int) -> None:
     body = request_with_attribute_value(nested_any_value(depth))
     target.post("deeply nested", body, PB)
     target.grpc("deeply nested", body)
+
+
+PARSER_MAX_LEVELS = {"kvlist": 31, "array": 47}
+"""The deepest span-attribute nesting within the default ``max_message_depth`` (100
+message levels, upb's own bound): 31 kvlists (3 levels each) or 47 arrays (2 each)."""
+
+
+@fuzz_settings(40)
+@given(
+    depth=st.integers(1, 3000),
+    shape=st.sampled_from(["kvlist", "array", "raw arrays", "raw objects"]),
+)
+def test_deeply_nested_json(target: Target, depth: int, shape: str) -> None:
+    """OTLP/JSON nested up to 3000 levels (json.loads alone stops near 1000 with a
+    RecursionError, once answered 500): accepted within the limit, 400 beyond it."""
+    status = target.post("deeply nested (json)", deep_json_text(depth, shape), JSON)
+    if shape in PARSER_MAX_LEVELS and depth <= PARSER_MAX_LEVELS[shape]:
+        assert status in {200, HTTP_BACKPRESSURE}, (shape, depth, status)
+    elif shape in PARSER_MAX_LEVELS or depth > 2 * 100:
+        assert status == 400, (shape, depth, status)
 
 
 @fuzz_settings(12)

@@ -150,3 +150,24 @@ def http_post(
 
 def json_bytes(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc).encode()
+
+
+def deep_json_text(levels: int, shape: str = "kvlist") -> bytes:
+    """An OTLP/JSON trace request whose one span attribute nests ``levels`` kvlist (or
+    ``"array"``) AnyValues, or whose ``resourceSpans`` holds ``levels`` bare nested
+    arrays (``"raw arrays"``) or objects (``"raw objects"``). Built as text, without
+    recursion (json.dumps stops at Python's recursion limit)."""
+    if shape == "raw arrays":
+        return b'{"resourceSpans":' + b"[" * levels + b"]" * levels + b"}"
+    if shape == "raw objects":
+        return b'{"resourceSpans":' + b'{"a":' * levels + b"1" + b"}" * levels + b"}"
+    if shape == "array":
+        head, tail = b'{"arrayValue":{"values":[' * levels, b"]}}" * levels
+    else:
+        head, tail = b'{"kvlistValue":{"values":[{"key":"k","value":' * levels, b"}]}}" * levels
+    value = head + b'{"stringValue":"leaf"}' + tail
+    span = (
+        b'{"traceId":"' + b"ab" * 16 + b'","spanId":"' + b"cd" * 8 + b'","name":"deep",'
+        b'"attributes":[{"key":"a","value":' + value + b"}]}"
+    )
+    return b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + span + b"]}]}]}"

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from google.rpc import code_pb2, status_pb2
 
-from tests.sidecar.otlp_samples import grpc_export, http_post, trace_request
+from tests.badinput.test_fuzz_receivers import nested_any_value, request_with_attribute_value
+from tests.sidecar.otlp_samples import deep_json_text, grpc_export, http_post, trace_request
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
@@ -74,6 +75,7 @@ def gzip_bomb(inflated_bytes: int) -> bytes:
 
 
 VALID = trace_request("valid", 50).SerializeToString()
+PB = "application/x-protobuf"
 
 
 @pytest.mark.parametrize(
@@ -232,3 +234,69 @@ def test_bad_requests_counted(sidecar: SidecarProcess) -> None:
     http_post(sidecar.http_url, "traces", VALID, content_type="text/csv")
     after = sidecar.metric("gym_sidecar_bad_requests_total", transport="http")
     assert after - before == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "content_type"),
+    [
+        ("json arrays 100k deep", b"[" * 100_000, "application/json"),
+        ("json kvlist 900 deep", deep_json_text(900), "application/json"),
+        ("json kvlist 40 deep", deep_json_text(40), "application/json"),
+        ("protobuf kvlist 2000 deep", request_with_attribute_value(nested_any_value(2000)), PB),
+    ],
+)
+def test_http_deep_nesting_400_counted(
+    sidecar: SidecarProcess, sink: RecordingSink, name: str, body: bytes, content_type: str
+) -> None:
+    """Nesting past ``max_message_depth`` (100 message levels, the parsers' own bound):
+    400 naming the limit, counted as a refusal and a limit hit; never a 500."""
+    before = sidecar.metric("gym_sidecar_limit_hits_total", limit="max_message_depth")
+    resp = http_post(sidecar.http_url, "traces", body, content_type=content_type)
+    assert resp.status_code == 400, resp.content[:300]
+    if content_type == PB:
+        message = status_pb2.Status.FromString(resp.content).message
+    else:
+        message = resp.json()["message"]
+    assert "deeper than 100 message levels" in message
+    after = sidecar.metric("gym_sidecar_limit_hits_total", limit="max_message_depth")
+    assert after - before == 1
+    assert sidecar.metric("gym_sidecar_bad_requests_total", transport="http", reason="too_deep")
+    assert_still_serving(sidecar, sink)
+
+
+def test_grpc_deep_nesting_invalid_argument_counted(
+    sidecar: SidecarProcess, sink: RecordingSink
+) -> None:
+    before = sidecar.metric("gym_sidecar_limit_hits_total", limit="max_message_depth")
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_export(
+            sidecar.grpc_endpoint, "traces", request_with_attribute_value(nested_any_value(40))
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "deeper than 100 message levels" in (info.value.details() or "")
+    after = sidecar.metric("gym_sidecar_limit_hits_total", limit="max_message_depth")
+    assert after - before == 1
+    assert_still_serving(sidecar, sink)
+
+
+def test_lowered_depth_limit_applies_to_json_and_protobuf(sink: RecordingSink) -> None:
+    """``max_message_depth: 12`` allows two kvlist levels in a span attribute (6 + 3 x 2)
+    and refuses three, over both encodings and both transports."""
+    two, three = (request_with_attribute_value(nested_any_value(n)) for n in (2, 3))
+    with SidecarProcess(backend=sink.endpoint, config={"limits": {"max_message_depth": 12}}) as sc:
+        assert http_post(sc.http_url, "traces", two).status_code == 200
+        assert http_post(sc.http_url, "traces", three).status_code == 400
+        assert (
+            http_post(sc.http_url, "traces", deep_json_text(2), "application/json").status_code
+            == 200
+        )
+        assert (
+            http_post(sc.http_url, "traces", deep_json_text(3), "application/json").status_code
+            == 400
+        )
+        grpc_export(sc.grpc_endpoint, "traces", two)
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export(sc.grpc_endpoint, "traces", three)
+        assert "deeper than 12 message levels" in (info.value.details() or "")
+        assert sc.metric("gym_sidecar_limit_hits_total", limit="max_message_depth") == 3
+    assert sc.returncode == 0
