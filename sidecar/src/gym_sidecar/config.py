@@ -121,6 +121,11 @@ class LimitsConfig(BaseModel):
     400 / INVALID_ARGUMENT. 100 is the protobuf parser's own fixed bound (upb), so it
     cannot be raised; OTLP/JSON is checked against this value before it is converted,
     protobuf below 100 by an extra walk over the decoded request (see docs/sidecar.md)."""
+    max_request_messages: int = Field(default=1_000_000, gt=0)
+    """Most protobuf messages one request may hold (each span, event, link, attribute,
+    AnyValue, data point, log record ... counts one); more: 413 / INVALID_ARGUMENT,
+    before decoding. Bounds decoded memory to about 180 bytes times this (an empty
+    span's size in upb), however small the messages are on the wire."""
     http_max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest request line plus headers on the OTLP/HTTP and admin listeners; larger:
     431 and the connection is closed."""

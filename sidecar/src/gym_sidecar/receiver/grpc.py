@@ -11,7 +11,8 @@ telling the sidecar: those refusals are not counted.
 Answers:
 - OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
 - INVALID_ARGUMENT for undecodable or oversized messages, for messages nested deeper
-  than ``limits.max_message_depth``, and for a call that ends without one whole
+  than ``limits.max_message_depth`` or holding more than ``limits.max_request_messages``
+  protobuf messages, and for a call that ends without one whole
   message or sends more than one (clients must not retry);
 - RESOURCE_EXHAUSTED (without RetryInfo: not to be retried) when the call's metadata
   exceeds ``limits.http_max_header_bytes``;
@@ -246,7 +247,9 @@ class GrpcReceiver:
                     f"message of {len(request)} bytes exceeds the limit of {max_bytes} bytes",
                 )
             try:
-                message = decode_protobuf(spec, request, self.limits.max_message_depth)
+                message = decode_protobuf(
+                    spec, request, self.limits.max_message_depth, self.limits.max_request_messages
+                )
             except BadRequest as exc:
                 if exc.limit is not None:
                     metrics.limit_hits.labels(exc.limit).inc()

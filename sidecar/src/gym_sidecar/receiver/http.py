@@ -8,7 +8,8 @@ Answers (the body is encoded like the request; protobuf when that is unknown):
 - 400 + google.rpc.Status for an undecodable body (garbage, truncated, invalid JSON,
   broken gzip) and for one nested deeper than ``limits.max_message_depth``;
 - 413 when the body exceeds ``limits.http_max_body_bytes`` as sent or
-  ``limits.http_max_decompressed_bytes`` once inflated; inflation stops at the limit
+  ``limits.http_max_decompressed_bytes`` once inflated, or holds more than
+  ``limits.max_request_messages`` messages (counted before decoding); inflation stops at the limit
   (``zlib`` ``max_length``), so a gzip bomb costs at most that much memory;
 - 415 for another content type or content encoding; 404/405 for other paths/methods;
 - 408 when the body does not arrive within ``limits.http_body_timeout_s``;
@@ -36,6 +37,7 @@ from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.otlp import JSON, PROTOBUF, SPECS, SignalSpec
 from gym_sidecar.core.stage import Batch, ExportRequest, Stage
+from gym_sidecar.receiver.limits import TOO_MANY_MESSAGES
 from gym_sidecar.receiver.otlp import (
     BadRequest,
     build_response,
@@ -160,13 +162,15 @@ class OtlpHttpApp:
                 body = self._gunzip(body)
             try:
                 depth = self.limits.max_message_depth
+                most = self.limits.max_request_messages
                 message: ExportRequest = (
-                    decode_json(spec, body, depth)
+                    decode_json(spec, body, depth, most)
                     if content_type == JSON
-                    else decode_protobuf(spec, body, depth)
+                    else decode_protobuf(spec, body, depth, most)
                 )
             except BadRequest as exc:
-                raise _Refusal(400, str(exc), exc.reason, exc.limit) from None
+                status = 413 if exc.reason == TOO_MANY_MESSAGES else 400
+                raise _Refusal(status, str(exc), exc.reason, exc.limit) from None
         except _Refusal as refusal:
             await self._refuse(send, refusal, reply_type)
             return

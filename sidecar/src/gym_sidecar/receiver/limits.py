@@ -1,4 +1,12 @@
-"""Nesting bounds for decoded OTLP requests (``limits.max_message_depth``).
+"""Bounds on what one OTLP request decodes to: nesting (``limits.max_message_depth``)
+and number of messages (``limits.max_request_messages``).
+
+Messages: decoding amplifies small inputs. Every protobuf message costs upb 50-180
+bytes of memory (an empty Span 176) however few bytes it takes on the wire (2), so a
+16 MiB request of empty spans decodes to ~1.4 GiB. :func:`count_messages` counts a
+request's messages on the wire before it is decoded, and only for requests large
+enough to hold more than the limit; :func:`json_containers_exceed` bounds OTLP/JSON the
+same way before ``json.loads``.
 
 Depth is counted in protobuf message levels, the request being level 1: the unit the
 protobuf parser (upb) and ``json_format`` count in, both of which refuse more than 100
@@ -23,7 +31,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Final
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 PARSER_MAX_DEPTH: Final = 100
@@ -107,3 +115,101 @@ def message_depth_exceeds(message: Message, max_depth: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+MESSAGES_LIMIT: Final = "max_request_messages"
+"""The ``limit_hits`` label of refusals for too many messages in one request."""
+TOO_MANY_MESSAGES: Final = "too_many_messages"
+"""The ``bad_requests`` reason of those refusals."""
+
+_CHILDREN: dict[str, dict[int, Descriptor]] = {}
+
+
+def _message_fields(descriptor: Descriptor) -> dict[int, Descriptor]:
+    """Field number -> message type, for the message-typed fields of ``descriptor``."""
+    children = _CHILDREN.get(descriptor.full_name)
+    if children is None:
+        children = {f.number: f.message_type for f in descriptor.fields if f.message_type}
+        _CHILDREN[descriptor.full_name] = children
+    return children
+
+
+def count_messages(data: bytes, descriptor: Descriptor, limit: int) -> int:
+    """How many protobuf messages ``data`` (a serialized ``descriptor``) holds, the
+    request itself included, counting no further than ``limit + 1``.
+
+    Reads the wire format without building anything: one step per field, skipping
+    strings and other bytes by their length, so it costs Python time per element but no
+    memory. Malformed input ends the count early; the real parser then refuses it.
+    Callers run it only when ``len(data) > 2 * limit``: every message occupies at least
+    two bytes (tag and length), so a smaller request cannot hold more than ``limit``.
+    """
+    count = 1
+    stack: list[tuple[int, int, Descriptor]] = [(0, len(data), descriptor)]
+    try:
+        while stack:
+            pos, end, desc = stack.pop()
+            children = _message_fields(desc)
+            while pos < end:
+                # One-byte varints (almost every tag and small length) inline: this loop
+                # runs once per field of the request.
+                tag = data[pos]
+                pos += 1
+                if tag >= 0x80:
+                    tag, pos = _varint(data, pos - 1)
+                wire_type = tag & 7
+                if wire_type == 0:
+                    _, pos = _varint(data, pos)
+                elif wire_type == 1:
+                    pos += 8
+                elif wire_type == 5:
+                    pos += 4
+                elif wire_type == 2:
+                    length = data[pos]
+                    pos += 1
+                    if length >= 0x80:
+                        length, pos = _varint(data, pos - 1)
+                    child = children.get(tag >> 3)
+                    if child is not None:
+                        count += 1
+                        if count > limit:
+                            return count
+                        stack.append((pos, pos + length, child))
+                    pos += length
+                else:  # groups (unused by OTLP) or garbage: leave it to the parser
+                    return count
+    except IndexError:
+        pass
+    return count
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    byte = data[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    value = byte & 0x7F
+    shift = 7
+    while True:
+        pos += 1
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos + 1
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")  # malformed: stop counting
+
+
+def too_many_messages_message(limit: int) -> str:
+    return (
+        f"request holds more than {limit} protobuf messages (spans, attributes, values ...;"
+        f" limits.{MESSAGES_LIMIT})"
+    )
+
+
+def json_containers_exceed(data: bytes, limit: int) -> bool:
+    """Whether an OTLP/JSON body may hold more than ``limit`` objects and arrays: an
+    upper bound from counting ``{`` and ``[`` bytes (C speed; brackets inside strings
+    count too), checked before ``json.loads`` builds a Python object for each. Bodies of
+    at most ``2 * limit`` bytes are never refused (each container takes two bytes)."""
+    return len(data) > 2 * limit and data.count(b"{") + data.count(b"[") > limit

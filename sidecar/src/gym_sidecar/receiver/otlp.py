@@ -22,13 +22,18 @@ from gym_sidecar.core.otlp import SignalSpec
 from gym_sidecar.core.stage import Backpressure, Batch, ExportRequest, Stage
 from gym_sidecar.receiver.limits import (
     DEPTH_LIMIT,
+    MESSAGES_LIMIT,
     PARSER_MAX_DEPTH,
     TOO_DEEP,
+    TOO_MANY_MESSAGES,
     BadHexId,
     TooDeep,
+    count_messages,
+    json_containers_exceed,
     message_depth_exceeds,
     rewrite_json_ids,
     too_deep_message,
+    too_many_messages_message,
 )
 from gym_sidecar.selfmetrics import SelfMetrics
 
@@ -54,14 +59,32 @@ class Outcome(enum.Enum):
     BACKPRESSURE = "backpressure"
 
 
+DEFAULT_MAX_MESSAGES = 1_000_000
+
+
+def _too_many(max_messages: int) -> BadRequest:
+    return BadRequest(too_many_messages_message(max_messages), TOO_MANY_MESSAGES, MESSAGES_LIMIT)
+
+
 def decode_protobuf(
-    spec: SignalSpec, data: bytes, max_depth: int = PARSER_MAX_DEPTH
+    spec: SignalSpec,
+    data: bytes,
+    max_depth: int = PARSER_MAX_DEPTH,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
 ) -> ExportRequest:
     """Parse binary protobuf with the upb backend; BadRequest when it is not one.
 
     Nesting beyond ``max_depth`` message levels is refused (see receiver/limits.py):
     upb itself stops at 100; a lower limit costs an extra walk of the decoded request.
+    So is a request of more than ``max_messages`` messages, counted on the wire before
+    decoding when it is large enough to hold that many.
     """
+    descriptor: Any = spec.request_type.DESCRIPTOR
+    if (
+        len(data) > 2 * max_messages
+        and count_messages(data, descriptor, max_messages) > max_messages
+    ):
+        raise _too_many(max_messages)
     msg = spec.request_type()
     try:
         msg.ParseFromString(data)
@@ -74,12 +97,21 @@ def decode_protobuf(
     return msg  # type: ignore[return-value]
 
 
-def decode_json(spec: SignalSpec, data: bytes, max_depth: int = PARSER_MAX_DEPTH) -> ExportRequest:
+def decode_json(
+    spec: SignalSpec,
+    data: bytes,
+    max_depth: int = PARSER_MAX_DEPTH,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
+) -> ExportRequest:
     """Parse OTLP/JSON: hex ids, camelCase or snake_case names, enums as ints or names.
 
     Unknown fields are ignored, as the OTLP spec asks of receivers. Nesting beyond
-    ``max_depth`` message levels is refused before any conversion (receiver/limits.py).
+    ``max_depth`` message levels is refused before any conversion, and a body that may
+    hold more than ``max_messages`` objects and arrays before it is parsed
+    (receiver/limits.py).
     """
+    if json_containers_exceed(data, max_messages):
+        raise _too_many(max_messages)
     try:
         doc = json.loads(data)
     except RecursionError:
