@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf.message import Message
 from gym_sidecar.pipeline.stage import Signal
-from gym_sidecar.receiver.limits import count_messages, json_containers_exceed
+from gym_sidecar.receiver.limits import count_messages, json_values_exceed
 from gym_sidecar.receiver.otlp import SPECS, BadRequest, decode_json, decode_protobuf
 
 from tests.badinput.test_fuzz_receivers import field
@@ -61,12 +61,13 @@ def test_small_requests_are_not_scanned() -> None:
     decode_protobuf(SPECS[Signal.TRACES], body, max_messages=30)
 
 
-def test_json_container_bound() -> None:
+def test_json_value_bound() -> None:
     spec = SPECS[Signal.TRACES]
     flood = b'{"resourceSpans":[' + b"{}," * 100_000 + b"{}]}"
-    assert json_containers_exceed(flood, 50_000)
+    assert json_values_exceed(flood, 50_000)
     with pytest.raises(BadRequest) as info:
         decode_json(spec, flood, max_messages=50_000)
     assert info.value.reason == "too_many_messages"
-    decoded = decode_json(spec, flood, max_messages=200_000)
+    assert "JSON values" in str(info.value)
+    decoded = decode_json(spec, flood, max_messages=300_000)
     assert len(decoded.resource_spans) == 100_001  # type: ignore[attr-defined]

@@ -5,8 +5,8 @@ Messages: decoding amplifies small inputs. Every protobuf message costs upb 50-1
 bytes of memory (an empty Span 176) however few bytes it takes on the wire (2), so a
 16 MiB request of empty spans decodes to ~1.4 GiB. :func:`count_messages` counts a
 request's messages on the wire before it is decoded, and only for requests large
-enough to hold more than the limit; :func:`json_containers_exceed` bounds OTLP/JSON the
-same way before ``json.loads``.
+enough to hold more than the limit; :func:`json_values_exceed` bounds OTLP/JSON's values
+the same way before ``json.loads``.
 
 Depth is counted in protobuf message levels, the request being level 1: the unit the
 protobuf parser (upb) and ``json_format`` count in, both of which refuse more than 100
@@ -200,16 +200,18 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise IndexError("varint too long")  # malformed: stop counting
 
 
-def too_many_messages_message(limit: int) -> str:
+def too_many_messages_message(limit: int, what: str = "protobuf messages") -> str:
     return (
-        f"request holds more than {limit} protobuf messages (spans, attributes, values ...;"
+        f"request holds more than {limit} {what} (spans, attributes, values ...;"
         f" limits.{MESSAGES_LIMIT})"
     )
 
 
-def json_containers_exceed(data: bytes, limit: int) -> bool:
-    """Whether an OTLP/JSON body may hold more than ``limit`` objects and arrays: an
-    upper bound from counting ``{`` and ``[`` bytes (C speed; brackets inside strings
-    count too), checked before ``json.loads`` builds a Python object for each. Bodies of
-    at most ``2 * limit`` bytes are never refused (each container takes two bytes)."""
-    return len(data) > 2 * limit and data.count(b"{") + data.count(b"[") > limit
+def json_values_exceed(data: bytes, limit: int) -> bool:
+    """Whether an OTLP/JSON body may hold more than ``limit`` JSON values: an upper bound
+    from counting ``{``, ``[`` and ``,`` bytes (C speed; ones inside strings count too),
+    checked before ``json.loads`` builds a Python object for each (40-110 bytes apiece,
+    measured). Bodies of at most ``2 * limit`` bytes are never refused."""
+    if len(data) <= 2 * limit:
+        return False
+    return data.count(b"{") + data.count(b"[") + data.count(b",") > limit

@@ -29,7 +29,7 @@ from gym_sidecar.receiver.limits import (
     BadHexId,
     TooDeep,
     count_messages,
-    json_containers_exceed,
+    json_values_exceed,
     message_depth_exceeds,
     rewrite_json_ids,
     too_deep_message,
@@ -62,8 +62,9 @@ class Outcome(enum.Enum):
 DEFAULT_MAX_MESSAGES = 1_000_000
 
 
-def _too_many(max_messages: int) -> BadRequest:
-    return BadRequest(too_many_messages_message(max_messages), TOO_MANY_MESSAGES, MESSAGES_LIMIT)
+def _too_many(max_messages: int, what: str = "protobuf messages") -> BadRequest:
+    message = too_many_messages_message(max_messages, what)
+    return BadRequest(message, TOO_MANY_MESSAGES, MESSAGES_LIMIT)
 
 
 def decode_protobuf(
@@ -107,11 +108,12 @@ def decode_json(
 
     Unknown fields are ignored, as the OTLP spec asks of receivers. Nesting beyond
     ``max_depth`` message levels is refused before any conversion, and a body that may
-    hold more than ``max_messages`` objects and arrays before it is parsed
+    hold more than ``max_messages`` JSON values (objects, arrays, members, elements)
+    before it is parsed
     (receiver/limits.py).
     """
-    if json_containers_exceed(data, max_messages):
-        raise _too_many(max_messages)
+    if json_values_exceed(data, max_messages):
+        raise _too_many(max_messages, "JSON values")
     try:
         doc = json.loads(data)
     except RecursionError:
