@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from google.protobuf import json_format
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.receiver.limits import PARSER_MAX_DEPTH, rewrite_json_ids
-from gym_sidecar.receiver.otlp import SPECS, BadRequest, decode_json, decode_protobuf
+from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.sidecar.otlp_samples import deep_json_text

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from google.protobuf.message import Message
-from gym_sidecar.pipeline.stage import Signal
+from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.receiver.limits import count_messages, json_values_exceed
-from gym_sidecar.receiver.otlp import SPECS, BadRequest, decode_json, decode_protobuf
+from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
 
 from tests.badinput.test_fuzz_receivers import field
 from tests.sidecar.otlp_samples import logs_request, metrics_request, trace_request
