@@ -124,6 +124,9 @@ def test_inject_without_span_or_rollout_writes_nothing() -> None:
         ("/v1/messages", "agent", None),
         ("/get_weather", "resources", None),
         ("/seed_session", "resources", None),
+        ("/step", "resources", (semconv.GROUP_VERIFY, semconv.SPAN_ENV_STEP)),
+        ("/step", "agent", None),
+        ("/reset", "resources", None),
     ],
 )
 def test_route_mapping(path: str, server_type: str, expected: tuple[str, str] | None) -> None:

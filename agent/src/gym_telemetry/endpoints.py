@@ -27,6 +27,14 @@ Contract:
   swallowed, counted (``telemetry_errors()``) and logged rate-limited. The handler's
   own exceptions propagate unchanged (same object, same traceback); the span gets
   status ERROR, the exception as an event and ``error.type``.
+- ``gym.verify``, ``gym.env.step`` and ``gym.rollout`` also read Gym's in-band failure
+  markers on the value the handler *returned* (``gym_telemetry.outcomes``: a
+  ``judge_failsafe`` row, an episode ``failure``, a relayed 5xx): such a call ends like
+  a failure (status ERROR, ``error.type`` = the failure kind; ``succeeded=false``). The
+  returned value itself is passed back untouched; reward is never read.
+- A ``gym.rollout`` span started inside another rollout (``ENCLOSING_ROLLOUT``) carries
+  ``nemo.gym.rollout.nested=true``; the sidecar derives rollout metrics from the
+  outermost only.
 - Async handlers (Gym's) get an async wrapper; plain functions get a sync wrapper.
 - No metrics are recorded here; the sidecar derives them from the spans.
 """
@@ -39,6 +47,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar, Token
 from typing import Any, Final, TypeVar, cast
 
 import gym_telemetry_semconv as semconv
@@ -47,6 +56,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, span_groups
 from gym_telemetry._logging import rate_limit
+from gym_telemetry.outcomes import failure_of
 from gym_telemetry.recording import (
     LeanRecorder,
     LeanSpan,
@@ -66,6 +76,16 @@ _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provi
 _tracer_for = span_groups.tracer_for
 _current_rollout_id = rollout_correlation.current_rollout_id
 _detach = context_api.detach
+
+#: True while code runs inside a rollout: this process's ``gym.rollout`` handler, or a
+#: request whose rollout id arrived from an upstream rollout (set by the Gym
+#: integration). A ``gym.rollout`` span started while it is true is marked
+#: ``nemo.gym.rollout.nested=true``, and the sidecar derives rollout metrics from the
+#: outermost span only.
+ENCLOSING_ROLLOUT: Final[ContextVar[bool]] = ContextVar(
+    "gym_telemetry_enclosing_rollout", default=False
+)
+_NESTED: Final[dict[str, bool]] = {semconv.ROLLOUT_NESTED: True}
 
 
 # --- telemetry failures: counted, logged rate-limited -------------------------------------
@@ -162,7 +182,9 @@ class _Site:
         "attributes",
         "failure_attributes",
         "group",
+        "read_result",
         "recorder",
+        "rollout",
         "span_name",
         "success_attributes",
         "tracer",
@@ -175,12 +197,19 @@ class _Site:
         attributes: dict[str, Any],
         success_attributes: dict[str, Any] | None,
         failure_attributes: dict[str, Any] | None,
+        *,
+        read_result: bool = False,
+        rollout: bool = False,
     ) -> None:
         self.group = group
         self.span_name = span_name
         self.attributes = attributes
         self.success_attributes = success_attributes
         self.failure_attributes = failure_attributes
+        # Read Gym's in-band failure markers on the handler's return value (outcomes).
+        self.read_result = read_result
+        # A rollout site: marks nested rollouts and is itself an enclosing rollout.
+        self.rollout = rollout
         self.tracer: object = None
         self.recorder: LeanRecorder | SdkRecorder | None = None
 
@@ -197,18 +226,50 @@ class _Site:
         return recorder
 
     def start(self) -> tuple[Span, object, bool]:
-        """Start the span (static attributes + rollout id) and make it current."""
+        """Start the span (static attributes + rollout id) and make it current.
+
+        For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset.
+        """
         recorder = self._recorder()
         rollout_id = _current_rollout_id()
         if rollout_id is None:
             attributes = self.attributes.copy()
         else:
             attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+        if not self.rollout:
+            span, token = recorder.start(self.span_name, attributes)
+            return span, token, rollout_id is not None
+        if ENCLOSING_ROLLOUT.get():
+            attributes.update(_NESTED)
         span, token = recorder.start(self.span_name, attributes)
-        return span, token, rollout_id is not None
+        return span, (token, ENCLOSING_ROLLOUT.set(True)), rollout_id is not None
 
-    def finish(self, span: Span, token: object, had_rollout_id: bool) -> None:
-        self._end(span, token, had_rollout_id, self.success_attributes)
+    def finish(self, span: Span, token: object, had_rollout_id: bool, result: Any = None) -> None:
+        """End the span after the handler returned ``result``.
+
+        A result carrying one of Gym's in-band failure markers
+        (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
+        status ERROR, ``error.type`` = the failure kind, the failure attributes.
+        """
+        failure = None
+        if self.read_result:
+            try:
+                failure = failure_of(result)
+            except Exception as exc:  # never let reading the result break the handler
+                _ERRORS.record("result markers", exc)
+        if failure is None:
+            self._end(span, token, had_rollout_id, self.success_attributes)
+            return
+        try:
+            description = failure.kind
+            if failure.reason is not None:
+                description = f"{failure.kind}: {failure.reason}"
+            span.set_status(Status(StatusCode.ERROR, description))
+            span.set_attribute(semconv.ERROR_TYPE, failure.kind)
+            if failure.stage is not None:
+                span.set_attribute(semconv.FAILURE_STAGE, failure.stage)
+        finally:  # even if describing the failure failed: detach and end
+            self._end(span, token, had_rollout_id, self.failure_attributes)
 
     def fail(self, span: Span, token: object, had_rollout_id: bool, exc: BaseException) -> None:
         try:
@@ -218,9 +279,14 @@ class _Site:
         finally:  # even if describing the exception failed: detach and end
             self._end(span, token, had_rollout_id, self.failure_attributes)
 
-    @staticmethod
-    def _end(span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None) -> None:
+    def _end(
+        self, span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None
+    ) -> None:
         try:
+            if self.rollout:
+                pair = cast(tuple[object, Token[bool]], token)
+                token = pair[0]
+                ENCLOSING_ROLLOUT.reset(pair[1])
             _detach(token)  # type: ignore[arg-type]
             if not had_rollout_id:
                 # The handler may have set the id itself and left it set.
@@ -283,7 +349,7 @@ def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any
                     errors.record("span end", texc)
                 raise
             try:
-                site.finish(span, token, had_id)
+                site.finish(span, token, had_id, result)
             except Exception as texc:  # telemetry must never break the handler
                 errors.record("span end", texc)
             return result
@@ -308,7 +374,7 @@ def _make_wrapper(site: _Site, handler: Callable[..., Any]) -> Callable[..., Any
                 errors.record("span end", texc)
             raise
         try:
-            site.finish(span, token, had_id)
+            site.finish(span, token, had_id, result)
         except Exception as texc:  # telemetry must never break the handler
             errors.record("span end", texc)
         return result
@@ -324,6 +390,8 @@ def _wrap(
     *,
     success_attributes: dict[str, Any] | None = None,
     failure_attributes: dict[str, Any] | None = None,
+    read_result: bool = False,
+    rollout: bool = False,
 ) -> Callable[..., Any]:
     site = _Site(
         group,
@@ -331,6 +399,8 @@ def _wrap(
         _freeze_attributes(static_attributes),
         success_attributes,
         failure_attributes,
+        read_result=read_result,
+        rollout=rollout,
     )
     return _make_wrapper(site, handler)
 
@@ -368,8 +438,22 @@ def traced_rollout_endpoint(handler: _F, static_attributes: dict[str, Any] | Non
     hangs off: the model calls and verifications it triggers become its descendants
     through W3C trace-context propagation. The sidecar derives
     ``gym.rollout.duration_ms`` from it; the agent records no metrics.
+
+    A rollout fails when the handler raises, and also when it *returns* one of Gym's
+    in-band failure markers (``gym_telemetry.outcomes``: an episode ``failure``, a
+    masked or failure-classed row, a relayed response with status >= 500): status
+    ERROR and ``error.type`` = the failure kind. A rollout span started inside another
+    rollout (``ENCLOSING_ROLLOUT``) carries ``nemo.gym.rollout.nested=true``.
     """
-    return cast(_F, _wrap(semconv.GROUP_ROLLOUT, semconv.SPAN_ROLLOUT, handler, static_attributes))
+    wrapped = _wrap(
+        semconv.GROUP_ROLLOUT,
+        semconv.SPAN_ROLLOUT,
+        handler,
+        static_attributes,
+        read_result=True,
+        rollout=True,
+    )
+    return cast(_F, wrapped)
 
 
 def traced_verify_endpoint(handler: _F, static_attributes: dict[str, Any] | None = None) -> _F:
@@ -378,9 +462,12 @@ def traced_verify_endpoint(handler: _F, static_attributes: dict[str, Any] | None
     ``succeeded`` records whether the verification call completed, not whether the task
     passed: a verifier that returns reward 0 succeeded (``succeeded=true``); one that
     raises did not (``succeeded=false``, status ERROR, the exception recorded,
-    ``error.type`` set, the original exception re-raised unchanged). Reward and
-    accuracy are experiment data and are never read or recorded here. The sidecar
-    derives ``gym.verify.*`` from these spans.
+    ``error.type`` set, the original exception re-raised unchanged). Neither did one
+    whose exception Gym's ``judge_failsafe`` turned into a 200 row: a returned object
+    with ``mask_sample: true`` or ``_ng_failure_class`` (``gym_telemetry.outcomes``)
+    gives ``succeeded=false``, status ERROR, ``error.type`` = its ``failure_kind``.
+    Reward and accuracy are experiment data and are never read or recorded here. The
+    sidecar derives ``gym.verify.*`` from these spans.
     """
     wrapped = _wrap(
         semconv.GROUP_VERIFY,
@@ -389,6 +476,27 @@ def traced_verify_endpoint(handler: _F, static_attributes: dict[str, Any] | None
         static_attributes,
         success_attributes=_VERIFY_OK,
         failure_attributes=_VERIFY_FAILED,
+        read_result=True,
+    )
+    return cast(_F, wrapped)
+
+
+def traced_env_step_endpoint(handler: _F, static_attributes: dict[str, Any] | None = None) -> _F:
+    """A gymnasium server's ``/step``: span ``gym.env.step``, group ``verify``.
+
+    A gymnasium resources server computes its reward in ``/step`` instead of
+    ``/verify``, so its steps are in the same span group as verifications, with the
+    same ``succeeded`` semantics (the call completed; reward is never read). The
+    sidecar derives ``gym.env.step.*`` from these spans.
+    """
+    wrapped = _wrap(
+        semconv.GROUP_VERIFY,
+        semconv.SPAN_ENV_STEP,
+        handler,
+        static_attributes,
+        success_attributes=_VERIFY_OK,
+        failure_attributes=_VERIFY_FAILED,
+        read_result=True,
     )
     return cast(_F, wrapped)
 
@@ -397,6 +505,7 @@ __all__ = [
     "ROLLOUT_ID_ATTRIBUTE",
     "telemetry_errors",
     "traced_endpoint",
+    "traced_env_step_endpoint",
     "traced_rollout_endpoint",
     "traced_verify_endpoint",
 ]

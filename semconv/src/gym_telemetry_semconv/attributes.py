@@ -11,6 +11,8 @@ from typing import Final
 # --- span names ------------------------------------------------------------------------
 SPAN_ROLLOUT: Final = "gym.rollout"
 SPAN_VERIFY: Final = "gym.verify"
+SPAN_ENV_STEP: Final = "gym.env.step"
+"""One gymnasium ``/step`` (the reward-producing call of a gymnasium resources server)."""
 
 # --- NeMo Gym attributes ---------------------------------------------------------------
 ROLLOUT_ID: Final = "nemo.gym.rollout.id"
@@ -18,6 +20,11 @@ SERVER_NAME: Final = "nemo.gym.server.name"
 SERVER_TYPE: Final = "nemo.gym.server.type"
 VERIFY_SUCCEEDED: Final = "succeeded"
 """Boolean on a ``gym.verify`` span: whether the verification passed."""
+ROLLOUT_NESTED: Final = "nemo.gym.rollout.nested"
+"""``true`` on a ``gym.rollout`` span started inside another rollout (a relayed ``/run``);
+derived rollout metrics count only the outermost span."""
+FAILURE_STAGE: Final = "nemo.gym.failure.stage"
+"""The stage of an episode failure Gym reported in-band (``seed``, ``agent``, ...)."""
 
 SERVER_TYPES: Final[tuple[str, ...]] = ("resources", "agent", "model", "environment")
 """The values ``SERVER_TYPE`` takes (NeMo Gym's server kinds)."""

@@ -161,7 +161,7 @@ def test_other_scopes_and_signals_pass_untouched() -> None:
     assert [b.signal for b in tail.batches] == [Signal.TRACES, Signal.LOGS]
     assert tail.batches[0].message.SerializeToString() == before
     assert tail.batches[1] is logs
-    assert stage.store.spans == {semconv.SPAN_ROLLOUT: 0, semconv.SPAN_VERIFY: 0}
+    assert set(stage.store.spans.values()) == {0}
     assert tail.metric_requests() == []  # nothing derived: no empty export either
     assert metrics.stage_items.labels("derive", "traces", "passed")._value.get() == 2
 
@@ -205,6 +205,8 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_VERIFY_DURATION: 6,
         semconv.METRIC_VERIFY_COUNT: 6,
         semconv.METRIC_VERIFY_SUCCESS_RATE: 6,
+        semconv.METRIC_ENV_STEP_DURATION: 0,
+        semconv.METRIC_ENV_STEP_COUNT: 0,
     }
     assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 21
     text = metrics.render().decode()
@@ -412,7 +414,10 @@ def test_a_trace_batch_refused_downstream_counts_once_when_retried() -> None:
     [v] = points(req_out, semconv.METRIC_VERIFY_DURATION)
     [r] = points(req_out, semconv.METRIC_ROLLOUT_DURATION)
     assert (v.point.count, r.point.count) == (2, 1)
-    assert stage.store.spans == {semconv.SPAN_ROLLOUT: 1, semconv.SPAN_VERIFY: 2}
+    assert {k: v for k, v in stage.store.spans.items() if v} == {
+        semconv.SPAN_ROLLOUT: 1,
+        semconv.SPAN_VERIFY: 2,
+    }
 
 
 def test_spans_without_ids_give_no_exemplar_and_exemplars_can_be_off() -> None:
@@ -509,3 +514,76 @@ def test_off_is_decided_per_service() -> None:
     assert derived == set()
     stage, tail = derive_then_gate(services={"another-service": {"modes": {"verify": "off"}}})
     assert derived_and_forwarded(stage, tail)[0] == ALL_DERIVED
+
+
+def test_nested_rollout_spans_give_no_point() -> None:
+    """A relayed /run (marked nested) is part of the relay's rollout: one point only."""
+    stage, tail, metrics = make()
+    nested = rollout(900)
+    nested.attrs[semconv.ROLLOUT_NESTED] = True
+    batch = {ROLLOUT_SCOPE: [rollout(1000), nested, rollout(3000)]}
+
+    async def go() -> None:
+        await stage.consume(traces(request(batch)))
+        assert await stage.flush()
+
+    run(go())
+    [req] = tail.metric_requests()
+    [r] = points(req, semconv.METRIC_ROLLOUT_DURATION)
+    assert r.point.count == 2 and r.point.sum == pytest.approx(4000.0)
+    assert stage.store.spans[semconv.SPAN_ROLLOUT] == 2
+    assert stage.store.spans["gym.rollout.nested"] == 1
+    sample = metrics.registry.get_sample_value(
+        "gym_sidecar_derived_spans_total", {"span": "gym.rollout.nested"}
+    )
+    assert sample == 1
+
+
+def test_env_step_spans_give_their_own_metrics() -> None:
+    stage, tail, metrics = make()
+    step_ok = verify(5)
+    step_ok.name = semconv.SPAN_ENV_STEP
+    step_ok2 = verify(15)
+    step_ok2.name = semconv.SPAN_ENV_STEP
+    step_failed = verify(3, succeeded=False, error_type="IndexError")
+    step_failed.name = semconv.SPAN_ENV_STEP
+    batch = {VERIFY_SCOPE: [step_ok, verify(20), step_failed, step_ok2]}
+
+    async def go() -> None:
+        await stage.consume(traces(request(batch)))
+        assert await stage.flush()
+
+    run(go())
+    [req] = tail.metric_requests()
+    counts = {
+        tuple(sorted(p.attrs.items())): p.point.as_int
+        for p in points(req, semconv.METRIC_ENV_STEP_COUNT)
+    }
+    assert counts == {
+        ((semconv.VERIFY_SUCCEEDED, True),): 2,
+        ((semconv.ERROR_TYPE, "IndexError"), (semconv.VERIFY_SUCCEEDED, False)): 1,
+    }
+    durations = {
+        tuple(sorted(p.attrs.items())): p.point.sum
+        for p in points(req, semconv.METRIC_ENV_STEP_DURATION)
+    }
+    assert durations[((semconv.VERIFY_SUCCEEDED, True),)] == pytest.approx(20.0)
+    [unit] = {p.unit for p in points(req, semconv.METRIC_ENV_STEP_COUNT)}
+    assert unit == "{step}"
+    # verifications are counted apart, and steps never enter the verify success rate
+    [v] = points(req, semconv.METRIC_VERIFY_COUNT)
+    assert v.point.as_int == 1
+    [rate] = points(req, semconv.METRIC_VERIFY_SUCCESS_RATE)
+    assert rate.point.as_double == 1.0
+    sample = metrics.registry.get_sample_value(
+        "gym_env_step_count_total", {**_labels(), "succeeded": "true"}
+    )
+    assert sample == 2
+
+
+def _labels() -> dict[str, str]:
+    return {
+        "service_name": RESOURCE[semconv.SERVICE_NAME],
+        "nemo_gym_server_name": RESOURCE[semconv.SERVER_NAME],
+        "nemo_gym_server_type": RESOURCE[semconv.SERVER_TYPE],
+    }

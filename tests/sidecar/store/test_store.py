@@ -16,7 +16,9 @@ from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter, StoreOpenError
 from gym_sidecar.store.writer import StoreMetrics
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from tests.sidecar.metrics.traces import set_attrs
 from tests.sidecar.store.requests import (
     AGENT,
     RESOURCES,
@@ -113,6 +115,40 @@ def test_failed_filter_slowest_and_service(path: Path) -> None:
         assert len(queries.rollouts(conn, service="weather")) == 8
         assert queries.rollouts(conn, service="math") == []
         assert queries.rollouts(conn, since_s=0.5, now_ns=NOW) == []
+
+
+def test_a_relayed_rollout_is_one_row_and_fails_with_its_inner_span(path: Path) -> None:
+    """A relay's /run and the agent /run it relays (marked nested): one rollout."""
+    rollouts = [Rollout(f"{i}-0", NOW - 10**9 + i * 10**6, 10) for i in range(3)]
+    request = trace_request(rollouts)
+    relay = request.resource_spans.add()
+    set_attrs(relay.resource.attributes, {semconv.SERVICE_NAME: "nemo-gym/relay"})
+    scope = relay.scope_spans.add()
+    scope.scope.name = semconv.scope_name(semconv.GROUP_ROLLOUT)
+    agent_rollouts = [
+        span
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if span.name == semconv.SPAN_ROLLOUT
+    ]
+    for i, inner in enumerate(agent_rollouts):
+        outer = scope.spans.add()
+        outer.CopyFrom(inner)
+        outer.span_id = bytes([i + 1]) * 8
+        outer.start_time_unix_nano -= 1000
+        outer.end_time_unix_nano += 1000
+        set_attrs(inner.attributes, {semconv.ROLLOUT_NESTED: True})
+    agent_rollouts[1].status.code = Status.STATUS_CODE_ERROR  # the relayed agent run failed
+    _export(path, LocalStoreConfig(), (Signal.TRACES, request.SerializeToString()))
+    with closing(db.connect(path, readonly=True)) as conn:
+        rows = queries.rollouts(conn)
+        assert sorted(r.rollout_id for r in rows) == ["0-0", "1-0", "2-0"]
+        assert all("nemo-gym/relay" in r.services for r in rows)
+        [failed] = queries.rollouts(conn, failed_only=True)
+        assert failed.rollout_id == "1-0" and failed.error
+        assert queries.store_counts(conn)["rollouts"] == 3
+        assert stats.compute(conn, None).rollout_spans.count == 3
 
 
 def test_retention_by_age_deletes_and_counts(path: Path) -> None:

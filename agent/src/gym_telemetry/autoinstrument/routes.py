@@ -21,6 +21,7 @@ path                        server type         group           span name
 ==========================  ==================  ==============  ===========================
 ``/run``                    any                 ``rollout``     ``gym.rollout``
 ``/verify``                 any                 ``verify``      ``gym.verify``
+``/step``                   resources           ``verify``      ``gym.env.step``
 ``/v1/responses``           agent               ``agent``       ``gym.agent.responses``
 ``/v1/responses``           model               ``model_call``  ``gym.model.responses``
 ``/v1/chat/completions``    model               ``model_call``  ``gym.model.chat_completions``
@@ -30,6 +31,16 @@ path                        server type         group           span name
 Every request additionally gets its SERVER span from ``server_span``. The wrappers here
 also put the rollout id on that SERVER span once it is known (the agent's ``/run``
 learns it from the request body, after the SERVER span started).
+
+``/step`` is the environment step of the resources servers that build their own
+``FastAPI()`` around a step loop (Gym's gymnasium base and its 8 servers, openenv,
+aviary, toolsandbox, osworld): their reward comes from ``/step``, not ``/verify``.
+
+Spans the route hook adds carry ``nemo.gym.server.name`` (the Gym server's config name),
+as the spans of Gym's base-class call sites do. A ``/run`` whose request carried a
+rollout id from upstream (baggage or ``/ng-rollout/<id>/``: a relay such as
+``legacy_agent`` called it from inside its own rollout) runs with
+``endpoints.ENCLOSING_ROLLOUT`` set, so its ``gym.rollout`` span is marked nested.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,
     SERVER_TYPE_MODEL,
+    SERVER_TYPE_RESOURCES,
 )
 
 _log = logging.getLogger(__name__)
@@ -76,6 +88,8 @@ _MODEL_ROUTES: Final[dict[str, str]] = {
 }
 _ENABLED: Final = span_groups.ENABLED
 _SERVER: Final = semconv.GROUP_SERVER
+_WIRE_ROLLOUT_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
+_ENCLOSING: Final = endpoints.ENCLOSING_ROLLOUT
 
 
 def normalise_path(path: str) -> str:
@@ -96,6 +110,8 @@ def route_span(path: str, server_type: str | None) -> tuple[str, str] | None:
         return semconv.GROUP_ROLLOUT, semconv.SPAN_ROLLOUT
     if path == "/verify":
         return semconv.GROUP_VERIFY, semconv.SPAN_VERIFY
+    if path == "/step" and server_type == SERVER_TYPE_RESOURCES:
+        return semconv.GROUP_VERIFY, semconv.SPAN_ENV_STEP
     if server_type == SERVER_TYPE_MODEL and path in _MODEL_ROUTES:
         return semconv.GROUP_MODEL_CALL, _MODEL_ROUTES[path]
     if server_type == SERVER_TYPE_AGENT and path == "/v1/responses":
@@ -178,6 +194,12 @@ def traced_verify_endpoint(handler: Any, static_attributes: dict[str, Any] | Non
     return _mark(_tagging(inner), semconv.GROUP_VERIFY)
 
 
+def traced_env_step_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
+    """``gym_telemetry.endpoints.traced_env_step_endpoint``, marked, tagging the SERVER span."""
+    inner = endpoints.traced_env_step_endpoint(handler, static_attributes)
+    return _mark(_tagging(inner), semconv.GROUP_VERIFY)
+
+
 def _id_from(value: Any) -> str | None:
     episode = getattr(value, "episode_id", None)
     key = getattr(episode, "capture_key", None)
@@ -224,8 +246,20 @@ def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(traced)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _ENABLED.groups:
+            return await traced(*args, **kwargs)
+        if _WIRE_ROLLOUT_ID.get() is not None and not _ENCLOSING.get():
+            # Telemetry's own id is set by the SERVER layer from the request's baggage or
+            # /ng-rollout/<id>/ prefix (or by an enclosing /run of this process, which
+            # already set ENCLOSING_ROLLOUT): an upstream rollout called this /run. Gym's
+            # own ContextVar (capture on) is not looked at: it is set for top-level runs.
+            token = _ENCLOSING.set(True)
+            try:
+                return await traced(*args, **kwargs)
+            finally:
+                _ENCLOSING.reset(token)
         rollout_id = None
-        if _ENABLED.groups and rollout_correlation.current_rollout_id() is None:
+        if rollout_correlation.current_rollout_id() is None:
             try:
                 rollout_id = await _rollout_id_from_body(kwargs)
             except Exception:  # best effort
@@ -246,12 +280,15 @@ def instrument_route(path: str, endpoint: Any) -> Any:
     if mapped is None:
         return endpoint
     group, span_name = mapped
+    attributes = {semconv.SERVER_NAME: RUNTIME.server_name} if RUNTIME.server_name else None
     if group == semconv.GROUP_ROLLOUT:
-        wrapped = traced_rollout_endpoint(endpoint)
-    elif group == semconv.GROUP_VERIFY:
-        wrapped = traced_verify_endpoint(endpoint)
+        wrapped = traced_rollout_endpoint(endpoint, attributes)
+    elif span_name == semconv.SPAN_VERIFY:
+        wrapped = traced_verify_endpoint(endpoint, attributes)
+    elif span_name == semconv.SPAN_ENV_STEP:
+        wrapped = traced_env_step_endpoint(endpoint, attributes)
     else:
-        wrapped = traced_endpoint(group, span_name, endpoint)
+        wrapped = traced_endpoint(group, span_name, endpoint, attributes)
     _log.debug("gym_telemetry: route %s -> %s (%s)", path, span_name, group)
     return wrapped
 

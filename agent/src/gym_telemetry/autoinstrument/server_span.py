@@ -19,7 +19,10 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    ``gym_telemetry.recording`` (``GYM_TELEMETRY_RECORDER=sdk``: ``Tracer.start_span``).
    Named ``<METHOD> <route template>`` when routing matched,
    ``<METHOD> <path after the /ng-rollout/<id> prefix>`` for Gym's rollout-prefixed
-   calls, ``<METHOD>`` otherwise, with ``http.request.method``, ``http.route``,
+   calls that Gym's ``RolloutContextMiddleware`` routed on a copy of the scope (their
+   ``http.route`` is the template of the app's route matching that path, looked up
+   once per distinct path, ``MAX_PREFIXED_ROUTES`` at most),
+   ``<METHOD>`` otherwise, with ``http.request.method``, ``http.route``,
    ``http.response.status_code`` and the rollout id. Status ERROR for an exception or
    a 5xx.
 
@@ -58,6 +61,8 @@ SCOPE_MARKER: Final = "gym_telemetry.server_span"
 HTTP_METHOD: Final = semconv.HTTP_REQUEST_METHOD
 HTTP_ROUTE: Final = semconv.HTTP_ROUTE
 HTTP_STATUS: Final = semconv.HTTP_RESPONSE_STATUS_CODE
+#: Distinct (app, method, path) lookups of prefixed requests' route templates kept.
+MAX_PREFIXED_ROUTES: Final = 1024
 
 _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
@@ -271,6 +276,38 @@ class _StatusSend:
         await self.send(message)
 
 
+_PREFIXED_ROUTES: dict[tuple[int, str, str], str | None] = {}
+
+
+def _route_template(scope: Scope, method: str, path: str) -> str | None:
+    """The template of the route of ``scope["app"]`` that ``method path`` matches, or None.
+
+    For requests Gym routed on a copy of the scope (``/ng-rollout/<id>`` stripped), so
+    the matched route never appears in this layer's scope. Cached per (app, method,
+    path) up to ``MAX_PREFIXED_ROUTES`` entries; the paths of such calls are a handful of
+    model/agent routes.
+    """
+    app = scope.get("app")
+    key = (id(app), method, path)
+    if key in _PREFIXED_ROUTES:
+        return _PREFIXED_ROUTES[key]
+    found: str | None = None
+    routes = getattr(getattr(app, "router", None), "routes", None) or ()
+    probe = {"type": "http", "path": path, "method": method, "root_path": ""}
+    for route in routes:
+        try:
+            match, _child = route.matches(probe)
+        except Exception:  # a route type that cannot match a bare scope
+            continue
+        if getattr(match, "name", "") == "FULL":
+            template = getattr(route, "path", None)
+            found = template if isinstance(template, str) else None
+            break
+    if len(_PREFIXED_ROUTES) < MAX_PREFIXED_ROUTES:
+        _PREFIXED_ROUTES[key] = found
+    return found
+
+
 def _finish(
     span: trace.Span, scope: Scope, method: str, status: int, failed: BaseException | None
 ) -> None:
@@ -284,8 +321,11 @@ def _finish(
         # Gym's RolloutContextMiddleware routes a copy of the scope with the
         # ``/ng-rollout/<id>`` prefix stripped, so the route is not visible here; the
         # rest of the path is the route Gym dispatched to.
-        rest = scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")[2]
-        span.update_name(f"{method} /{rest}")
+        rest = "/" + scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")[2]
+        template = _route_template(scope, method, rest)
+        span.update_name(f"{method} {rest if template is None else template}")
+        if template is not None:
+            attributes[HTTP_ROUTE] = template
     if status:
         attributes[HTTP_STATUS] = status
     if failed is not None:

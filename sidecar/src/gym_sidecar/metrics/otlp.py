@@ -9,6 +9,8 @@ for that resource:
 - ``gym.verify.count``: monotonic Sum, unit ``{verification}``.
 - ``gym.verify.success_rate``: Gauge, unit ``1``; ``start_time_unix_nano`` is the start
   of the window the fraction covers.
+- ``gym.env.step.duration_ms`` (Histogram, ``ms``) and ``gym.env.step.count`` (monotonic
+  Sum, ``{step}``): gymnasium-style ``/step`` calls, attributes as ``gym.verify.*``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SCOPE_NAME: Final = "gym_sidecar.derived"
 UNIT_MS: Final = "ms"
 UNIT_VERIFICATIONS: Final = "{verification}"
 UNIT_RATIO: Final = "1"
+UNIT_STEPS: Final = "{step}"
 
 DESCRIPTIONS: Final[dict[str, str]] = {
     semconv.METRIC_ROLLOUT_DURATION: "Duration of gym.rollout spans (one agent /run).",
@@ -45,6 +48,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     semconv.METRIC_VERIFY_SUCCESS_RATE: (
         "Fraction of verifications that completed, over the last export interval."
     ),
+    semconv.METRIC_ENV_STEP_DURATION: "Duration of gym.env.step spans (one gymnasium /step).",
+    semconv.METRIC_ENV_STEP_COUNT: "Environment steps, by whether the call completed (succeeded).",
 }
 
 _CUMULATIVE: Final = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -99,6 +104,7 @@ def build_request(snap: Snapshot, bounds: dict[str, list[float]]) -> ExportMetri
     for name, points in (
         (semconv.METRIC_ROLLOUT_DURATION, snap.rollout_duration),
         (semconv.METRIC_VERIFY_DURATION, snap.verify_duration),
+        (semconv.METRIC_ENV_STEP_DURATION, snap.env_step_duration),
     ):
         for p in points:
             m = group(p.resource_key).metric(name, UNIT_MS)
@@ -106,6 +112,11 @@ def build_request(snap: Snapshot, bounds: dict[str, list[float]]) -> ExportMetri
             _histogram_point(m, p, bounds[name], snap.time_ns)
     for sp in snap.verify_count:
         m = group(sp.resource_key).metric(semconv.METRIC_VERIFY_COUNT, UNIT_VERIFICATIONS)
+        m.sum.aggregation_temporality = temporality
+        m.sum.is_monotonic = True
+        _sum_point(m, sp, snap.time_ns)
+    for sp in snap.env_step_count:
+        m = group(sp.resource_key).metric(semconv.METRIC_ENV_STEP_COUNT, UNIT_STEPS)
         m.sum.aggregation_temporality = temporality
         m.sum.is_monotonic = True
         _sum_point(m, sp, snap.time_ns)

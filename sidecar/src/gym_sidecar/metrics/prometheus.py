@@ -8,6 +8,7 @@ the store (under its lock) and renders:
   (``_bucket{le=...}``, ``_sum``, ``_count``); bucket exemplars (trace_id, span_id) of
   the current interval appear in the OpenMetrics format only;
 - ``gym_verify_count_total``: counter;
+- ``gym_env_step_duration_ms`` (histogram) and ``gym_env_step_count_total`` (counter);
 - ``gym_verify_success_rate``: gauge, the fraction of the last *exported* window
   (absent when that window had no verifications);
 - the stage's own counters ``gym_sidecar_derived_spans_total{span}``,
@@ -118,6 +119,8 @@ class DerivedCollector:
             HistogramMetricFamily(sanitize_name(semconv.METRIC_VERIFY_DURATION), ""),
             CounterMetricFamily(sanitize_name(semconv.METRIC_VERIFY_COUNT), ""),
             GaugeMetricFamily(sanitize_name(semconv.METRIC_VERIFY_SUCCESS_RATE), ""),
+            HistogramMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_DURATION), ""),
+            CounterMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_COUNT), ""),
             CounterMetricFamily("gym_sidecar_derived_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_invalid_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_overflow_points", ""),
@@ -137,6 +140,8 @@ class DerivedCollector:
             rollout = [self._hist_row(s, store.rollout.bounds) for s in store.rollout]
             verify = [self._hist_row(s, store.verify.bounds) for s in store.verify]
             counts = [(self._labels(s.resource_key, s.attrs), s.count) for s in store.verify]
+            steps = [self._hist_row(s, store.env_step.bounds) for s in store.env_step]
+            step_counts = [(self._labels(s.resource_key, s.attrs), s.count) for s in store.env_step]
             rates = [
                 (self._labels(w.resource_key, w.attrs), w.last_rate)
                 for w in store.rates
@@ -160,6 +165,13 @@ class DerivedCollector:
             semconv.METRIC_VERIFY_SUCCESS_RATE,
             "Fraction of verifications that completed over the last export interval.",
             rates,
+        )
+        yield _histogram(semconv.METRIC_ENV_STEP_DURATION, steps, "Duration of gym.env.step spans.")
+        yield _family(
+            CounterMetricFamily,
+            semconv.METRIC_ENV_STEP_COUNT,
+            "Environment steps, by whether the call completed.",
+            step_counts,
         )
         fam = CounterMetricFamily(
             "gym_sidecar_derived_spans", "Spans turned into derived metrics.", labels=["span"]

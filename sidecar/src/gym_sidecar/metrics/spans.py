@@ -15,11 +15,16 @@ are all a pending point keeps of it.
 
 Per span:
 
-- ``gym.rollout`` (rollout scope): duration in ms from start/end unix nanos.
+- ``gym.rollout`` (rollout scope): duration in ms from start/end unix nanos. A span
+  marked ``nemo.gym.rollout.nested=true`` (a ``/run`` relayed from inside another
+  rollout, e.g. by ``legacy_agent``) is skipped and counted in ``nested``: each rollout
+  gives one point, from its outermost span.
 - ``gym.verify`` (verify scope): duration, and ``succeeded`` from the span's boolean
   attribute; without it, from the status (ERROR: False). A failed verification also
   carries ``error.type`` (the span's attribute, else ``_OTHER``), truncated to
   ``max_error_type_chars``.
+- ``gym.env.step`` (verify scope; a gymnasium-style ``/step``): the same as
+  ``gym.verify``, into the ``gym.env.step.*`` series.
 - Spans with another name in those scopes are ignored. Spans whose end precedes their
   start, or with no start, are counted in ``invalid_spans`` and skipped.
 - With ``enabled_groups`` given, a block whose group is ``off`` for its resource (a
@@ -42,7 +47,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs
-from gym_sidecar.metrics.store import DerivedMetrics
+from gym_sidecar.metrics.store import NESTED_ROLLOUT_SPANS, DerivedMetrics
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
 """``error.type`` of a failed verification whose span names no error type (semconv's
@@ -57,6 +62,15 @@ _VERIFY: Final = 2
 EnabledGroups = Callable[[Resource], frozenset[str]]
 """The span groups not ``off`` for a resource (the gate's policy answer for its service)."""
 
+
+def _is_nested(span: Span) -> bool:
+    """Whether a rollout span carries ``nemo.gym.rollout.nested=true``."""
+    for kv in span.attributes:
+        if kv.key == semconv.ROLLOUT_NESTED:
+            return kv.value.bool_value
+    return False
+
+
 PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
 """(resource key, attributes, value ms, end unix nanos, trace_id, span_id)."""
 
@@ -67,7 +81,9 @@ class Pending:
 
     rollouts: list[PendingPoint] = field(default_factory=list)
     verifications: list[PendingPoint] = field(default_factory=list)
+    steps: list[PendingPoint] = field(default_factory=list)
     invalid: int = 0
+    nested: int = 0
 
 
 class SpanDeriver:
@@ -120,6 +136,9 @@ class SpanDeriver:
         for span in spans:
             if span.name != semconv.SPAN_ROLLOUT:
                 continue
+            if _is_nested(span):
+                out.nested += 1
+                continue
             start = span.start_time_unix_nano
             end = span.end_time_unix_nano
             if start == 0 or end < start:
@@ -131,9 +150,15 @@ class SpanDeriver:
 
     def _verifications(self, resource_key: bytes, spans: Iterable[Span], out: Pending) -> None:
         exemplars = self._exemplars
-        append = out.verifications.append
+        verifications = out.verifications.append
+        steps = out.steps.append
         for span in spans:
-            if span.name != semconv.SPAN_VERIFY:
+            name = span.name
+            if name == semconv.SPAN_VERIFY:
+                append = verifications
+            elif name == semconv.SPAN_ENV_STEP:
+                append = steps
+            else:
                 continue
             start = span.start_time_unix_nano
             end = span.end_time_unix_nano
@@ -216,3 +241,21 @@ class SpanDeriver:
                     if attrs is VERIFY_OK_ATTRS:
                         window.ok += 1
                 store.spans[semconv.SPAN_VERIFY] += len(pending.verifications)
+            if pending.steps:
+                table = store.env_step
+                bounds = table.bounds
+                series = None
+                last = None
+                for key, attrs, value, end, trace_id, span_id in pending.steps:
+                    if (
+                        series is None
+                        or last is None
+                        or key is not last[0]
+                        or (attrs is not last[1])
+                    ):
+                        series = table.get(key, attrs)
+                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
+                    series.record(bounds, value, end, trace_id, span_id)
+                store.spans[semconv.SPAN_ENV_STEP] += len(pending.steps)
+            if pending.nested:
+                store.spans[NESTED_ROLLOUT_SPANS] += pending.nested

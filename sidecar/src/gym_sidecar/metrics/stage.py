@@ -1,4 +1,4 @@
-"""The derive stage: rollout and verify spans become metrics, exported every interval.
+"""The derive stage: rollout, verify and env-step spans become metrics, every interval.
 
 Placement: receive -> enrich -> **derive** -> gate -> queue -> export. It runs before
 the gate so a span group in ``metrics`` mode still yields its metrics (the gate drops
@@ -7,9 +7,10 @@ resource. Spans of a group that is ``off`` for their service (a stale agent) are
 derived: it asks the gate's policy (``enabled_groups``).
 
 ``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
-batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` spans of the rollout and
-verify scopes (see :mod:`gym_sidecar.metrics.spans`), the batch goes on unchanged, and
-``accepted`` records the points once ``next`` accepted it. Backpressure (or any error)
+batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` / ``gym.env.step`` spans
+of the rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), the batch goes
+on unchanged, and ``accepted`` records the points once ``next`` accepted it.
+Backpressure (or any error)
 from downstream propagates to the receiver and nothing is recorded, so the client's
 retry of the same request is counted once. Other signals pass straight through.
 
@@ -76,6 +77,7 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         self._bounds = {
             semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
+            semconv.METRIC_ENV_STEP_DURATION: self.store.env_step.bounds,
         }
         self._timer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()

@@ -34,6 +34,9 @@ from gym_sidecar.metrics.series import (
 )
 from gym_sidecar.selfmetrics import SelfMetrics
 
+NESTED_ROLLOUT_SPANS = "gym.rollout.nested"
+"""Key of :attr:`DerivedMetrics.spans` counting nested rollout spans (seen, not derived)."""
+
 CARDINALITY_LIMIT_NAME = "metrics.cardinality_limit"
 """The ``limit`` label under which overflowed points are counted in ``limit_hits``."""
 
@@ -86,6 +89,8 @@ class Snapshot:
     verify_duration: list[HistogramPoint] = field(default_factory=list)
     verify_count: list[SumPoint] = field(default_factory=list)
     success_rate: list[GaugePoint] = field(default_factory=list)
+    env_step_duration: list[HistogramPoint] = field(default_factory=list)
+    env_step_count: list[SumPoint] = field(default_factory=list)
     resources: dict[bytes, Resource] = field(default_factory=dict)
     _marks: list[_SeriesMark] = field(default_factory=list)
     _windows: list[tuple[RateWindow, int, int]] = field(default_factory=list)
@@ -98,6 +103,8 @@ class Snapshot:
             + len(self.verify_duration)
             + len(self.verify_count)
             + len(self.success_rate)
+            + len(self.env_step_duration)
+            + len(self.env_step_count)
         )
 
 
@@ -138,15 +145,31 @@ class DerivedMetrics:
             on_overflow=self._overflowed,
             resources=self.resources,
         )
+        # Gymnasium-style /step calls: same buckets and point attributes as /verify.
+        self.env_step = HistogramTable(
+            metric_names=(semconv.METRIC_ENV_STEP_DURATION, semconv.METRIC_ENV_STEP_COUNT),
+            bounds=list(cfg.verify_buckets_ms),
+            cardinality_limit=cfg.cardinality_limit,
+            clock_ns=clock_ns,
+            on_overflow=self._overflowed,
+            resources=self.resources,
+        )
         self.rates = RateTable(cfg.cardinality_limit, self._overflowed, self.resources)
         self.window_start_ns = clock_ns()
-        self.spans: dict[str, int] = {semconv.SPAN_ROLLOUT: 0, semconv.SPAN_VERIFY: 0}
+        self.spans: dict[str, int] = {
+            semconv.SPAN_ROLLOUT: 0,
+            semconv.SPAN_VERIFY: 0,
+            semconv.SPAN_ENV_STEP: 0,
+            NESTED_ROLLOUT_SPANS: 0,
+        }
         self.invalid_spans = 0
         self.overflow_points: dict[str, int] = {
             semconv.METRIC_ROLLOUT_DURATION: 0,
             semconv.METRIC_VERIFY_DURATION: 0,
             semconv.METRIC_VERIFY_COUNT: 0,
             semconv.METRIC_VERIFY_SUCCESS_RATE: 0,
+            semconv.METRIC_ENV_STEP_DURATION: 0,
+            semconv.METRIC_ENV_STEP_COUNT: 0,
         }
         self.exports: dict[str, int] = {"sent": 0, "backpressure": 0, "error": 0}
 
@@ -173,6 +196,13 @@ class DerivedMetrics:
                     snap.verify_count.append(
                         SumPoint(s.resource_key, s.attrs, p.start_time_ns, p.count)
                     )
+            for s in self.env_step:
+                p = self._histogram_point(s, snap)
+                if p is not None:
+                    snap.env_step_duration.append(p)
+                    snap.env_step_count.append(
+                        SumPoint(s.resource_key, s.attrs, p.start_time_ns, p.count)
+                    )
             for w in self.rates:
                 snap._windows.append((w, w.ok, w.total))
                 if w.total:
@@ -181,6 +211,7 @@ class DerivedMetrics:
                     )
             keys = {p.resource_key for p in snap.rollout_duration}
             keys.update(p.resource_key for p in snap.verify_duration)
+            keys.update(p.resource_key for p in snap.env_step_duration)
             keys.update(g.resource_key for g in snap.success_rate)
             for key in keys:
                 snap.resources[key] = self.resources.get(key, Resource())

@@ -1,9 +1,13 @@
 """What the inspection commands read from the store (read-only, any process).
 
-A rollout is a ``gym.rollout`` span; its trace holds the rest (the model call, the
-resources server's tool and verify routes). Its verify outcome comes from the trace's
-``gym.verify`` span: ``ok`` when ``succeeded`` is true, ``failed`` when false or the
-span's status is ERROR, ``-`` when there is none (the verify group was off).
+A rollout is an outermost ``gym.rollout`` span (one not marked
+``nemo.gym.rollout.nested``: a ``/run`` relayed by an environment server such as
+``legacy_agent`` is part of the relay's rollout, not a second one); its trace holds the
+rest (the model call, the resources server's tool and verify routes). It is ``error``
+when its span's status is ERROR or a nested rollout span of the same trace and rollout
+id is. Its verify outcome comes from the trace's ``gym.verify`` span: ``ok`` when
+``succeeded`` is true, ``failed`` when false or the span's status is ERROR, ``-`` when
+there is none (the verify group was off).
 Span counts and services come from the per-trace index; a trace's spans themselves are
 decoded from the stored requests only by :func:`trace_spans`.
 """
@@ -23,6 +27,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from gym_sidecar.store.rows import Truncation, attributes, service_of
 
 STATUS_ERROR: Final = 2
+OUTERMOST_ROLLOUT: Final = (
+    "json_extract(attributes, '$.\"" + semconv.ROLLOUT_NESTED + "\"') IS NOT 1"
+)
+"""SQL predicate on ``gym_spans``: the span is not a nested rollout span."""
 _CHUNK: Final = 500
 _NO_LIMIT: Final = Truncation(1 << 30)
 
@@ -100,7 +108,7 @@ def rollouts(
     rows returned (``slowest`` replaces it when given).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
-    where = ["name = ?"]
+    where = ["name = ?", OUTERMOST_ROLLOUT]
     args: list[Any] = [semconv.SPAN_ROLLOUT]
     if since_s is not None:
         where.append("start_ns >= ?")
@@ -120,6 +128,7 @@ def rollouts(
     counts: dict[bytes, int] = {}
     services: dict[bytes, set[str]] = {}
     verifies: dict[bytes, tuple[str, float]] = {}
+    nested_errors: set[tuple[bytes, str | None]] = set()
     for chunk in _chunks(trace_ids):
         marks = ",".join("?" * len(chunk))
         for r in conn.execute(
@@ -137,6 +146,13 @@ def rollouts(
             outcome = verify_outcome(json.loads(r["attributes"]), int(r["status_code"]))
             duration_ms = max(0, r["end_ns"] - r["start_ns"]) / 1e6
             verifies[bytes(r["trace_id"])] = (outcome, duration_ms)
+        for r in conn.execute(
+            "SELECT trace_id, rollout_id FROM gym_spans "
+            f"WHERE name = ? AND status_code = ? AND NOT ({OUTERMOST_ROLLOUT}) "
+            f"AND trace_id IN ({marks})",
+            [semconv.SPAN_ROLLOUT, STATUS_ERROR, *chunk],
+        ):
+            nested_errors.add((bytes(r["trace_id"]), r["rollout_id"]))
     out: list[RolloutSummary] = []
     for r in rows:
         tid = bytes(r["trace_id"])
@@ -146,7 +162,7 @@ def rollouts(
             trace_id=tid.hex(),
             start_ns=int(r["start_ns"]),
             duration_ms=max(0, r["end_ns"] - r["start_ns"]) / 1e6,
-            error=int(r["status_code"]) == STATUS_ERROR,
+            error=int(r["status_code"]) == STATUS_ERROR or (tid, r["rollout_id"]) in nested_errors,
             verify=outcome,
             verify_ms=verify_ms,
             span_count=counts.get(tid, 0),
@@ -238,7 +254,8 @@ def store_counts(conn: sqlite3.Connection) -> dict[str, int]:
         "batches": int(conn.execute("SELECT count(*) FROM batches").fetchone()[0]),
         "rollouts": int(
             conn.execute(
-                "SELECT count(*) FROM gym_spans WHERE name = ?", (semconv.SPAN_ROLLOUT,)
+                f"SELECT count(*) FROM gym_spans WHERE name = ? AND {OUTERMOST_ROLLOUT}",
+                (semconv.SPAN_ROLLOUT,),
             ).fetchone()[0]
         ),
         "metric_points": int(conn.execute("SELECT count(*) FROM metric_points").fetchone()[0]),

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 
-from gym_sidecar.store.queries import STATUS_ERROR
+from gym_sidecar.store.queries import OUTERMOST_ROLLOUT, STATUS_ERROR
 
 QUANTILES: Final = (0.5, 0.95, 0.99)
 _CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -87,6 +87,8 @@ def _span_distribution(
     conn: sqlite3.Connection, name: str, since_ns: int | None
 ) -> tuple[list[float], list[tuple[dict[str, Any], int]]]:
     sql = "SELECT start_ns, end_ns, attributes, status_code FROM gym_spans WHERE name = ?"
+    if name == semconv.SPAN_ROLLOUT:
+        sql += f" AND {OUTERMOST_ROLLOUT}"  # one duration per rollout, as derived metrics
     args: list[Any] = [name]
     if since_ns is not None:
         sql += " AND start_ns >= ?"

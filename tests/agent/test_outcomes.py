@@ -1,0 +1,216 @@
+"""Gym's in-band failure markers: what ``failure_of`` reads, and what the wrappers make of it.
+
+The shapes below are Gym 0.7.0's (``judge_failsafe``'s masked row as a ``JSONResponse``,
+``BaseVerifyResponse`` fields, ``BaseEpisodeResponse``'s ``failure``/``result``, the
+``legacy_agent`` relay's raw ``Response``), rebuilt here with pydantic and Starlette so
+the agent's tests need no Gym; ``tests/gym/test_gym_semantics.py`` checks the same
+against real Gym servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fastapi.responses import JSONResponse
+from gym_telemetry import span_groups
+from gym_telemetry.endpoints import (
+    traced_env_step_endpoint,
+    traced_rollout_endpoint,
+    traced_verify_endpoint,
+)
+from gym_telemetry.outcomes import Failure, failure_of
+from opentelemetry.trace import StatusCode
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import Response
+
+from tests.agent.conftest import Spans
+
+
+class VerifyResponse(BaseModel):
+    """Like Gym's ``BaseVerifyResponse`` (only the fields read here)."""
+
+    model_config = ConfigDict(extra="allow")
+    reward: float
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+
+
+class EpisodeFailure(BaseModel):
+    failure_reason: str
+    terminal: bool
+    failure_kind: str | None = None
+    stage: str | None = None
+
+
+class EpisodeResponse(BaseModel):
+    episode_id: dict[str, Any]
+    result: VerifyResponse | None = None
+    failure: EpisodeFailure | None = None
+
+
+def _failsafe_row() -> JSONResponse:
+    """What ``judge_failsafe`` returns for a judge that raised."""
+    return JSONResponse(
+        {
+            "response": {"output": []},
+            "reward": 0.0,
+            "mask_sample": True,
+            "failure_kind": "judge_failed",
+            "failure_reason": "JudgeError: 500",
+            "instance_config": {"mask_sample": True},
+            "_ng_failure_class": "judge_failed",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (VerifyResponse(reward=0.0), None),  # a wrong answer is not a failure
+        (VerifyResponse(reward=1.0, failure_kind="judge_unparseable"), None),  # measured
+        (
+            VerifyResponse(reward=0.0, mask_sample=True, failure_kind="session_lost"),
+            Failure("session_lost", None),
+        ),
+        (VerifyResponse(reward=0.0, mask_sample=True), Failure("_OTHER", None)),
+        (
+            VerifyResponse.model_validate({"reward": 0.0, "_ng_failure_class": "judge_failed"}),
+            Failure("judge_failed", None),
+        ),
+        (_failsafe_row(), Failure("judge_failed", "JudgeError: 500")),
+        ({"mask_sample": True, "failure_kind": "judge_failed"}, Failure("judge_failed", None)),
+        ({"mask_sample": False, "reward": 1.0}, None),
+        (
+            EpisodeResponse(
+                episode_id={},
+                failure=EpisodeFailure(failure_reason="boom", terminal=False, stage="agent"),
+            ),
+            Failure("environment_server_failed", "boom", "agent"),
+        ),
+        (
+            EpisodeResponse(
+                episode_id={},
+                failure=EpisodeFailure(failure_reason="t", terminal=True, failure_kind="x:y"),
+            ),
+            Failure("x:y", "t", None),
+        ),
+        (
+            EpisodeResponse(
+                episode_id={},
+                result=VerifyResponse(reward=0.0, mask_sample=True, failure_kind="judge_failed"),
+            ),
+            Failure("judge_failed", None),
+        ),
+        (EpisodeResponse(episode_id={}, result=VerifyResponse(reward=1.0)), None),
+        (Response(b"upstream broke", status_code=502), Failure("502", None)),
+        (JSONResponse({"reward": 1.0, "mask_sample": False}), None),
+        (
+            Response(b'{"mask_sample":true,"failure_kind":"k"}', media_type="application/json"),
+            Failure("k", None),
+        ),
+        (Response(b'not json "mask_sample":true', media_type="application/json"), None),
+        (Response(b'{"mask_sample": true}'), None),  # spaced JSON is not searched
+        # a relayed 200 carrying a masked row (the legacy_agent relay's plain Response)
+        (
+            Response(b'{"reward":0.0,"mask_sample":true,"_ng_failure_class":"judge_failed"}'),
+            Failure("judge_failed", None),
+        ),
+        (Response(b'{"x": {"mask_sample":true}, "mask_sample":false}'), None),  # top level only
+        (Response(b"x" * (4 * 1024 * 1024 + 1) + b'"mask_sample":true'), None),  # too large
+        (None, None),
+        ("text", None),
+        ([{"mask_sample": True}], None),
+    ],
+)
+def test_failure_of_reads_gyms_markers(result: Any, expected: Failure | None) -> None:
+    assert failure_of(result) == expected
+
+
+def test_failure_of_never_raises() -> None:
+    class Hostile:
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError(name)
+
+    assert failure_of(Hostile()) is None
+
+
+def test_failsafe_row_is_a_failed_verification(spans: Spans) -> None:
+    span_groups.set_enabled({"verify"})
+
+    async def verify() -> JSONResponse:
+        return _failsafe_row()
+
+    async def wrong() -> VerifyResponse:
+        return VerifyResponse(reward=0.0)
+
+    returned = asyncio.run(traced_verify_endpoint(verify)())
+    assert returned.status_code == 200  # the handler's answer is untouched
+    asyncio.run(traced_verify_endpoint(wrong)())
+    failed, ok = spans.named("gym.verify")
+    assert failed.attributes["succeeded"] is False  # type: ignore[index]
+    assert failed.attributes["error.type"] == "judge_failed"  # type: ignore[index]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.status.description == "judge_failed: JudgeError: 500"
+    assert ok.attributes["succeeded"] is True  # type: ignore[index]
+    for span in (ok, failed):  # reward is never read
+        assert not any("reward" in k for k in span.attributes or {})
+
+
+def test_rollout_returning_a_failure_fails_its_span(spans: Spans) -> None:
+    span_groups.set_enabled({"rollout"})
+
+    async def relay() -> Response:
+        return Response(b"boom", status_code=500)
+
+    def episode() -> EpisodeResponse:
+        failure = EpisodeFailure(failure_reason="seed failed", terminal=False, stage="seed")
+        return EpisodeResponse(episode_id={}, failure=failure)
+
+    assert asyncio.run(traced_rollout_endpoint(relay)()).status_code == 500
+    assert traced_rollout_endpoint(episode)().failure is not None
+    relayed, failed = spans.named("gym.rollout")
+    assert relayed.status.status_code is StatusCode.ERROR
+    assert relayed.attributes["error.type"] == "500"  # type: ignore[index]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["error.type"] == "environment_server_failed"  # type: ignore[index]
+    assert failed.attributes["nemo.gym.failure.stage"] == "seed"  # type: ignore[index]
+
+
+def test_env_step_span_is_in_the_verify_group(spans: Spans) -> None:
+    span_groups.set_enabled({"verify"})
+
+    async def step() -> dict[str, Any]:
+        return {"observation": None, "reward": -1.0, "terminated": True}
+
+    asyncio.run(traced_env_step_endpoint(step, {"nemo.gym.server.name": "blackjack"})())
+    span = spans.one("gym.env.step")
+    assert span.instrumentation_scope.name == "gym_telemetry.verify"  # type: ignore[union-attr]
+    assert span.attributes["succeeded"] is True  # type: ignore[index]
+    assert span.attributes["nemo.gym.server.name"] == "blackjack"  # type: ignore[index]
+    span_groups.set_enabled(set())
+    asyncio.run(traced_env_step_endpoint(step)())
+    assert len(spans.named("gym.env.step")) == 1
+
+
+def test_nested_rollout_is_marked_and_the_outer_is_not(spans: Spans) -> None:
+    span_groups.set_enabled({"rollout"})
+
+    async def inner() -> str:
+        return "inner"
+
+    wrapped_inner = traced_rollout_endpoint(inner)
+
+    async def outer() -> str:
+        return await wrapped_inner()
+
+    asyncio.run(traced_rollout_endpoint(outer)())
+    asyncio.run(wrapped_inner())  # after the outer one ended: outermost again
+    first_inner, outer_span, second_inner = sorted(
+        spans.named("gym.rollout"), key=lambda s: s.end_time or 0
+    )
+    assert first_inner.attributes["nemo.gym.rollout.nested"] is True  # type: ignore[index]
+    assert "nemo.gym.rollout.nested" not in (outer_span.attributes or {})
+    assert "nemo.gym.rollout.nested" not in (second_inner.attributes or {})
