@@ -167,7 +167,11 @@ def test_deployment_pod_gets_native_sidecar(webhook: Webhook) -> None:
     assert out["spec"]["initContainers"][0] is sidecar
     assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == "sidecar:test"
     env = {e["name"]: e.get("value") for e in out["spec"]["containers"][0]["env"]}
-    assert env == {"GYM_TELEMETRY": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
+    assert env == {
+        "GYM_TELEMETRY": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317",
+        "GYM_TELEMETRY_SIDECAR_ADMIN_URL": "http://localhost:13133",
+    }
     assert out["metadata"]["annotations"][INJECTED_ANNOTATION] == "native-sidecar"
 
 
