@@ -22,8 +22,14 @@ what Gym's own launcher does for a child server: the whole resolved config as
 ``PYTHONPATH`` and as working directory, and ``exec``s ``python <entrypoint>`` (so the
 server is PID 1's direct replacement and receives SIGTERM itself).
 
+Gym servers listen on the ``host`` their config entry names, which is also the address
+the other servers call them at. Where those differ -- in Kubernetes the others call a
+Service name, which is no address inside the pod -- set ``GYM_SERVER_BIND_HOST`` (e.g.
+``0.0.0.0``): this server then listens there, and only its own process sees the change.
+
 With ``GYM_TELEMETRY=1`` (set in the image) the gym-telemetry agent activates inside
-that process. Exit code 2 with a message on a bad config or an unknown server.
+that process. Exit code 2 with the usage line on a wrong number of arguments, or with a
+message on a bad config or an unknown server.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from typing import Any
 import yaml
 
 SEARCH_PATH_ENV = "GYM_SERVER_PATH"
+BIND_HOST_ENV = "GYM_SERVER_BIND_HOST"
+USAGE = "usage: gym-server-launch CONFIG_FILE SERVER_NAME"
 
 
 class LaunchError(Exception):
@@ -94,9 +102,19 @@ def resolve_config(path: str) -> str:
     return str(OmegaConf.to_yaml(parsed))
 
 
+def bind_host(resolved: str, name: str, host: str) -> str:
+    """``resolved`` (the YAML of the whole config) with server ``name`` listening on
+    ``host``; every other server's address is left as the config gives it."""
+    config = yaml.safe_load(resolved)
+    [(kind, impls)] = config[name].items()
+    [(impl, settings)] = impls.items()
+    config[name][kind][impl] = {**(settings or {}), "host": host}
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        print(f"{USAGE}\n\n{__doc__.splitlines()[0]}", file=sys.stderr)
         return 2
     config_file, name = argv
     try:
@@ -106,6 +124,8 @@ def main(argv: list[str]) -> int:
             raise LaunchError(f"{config_file}: top level must be a mapping")
         folder, entrypoint = resolve(config, name, dict(os.environ))
         resolved = resolve_config(config_file)
+        if os.environ.get(BIND_HOST_ENV, "").strip():
+            resolved = bind_host(resolved, name, os.environ[BIND_HOST_ENV].strip())
     except (OSError, yaml.YAMLError, LaunchError) as exc:
         print(f"gym-server-launch: {exc}", file=sys.stderr)
         return 2

@@ -8,14 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.support.kustomize import KustomizeUnavailable, kustomize_build
+
 K8S_VERSION = "1.29.0"
 """The oldest version with native sidecars on by default; kubernetes-validate ships it."""
 REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
 
 
 def write_self_signed(directory: Path, common_name: str = "127.0.0.1") -> tuple[Path, Path]:
@@ -62,3 +67,16 @@ def validate_k8s(obj: dict[str, Any], version: str = K8S_VERSION) -> None:
 def as_pod(spec_holder: dict[str, Any]) -> dict[str, Any]:
     """Wrap a pod object as the API would store it (apiVersion/kind present)."""
     return {"apiVersion": "v1", "kind": "Pod", **spec_holder}
+
+
+def render(kustomization: str) -> list[dict[str, Any]]:
+    """The objects ``kustomize build deploy/k8s/<kustomization>`` renders.
+
+    kustomize comes from :mod:`tests.support.kustomize` (a pinned build, made on first
+    use); the test is skipped only when the machine has neither ``go`` nor ``kubectl``.
+    """
+    try:
+        out = kustomize_build(K8S / kustomization)
+    except KustomizeUnavailable as exc:
+        pytest.skip(f"kustomize unavailable: {exc}")
+    return [d for d in yaml.safe_load_all(out) if d]

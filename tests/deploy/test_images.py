@@ -213,3 +213,18 @@ def test_launcher_reports_missing_server_folder(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "resources_servers/nowhere/app.py not found" in result.stderr
     assert str(tmp_path / "resources_servers" / "nowhere") in result.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["/etc/gym/stack.yaml"], ["a", "b", "c"]])
+def test_launcher_usage_names_both_arguments(argv: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    first = result.stderr.splitlines()[0]
+    assert first == "usage: gym-server-launch CONFIG_FILE SERVER_NAME", result.stderr
+    assert "::" not in result.stderr

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -25,25 +24,11 @@ from gym_sidecar.webhook.config import InjectorConfig, load_injector_config
 from gym_sidecar.webhook.mutate import INJECT_ANNOTATION, decide, mutate
 from gym_sidecar.webhook.server import NAMESPACE_OPT_IN_PATH, POD_OPT_IN_PATH, InjectorServer
 
-from tests.deploy.support import REPO, validate_k8s
+from tests.deploy.pod_security import restricted_violations
+from tests.deploy.support import K8S, REPO, render, validate_k8s
 
-K8S = REPO / "deploy" / "k8s"
 KUSTOMIZATIONS = ["base", "overlays/gym-namespace", "overlays/self-signed-tls"]
 CERT_MANAGER = "cert-manager.io/v1"
-KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (kustomize) not installed")
-
-
-def render(kustomization: str) -> list[dict[str, Any]]:
-    assert KUBECTL is not None
-    out = subprocess.run(
-        [KUBECTL, "kustomize", str(K8S / kustomization)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def find(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -123,7 +108,6 @@ def test_webhook_entries_set_every_field_explicitly() -> None:
     assert paths == {POD_OPT_IN_PATH, NAMESPACE_OPT_IN_PATH}
 
 
-@needs_kubectl
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_rendered_kustomization_is_valid(kustomization: str) -> None:
     objs = render(kustomization)
@@ -131,7 +115,6 @@ def test_rendered_kustomization_is_valid(kustomization: str) -> None:
     validate_all(objs)
 
 
-@needs_kubectl
 def test_webhook_configuration_points_at_the_injector() -> None:
     objs = render("base")
     mwc = find(objs, "MutatingWebhookConfiguration")
@@ -172,7 +155,6 @@ def injector_config(objs: list[dict[str, Any]], tmp_path: Path) -> InjectorConfi
     return load_injector_config(f, environ={})
 
 
-@needs_kubectl
 @pytest.mark.parametrize("kustomization", ["base", "overlays/gym-namespace"])
 def test_sidecar_config_maps_load(kustomization: str, tmp_path: Path) -> None:
     """The ConfigMap's sidecar.yaml passes the sidecar's own config validation."""
@@ -185,20 +167,43 @@ def test_sidecar_config_maps_load(kustomization: str, tmp_path: Path) -> None:
     assert config.backend.url and config.span_groups.spec
 
 
-@needs_kubectl
+def overlay_pods(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``kind/name`` -> the pod every Deployment and Job of ``objs`` would create."""
+    return {
+        f"{o['kind']}/{o['metadata']['name']}": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            **o["spec"]["template"],
+        }
+        for o in objs
+        if o["kind"] in {"Deployment", "Job"}
+    }
+
+
 def test_overlay_pods_injected_with_the_base_config_are_valid(tmp_path: Path) -> None:
+    """Every pod of the example goes through the project's own webhook mutation (with
+    the base's injector config) and stays valid and admissible in its namespace, which
+    enforces the restricted Pod Security Standard."""
     config = injector_config(render("base"), tmp_path)
     assert config.config_map == "gym-telemetry-sidecar"
     assert config.native_sidecar()
     overlay = render("overlays/gym-namespace")
     namespace = find(overlay, "Namespace")
     assert namespace["metadata"]["labels"][INJECT_ANNOTATION] == "true"
-    for kind, name in (("Deployment", "simple-agent"), ("Job", "rollouts")):
-        template = find(overlay, kind, name)["spec"]["template"]
-        pod = {"apiVersion": "v1", "kind": "Pod", **template}
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = overlay_pods(overlay)
+    assert set(pods) == {
+        "Deployment/stub-model",
+        "Deployment/tool-server",
+        "Deployment/simple-agent",
+        "Job/rollouts",
+    }
+    for where, pod in pods.items():
+        assert restricted_violations(pod) == [], where
         assert decide(pod, namespace_opted_in=True).inject
         injected = mutate(pod, config)
         validate_k8s(injected)
+        assert restricted_violations(injected) == [], where
         sidecar = injected["spec"]["initContainers"][0]
         assert sidecar["restartPolicy"] == "Always"
         secret_env = [e for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})]
@@ -206,7 +211,46 @@ def test_overlay_pods_injected_with_the_base_config_are_valid(tmp_path: Path) ->
         assert secret_env[0]["valueFrom"]["secretKeyRef"]["optional"] is True
 
 
-@needs_kubectl
+def test_gym_servers_find_their_config_and_each_other() -> None:
+    """What a schema cannot see: each server's ConfigMap is rendered (not optional), its
+    args name a file of it and a server of that config, and every server's host:port
+    in the config is its Service; the Job's driver calls the agent's Service."""
+    overlay = render("overlays/gym-namespace")
+    config_maps = {o["metadata"]["name"]: o for o in overlay if o["kind"] == "ConfigMap"}
+    services = {
+        o["metadata"]["name"]: o["spec"]["ports"][0]["port"]
+        for o in overlay
+        if o["kind"] == "Service"
+    }
+    gym_config: dict[str, Any] | None = None
+    served: dict[str, str] = {}
+    for where, pod in overlay_pods(overlay).items():
+        if where.startswith("Job/"):
+            continue
+        [container] = pod["spec"]["containers"]
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        config_file, server = container["args"]
+        [mount] = [m for m in container["volumeMounts"] if config_file.startswith(m["mountPath"])]
+        source = volumes[mount["name"]]["configMap"]
+        assert not source.get("optional"), f"{where}: a missing config must not start"
+        data = config_maps[source["name"]]["data"]
+        key = config_file[len(mount["mountPath"]) :].lstrip("/")
+        assert key in data, f"{where}: {config_file} is not in ConfigMap {source['name']}"
+        gym_config = yaml.safe_load(data[key])
+        assert isinstance(gym_config, dict) and server in gym_config, where
+        served[server] = where.split("/", 1)[1]
+        env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        assert env.get("GYM_SERVER_BIND_HOST") == "0.0.0.0", where
+    assert gym_config is not None
+    for server, deployment in served.items():
+        [(_kind, impls)] = gym_config[server].items()
+        [(_impl, settings)] = impls.items()
+        assert (settings["host"], settings["port"]) == (deployment, services[deployment])
+    driver = overlay_pods(overlay)["Job/rollouts"]["spec"]["containers"][0]
+    agent_url = {e["name"]: e["value"] for e in driver["env"]}["AGENT_URL"]
+    assert agent_url == f"http://simple-agent:{services['simple-agent']}"
+
+
 def test_injected_sidecar_environment_loads_in_the_sidecar(tmp_path: Path) -> None:
     """The variables the injector sets plus the namespace's ConfigMap make a config the
     sidecar accepts (``gym-sidecar check-config``), with the admin port reachable."""
@@ -236,7 +280,6 @@ def test_injected_sidecar_environment_loads_in_the_sidecar(tmp_path: Path) -> No
     assert effective["span_groups"]["spec"] == "per_rollout"
 
 
-@needs_kubectl
 def test_self_signed_alternative(tmp_path: Path) -> None:
     """self-signed.sh makes a CA and a serving cert the injector serves and a client
     trusting only that CA accepts under the Service's DNS name; its caBundle patch

@@ -26,6 +26,7 @@ from gym_sidecar.webhook.server import NAMESPACE_OPT_IN_PATH, POD_OPT_IN_PATH, I
 
 from tests.deploy.support import validate_k8s, write_self_signed
 from tests.support.ports import free_port, wait_listening
+from tests.support.wait import wait_for_async
 
 SIDECAR = "gym-telemetry-sidecar"
 
@@ -167,7 +168,11 @@ def test_deployment_pod_gets_native_sidecar(webhook: Webhook) -> None:
     assert out["spec"]["initContainers"][0] is sidecar
     assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == "sidecar:test"
     env = {e["name"]: e.get("value") for e in out["spec"]["containers"][0]["env"]}
-    assert env == {"GYM_TELEMETRY": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
+    assert env == {
+        "GYM_TELEMETRY": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317",
+        "GYM_TELEMETRY_SIDECAR_ADMIN_URL": "http://localhost:13133",
+    }
     assert out["metadata"]["annotations"][INJECTED_ANNOTATION] == "native-sidecar"
 
 
@@ -310,10 +315,9 @@ def test_rotated_certificate_is_served_without_restart(tmp_path: Path) -> None:
             new_cert, new_key = write_self_signed(tmp_path / "b", common_name="second")
             key.write_bytes(new_key.read_bytes())
             cert.write_bytes(new_cert.read_bytes())
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if server.metrics.cert_reloads._value.get() >= 1:
-                    break
+            # Polled with a generous timeout (the reload interval is short; a loaded
+            # machine may still take seconds to get there).
+            await wait_for_async(lambda: server.metrics.cert_reloads._value.get() >= 1, 60)
             second = await asyncio.to_thread(served_cert, port)
             return first, second, new_cert.read_text()
         finally:

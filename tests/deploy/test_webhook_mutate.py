@@ -20,13 +20,17 @@ from gym_sidecar.webhook.config import (
     parse_version,
 )
 from gym_sidecar.webhook.mutate import (
+    AGENT_ADMIN_URL_ENV,
     INJECT_ANNOTATION,
     INJECTED_ANNOTATION,
     decide,
     mutate,
 )
+from gym_telemetry import remote_config
 
+from tests.deploy.pod_security import restricted_violations
 from tests.deploy.support import validate_k8s
+from tests.support.sidecar_proc import SidecarProcess
 
 
 def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -116,9 +120,8 @@ def test_app_endpoint_set_unless_already_set() -> None:
     assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://localhost:4317"} in server[
         "env"
     ]
-    assert helper["env"] == [
-        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://elsewhere:4317"}
-    ]
+    helper_env = {e["name"]: e["value"] for e in helper["env"]}
+    assert helper_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://elsewhere:4317"
 
 
 @pytest.mark.parametrize("config", [NATIVE, PLAIN], ids=["native", "plain"])
@@ -174,3 +177,183 @@ def test_fail_open_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -
             assert outcome.review.response.allowed
     levels = [r.levelno for r in caplog.records if "without the sidecar" in r.getMessage()]
     assert levels == [logging.WARNING] + [logging.DEBUG] * 4
+
+
+# --- restricted namespaces (Pod Security Standards) ---------------------------------------
+
+RESTRICTED_APP_CONTEXT = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def restricted_pod(pod_level_seccomp: bool) -> dict[str, Any]:
+    """A pod the ``restricted`` profile admits: its rules met per container, or with
+    seccomp and runAsNonRoot at pod level (then the sidecar may rely on the pod's)."""
+    p = pod({INJECT_ANNOTATION: "true"})
+    if pod_level_seccomp:
+        p["spec"]["securityContext"] = {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        context = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    else:
+        context = RESTRICTED_APP_CONTEXT
+    for container in p["spec"]["containers"]:
+        container["securityContext"] = copy.deepcopy(context)
+    return p
+
+
+def test_the_restricted_checker_catches_each_rule() -> None:
+    """The checker is only as good as what it refuses: one breach per rule."""
+    assert restricted_violations(restricted_pod(False)) == []
+    breaches = {
+        "Privilege Escalation": ("allowPrivilegeEscalation", True),
+        "Running as Non-root:": ("runAsNonRoot", False),
+        "Running as Non-root user": ("runAsUser", 0),
+        "Seccomp": ("seccompProfile", {"type": "Unconfined"}),
+        "Capabilities": ("capabilities", {"drop": ["NET_RAW"]}),
+        "Privileged Containers": ("privileged", True),
+    }
+    for rule, (key, value) in breaches.items():
+        p = restricted_pod(False)
+        p["spec"]["containers"][0]["securityContext"][key] = value
+        assert any(v.startswith(rule) for v in restricted_violations(p)), rule
+    p = restricted_pod(False)
+    del p["spec"]["containers"][1]["securityContext"]["seccompProfile"]
+    assert restricted_violations(p)  # neither the container nor the pod sets it
+    p = restricted_pod(False)
+    p["spec"]["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
+    assert any(v.startswith("Volume Types") for v in restricted_violations(p))
+
+
+@pytest.mark.parametrize("pod_level", [False, True], ids=["per-container", "pod-level"])
+@pytest.mark.parametrize("config", [NATIVE, PLAIN], ids=["native", "plain"])
+def test_restricted_pod_stays_admissible_after_injection(
+    config: InjectorConfig, pod_level: bool
+) -> None:
+    p = restricted_pod(pod_level)
+    assert restricted_violations(p) == []
+    out = mutate(p, config)
+    validate_k8s(out)
+    assert restricted_violations(out) == []
+
+
+def test_sidecar_security_context_is_restricted_by_default() -> None:
+    out = mutate(pod(), NATIVE)
+    sidecar = out["spec"]["initContainers"][0]
+    assert sidecar["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # Alone in a pod that sets nothing itself, the sidecar breaks no restricted rule.
+    assert not [v for v in restricted_violations(out) if NATIVE.container_name in v]
+
+
+def test_security_context_is_configurable(tmp_path: Any) -> None:
+    f = tmp_path / "injector.yaml"
+    f.write_text(
+        "security_context:\n"
+        "  run_as_user: 20000\n"
+        "  read_only_root_filesystem: null\n"
+        "  seccomp_profile: {type: Localhost, localhost_profile: profiles/sidecar.json}\n"
+    )
+    config = load_injector_config(
+        f, environ={"GYM_INJECTOR_SECURITY_CONTEXT__RUN_AS_GROUP": "20000"}
+    )
+    sidecar = mutate(pod(), config)["spec"][
+        "initContainers" if config.native_sidecar() else "containers"
+    ][-1]
+    assert sidecar["securityContext"] == {
+        "runAsNonRoot": True,  # defaults of the keys not set stay
+        "runAsUser": 20000,
+        "runAsGroup": 20000,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/sidecar.json"},
+    }
+    validate_k8s(mutate(pod(), config))
+    with pytest.raises(InjectorConfigError) as err:
+        load_injector_config(
+            environ={
+                "GYM_INJECTOR_SECURITY_CONTEXT__SECCOMP_PROFILE__TYPE": "Localhost",
+                "GYM_INJECTOR_SECURITY_CONTEXT__RUNASUSER": "0",
+            }
+        )
+    text = str(err.value)
+    assert "security_context.seccomp_profile" in text and "localhost_profile" in text
+    assert "security_context.runasuser" in text  # unknown keys are named, not ignored
+
+
+# --- the agents' span-group poller reaches the configured admin port ----------------------
+
+
+def test_agent_admin_url_variable_is_the_agents() -> None:
+    assert AGENT_ADMIN_URL_ENV == remote_config.ENV_ADMIN_URL
+
+
+@pytest.mark.parametrize("config", [NATIVE, PLAIN], ids=["native", "plain"])
+def test_app_containers_poll_the_configured_admin_port(config: InjectorConfig) -> None:
+    """A real sidecar listens on some admin port; the injector is configured with that
+    port; the app container's agent, with the environment the injector gave it, gets
+    its span groups from that sidecar (as it would over the pod's shared localhost)."""
+    with SidecarProcess() as sidecar:
+        configured = config.model_copy(update={"admin_port": sidecar.admin_port})
+        out = mutate(pod(), configured)
+        injected = next(
+            c
+            for key in ("initContainers", "containers")
+            for c in out["spec"].get(key) or []
+            if c["name"] == config.container_name
+        )
+        assert injected["livenessProbe"]["httpGet"]["port"] == sidecar.admin_port
+        for app in out["spec"]["containers"]:
+            if app["name"] == config.container_name:
+                continue
+            env = {e["name"]: e["value"] for e in app["env"]}
+            url = env[remote_config.ENV_ADMIN_URL]
+            assert url == f"http://localhost:{sidecar.admin_port}"
+            poller = remote_config.RemoteConfigPoller(
+                url, "gym-server", 10.0, apply=lambda groups: None
+            )
+            assert poller.poll_once(), f"polling {url} failed ({poller.failures} failures)"
+            assert poller.last_groups is not None and poller.failures == 0
+
+
+def test_app_admin_url_set_unless_already_set() -> None:
+    p = pod()
+    p["spec"]["containers"][0]["env"] = [
+        {"name": AGENT_ADMIN_URL_ENV, "value": "http://localhost:9999"}
+    ]
+    server, helper = mutate(p, InjectorConfig(admin_port=14000))["spec"]["containers"][:2]
+    assert {e["name"]: e["value"] for e in server["env"]}[AGENT_ADMIN_URL_ENV] == (
+        "http://localhost:9999"
+    )
+    assert {e["name"]: e["value"] for e in helper["env"]}[AGENT_ADMIN_URL_ENV] == (
+        "http://localhost:14000"
+    )
+
+
+# --- a pod volume named like an injected one -----------------------------------------------
+
+
+def test_colliding_volume_name_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    p = pod()
+    p["metadata"]["name"] = "gym-0"
+    own = {"name": PODINFO_VOLUME_NAME, "emptyDir": {}}
+    p["spec"]["volumes"] = [own]
+    with caplog.at_level(logging.WARNING, logger="gym_sidecar.webhook.mutate"):
+        out = mutate(p, NATIVE)
+    assert [v for v in out["spec"]["volumes"] if v["name"] == PODINFO_VOLUME_NAME] == [own]
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert PODINFO_VOLUME_NAME in record.getMessage() and "gym-0" in record.getMessage()
+    # No collision, no warning.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gym_sidecar.webhook.mutate"):
+        mutate(pod(), NATIVE)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,7 +1,9 @@
 """Backend faults injected for real against a real ``gym-sidecar`` process.
 
-- the backend goes away under steady load (default 30 s, ``GYM_FAULTS_BACKEND_DOWN_S``),
-  once with the in-memory queue and once with the on-disk queue: after it comes back,
+- the backend goes away under steady load (at least 30 s, ``GYM_FAULTS_BACKEND_DOWN_S``,
+  and until the queue is full and clients are pushed back, however long the load takes
+  to fill it), once with the in-memory queue and once with the on-disk queue: after it
+  comes back,
   every span a client was told OK arrives, and the sidecar's resident memory stays within
   the configured queue bound (plus a fixed allowance for the process itself);
 - a slow backend: everything acknowledged arrives;
@@ -73,6 +75,7 @@ def received_ids(sink: RecordingSink) -> list[int]:
     return span_ids_of(reqs)
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("persistent", [False, True], ids=["memory", "disk"])
 def test_backend_down_under_load_loses_nothing_and_memory_stays_bounded(
     tmp_path: Path, persistent: bool
@@ -93,6 +96,9 @@ def test_backend_down_under_load_loses_nothing_and_memory_stays_bounded(
             down_at = time.monotonic()
             acked_before_down = load.acked_count()
             time.sleep(DOWN_S)
+            # Down until the bound is reached: a condition, not a time (a slow machine's
+            # clients take longer to fill the queue).
+            assert wait_until(lambda: load.codes.get("RESOURCE_EXHAUSTED", 0) > 0, 600)
             acked_while_down = load.acked_count() - acked_before_down
             pushed_back = load.codes.get("RESOURCE_EXHAUSTED", 0)
             sink = RecordingSink(port=port).start()  # it comes back on the same address
@@ -128,7 +134,7 @@ def test_slow_backend_everything_acknowledged_arrives() -> None:
         sink.delay_s = 0.3
         with SidecarProcess(backend=sink.endpoint, config={"queue": {"max_bytes": 2 * MiB}}) as sc:
             load = GrpcLoad(sc.grpc_endpoint, threads=2, batch=50, pause_s=0.01).start()
-            time.sleep(6)
+            assert wait_until(lambda: load.acked_count() >= 1000, 120)  # a count, not a time
             load.stop()
             acked = set(load.acked)
             assert wait_until(lambda: acked <= set(received_ids(sink)), 60)

@@ -54,21 +54,34 @@ def test_sigkill_mid_stream_then_restart_delivers_every_acknowledged_span(
     tmp_path: Path, fsync: str
 ) -> None:
     qdir = tmp_path / "queue"
-    config = {"queue": disk_queue(qdir, fsync=fsync, fsync_interval_ms=500, segment_max_bytes=MiB)}
+    in_flight = 2
+    config = {
+        "queue": disk_queue(
+            qdir,
+            fsync=fsync,
+            fsync_interval_ms=500,
+            segment_max_bytes=MiB,
+            max_in_flight=in_flight,
+        )
+    }
     with RecordingSink() as sink:
-        sink.delay_s = 1.0  # slower than the clients, so the queue holds data at the kill
+        # The backend answers nothing until released: whatever the machine's speed, every
+        # span acknowledged once both export slots are stuck is queued at the kill.
+        sink.hold()
         first = SidecarProcess(backend=sink.endpoint, config=config).start()
         load = GrpcLoad(first.grpc_endpoint, threads=3, batch=50, pause_s=0.0).start()
-        time.sleep(3)
+        assert wait_until(lambda: sink.held_calls >= in_flight, 60), sink.held_calls
+        stuck_at = load.acked_count()
+        assert wait_until(lambda: load.acked_count() >= stuck_at + 500, 60)
         first.signal(signal.SIGKILL)  # mid-stream: clients are sending, exports in flight
         assert first.proc is not None
         first.proc.wait(10)
         load.stop()
         acked = set(load.acked)
         on_disk = sum(p.stat().st_size for p in qdir.glob("*.seg"))
-        time.sleep(1.5)  # exports the dead process had in flight still land at the sink
+        sink.release()  # exports the dead process had in flight still land at the sink
+        assert wait_until(lambda: sink.held_calls == 0, 30)
         arrived_before = set(received(sink))
-        sink.delay_s = 0.0
         with SidecarProcess(backend=sink.endpoint, config=config) as second:
             assert wait_until(lambda: acked <= set(received(sink)), 60), (
                 f"{len(acked - set(received(sink)))} acknowledged spans lost"
@@ -98,7 +111,7 @@ def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, persistent:
         sink.delay_s = 0.05
         sc = SidecarProcess(backend=sink.endpoint, config=config).start()
         load = GrpcLoad(sc.grpc_endpoint, threads=3, batch=50, pause_s=0.0).start()
-        time.sleep(3)
+        assert wait_until(lambda: load.acked_count() >= 500, 60)  # a count, not a time
         sc.signal(signal.SIGTERM)  # while the clients keep sending
         code = sc.stop(timeout_s=40)
         load.stop()

@@ -21,6 +21,7 @@ from gym_sidecar.export.queue import MemoryQueue
 from gym_sidecar.selfmetrics import SelfMetrics
 
 from tests.faults.support import small_filesystem
+from tests.support.wait import wait_for_async
 
 
 def corrupt(metrics: SelfMetrics, kind: str) -> float:
@@ -58,11 +59,14 @@ def test_put_get_ack_deletes_segments_and_frees_the_bound(tmp_path: Path) -> Non
         assert q.used_bytes == 50 * 100
         assert q.segment_count() > 1  # 1 KiB segments rolled over
         assert await drain_all(q) == [payload(i) for i in range(50)]
-        await asyncio.sleep(0.1)  # deletions run in a thread
-        assert 0 < q.used_bytes <= 1024  # only the active segment is left
-        await asyncio.sleep(1.2)  # idle for a second: it is closed and deleted too
-        assert q.used_bytes == 0
-        assert segments.list_segments(tmp_path) == []
+        # Deletions run in a thread: wait for them, however slow the machine. Only the
+        # active segment is left (unless it already went idle, below, meanwhile).
+        assert await wait_for_async(lambda: q.used_bytes <= 1024, 30), q.used_bytes
+        # Idle for a second: it is closed and deleted too. The bound is freed at once,
+        # the file is unlinked by a thread afterwards: wait for both.
+        assert await wait_for_async(
+            lambda: q.used_bytes == 0 and segments.list_segments(tmp_path) == [], 30
+        ), (q.used_bytes, segments.list_segments(tmp_path))
         await q.close()
         assert segments.list_segments(tmp_path) == []
 
@@ -101,7 +105,11 @@ def test_disk_full_refuses_then_recovers(tmp_path: Path) -> None:
             assert 30 < accepted < 70  # the filesystem, not the 1 MiB bound, said no
             got = await drain_all(q)
             assert got == [payload(i, 1000) for i in range(accepted)]  # nothing torn
-            await asyncio.sleep(0.2)  # deletions run in a thread
+            # Deletions run in a thread after the bound is freed: wait until the files are
+            # gone (at most the active segment left), i.e. the filesystem has room again.
+            assert await wait_for_async(lambda: len(segments.list_segments(fs)) <= 1, 30), (
+                segments.list_segments(fs)
+            )
             q._draining = False
             assert await q.put(Signal.TRACES, payload(999, 1000), 1)
             await q.close()

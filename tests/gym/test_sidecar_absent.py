@@ -9,10 +9,15 @@ import pytest
 
 from tests.gym.stack import GymStack, load_configs, post_json, run_body
 from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 
 RETRY_WINDOW_S = 4.0
+
+
+def stack_logs(stack: GymStack) -> dict[str, str]:
+    return {name: p.log_path.read_text() for name, p in stack.processes.items()}
 
 
 def test_rollouts_work_without_a_sidecar(gym_python: Path, tmp_path: Path) -> None:
@@ -32,11 +37,15 @@ def test_rollouts_work_without_a_sidecar(gym_python: Path, tmp_path: Path) -> No
             status, body = post_json(url, run_body(i, 0), timeout_s=30)
             assert status == 200, body
             assert body["reward"] == 1.0
-        # long enough for the exporter's 1 s, 2 s backoff to retry at least twice more
+        # The exporter did try (and fail) to reach the sidecar: telemetry was really on.
+        # Waited for, not assumed to have happened within some time.
+        assert wait_for(
+            lambda: f"127.0.0.1:{nothing_there}" in "".join(stack_logs(stack).values()), 120
+        ), stack_logs(stack)
+        # Then time for the exporter's 1 s, 2 s backoff to retry at least twice more: a
+        # flood of log lines would show (a slow machine only makes fewer retries).
         time.sleep(RETRY_WINDOW_S)
-    # the exporter did try (and fail) to reach the sidecar: telemetry was really on
-    logs = {name: p.log_path.read_text() for name, p in stack.processes.items()}
-    assert f"127.0.0.1:{nothing_there}" in "".join(logs.values())
+    logs = stack_logs(stack)
     # ... and its retries do not flood the Gym logs: one line per message per minute
     for name, text in logs.items():
         for message in ("Transient error", "Failed to export"):

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.sidecar.otlp_samples import SERVICES, http_post, trace_request
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
+from tests.support.wait import wait_for
 
 
 def _read_response(sock: socket.socket) -> bytes:
@@ -75,12 +76,14 @@ def test_http_concurrency_limit_429_then_serves() -> None:
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body[:10]
         )
-        resp = httpx.Response(0)
-        for _ in range(100):  # until the held request is being handled
-            resp = http_post(sc.http_url, "traces", body)
-            if resp.status_code == 429:
-                break
-        assert resp.status_code == 429
+        answers: list[httpx.Response] = []
+
+        def refused() -> bool:  # once the held request is being handled (however late)
+            answers.append(http_post(sc.http_url, "traces", body))
+            return answers[-1].status_code == 429
+
+        assert wait_for(refused, 60, interval_s=0.01), answers[-1].status_code
+        resp = answers[-1]
         assert resp.headers["retry-after"] == "2"
         assert "too many" in status_pb2.Status.FromString(resp.content).message
         assert sc.metric("gym_sidecar_limit_hits_total", limit="http_max_concurrent_requests") >= 1

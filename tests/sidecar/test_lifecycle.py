@@ -19,6 +19,7 @@ from tests.sidecar.otlp_samples import grpc_export, http_post, trace_request
 from tests.support.ports import free_port
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
+from tests.support.wait import wait_for
 
 
 @pytest.fixture
@@ -148,7 +149,8 @@ def test_sigterm_under_load_loses_nothing_accepted(sink: RecordingSink) -> None:
         threads += [threading.Thread(target=http_client, args=(w,)) for w in range(2)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        # Mid-load: once some requests were accepted (a count, not a time).
+        assert wait_for(lambda: len(accepted) > 10, 60), accepted
         sc.signal(signal.SIGTERM)
         assert sc.proc is not None
         sc.proc.wait(30)

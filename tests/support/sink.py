@@ -3,7 +3,9 @@
 ``RecordingSink`` runs a grpc server (TraceService, MetricsService, LogsService) on a
 free loopback port in a background thread. It can be scripted to fail: ``fail_next``
 queues status codes (with an optional RetryInfo delay) that the next calls answer
-before accepting again. Messages up to 64 MiB are accepted (rotel sends ~3 MB batches).
+before accepting again; ``hold`` makes every call wait (a stalled backend or sidecar)
+until ``release``, so a test can know, not guess, that an exporter is stuck in a call.
+Messages up to 64 MiB are accepted (rotel sends ~3 MB batches).
 
 Run as a process (``python -m tests.support.sink --port N``) it only counts spans and
 prints the totals on SIGTERM, for benchmarks.
@@ -112,6 +114,10 @@ class RecordingSink:
         self.rejected_calls = 0
         self._failures: list[tuple[grpc.StatusCode, float | None]] = []
         self.delay_s = 0.0
+        self._open = threading.Event()
+        self._open.set()
+        self.held_calls = 0
+        """Calls waiting in :meth:`hold` right now."""
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             options=[
@@ -142,6 +148,7 @@ class RecordingSink:
         return self
 
     def stop(self) -> None:
+        self._open.set()  # a held call must not outlive the server
         self._server.stop(grace=1).wait()
 
     def __enter__(self) -> RecordingSink:
@@ -157,6 +164,14 @@ class RecordingSink:
         """Answer the next ``count`` calls with ``code`` (and RetryInfo if given)."""
         with self._lock:
             self._failures.extend([(code, retry_after_s)] * count)
+
+    def hold(self) -> None:
+        """From now on every call waits (without answering) until :meth:`release`."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Let the held calls, and every later one, proceed as usual."""
+        self._open.set()
 
     # -- reading -------------------------------------------------------------------
     def spans(self) -> list[RecordedSpan]:
@@ -189,6 +204,12 @@ class RecordingSink:
     # -- serving -------------------------------------------------------------------
     def _handler(self, signal_name: str, resp_type: Any) -> Callable[[Any, Any], Any]:
         def export(request: Any, context: grpc.ServicerContext) -> Any:
+            if not self._open.is_set():
+                with self._lock:
+                    self.held_calls += 1
+                self._open.wait()
+                with self._lock:
+                    self.held_calls -= 1
             if self.delay_s:
                 time.sleep(self.delay_s)
             with self._lock:

@@ -119,7 +119,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     ).start()
     try:
         _emit(sidecar.grpc_endpoint, time.time_ns() - 600 * 1_000_000_000)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # generous: a loaded machine writes slowly
         while time.monotonic() < deadline:
             if (
                 sidecar.metric("gym_sidecar_store_written_items_total", signal="traces")

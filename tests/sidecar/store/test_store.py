@@ -27,6 +27,7 @@ from tests.sidecar.store.requests import (
     histogram_request,
     trace_request,
 )
+from tests.support.wait import wait_for_async
 
 MiB = 1024 * 1024
 NOW = time.time_ns()
@@ -161,15 +162,18 @@ def test_retention_by_age_deletes_and_counts(path: Path) -> None:
         await exporter.export(Signal.TRACES, payload, 5)
         with closing(db.connect(path, readonly=True)) as conn:
             assert queries.store_counts(conn)["spans"] == 5
-            for _ in range(200):  # the pruner runs every 50 ms; 10 s is plenty
-                if not queries.store_counts(conn)["spans"]:
-                    break
-                await asyncio.sleep(0.05)
+            # The pruner runs every 50 ms: wait for it, however slow the machine.
+            await wait_for_async(lambda: not queries.store_counts(conn)["spans"], 60)
             assert queries.store_counts(conn)["spans"] == 0
         await exporter.close()
 
     asyncio.run(body())
     assert _sample(metrics, "gym_sidecar_store_pruned_items_total", reason="max_age") == 5
+
+
+def _used_bytes(path: Path) -> int:
+    with closing(db.connect(path, readonly=True)) as conn:
+        return int(db.used_bytes(conn))
 
 
 def test_retention_by_size_keeps_the_newest_under_the_bound(path: Path) -> None:
@@ -186,8 +190,16 @@ def test_retention_by_size_keeps_the_newest_under_the_bound(path: Path) -> None:
             )
             assert result.outcome is Outcome.SUCCESS
             await asyncio.sleep(0.06)  # let the pruner run between batches
-        await asyncio.sleep(0.3)
+        # It prunes down to the bound: waited for, not assumed done within some time.
+        pruned_to_bound = await wait_for_async(
+            lambda: (
+                _sample(metrics, "gym_sidecar_store_pruned_items_total", reason="max_bytes") > 0
+                and _used_bytes(path) <= cfg.max_bytes
+            ),
+            60,
+        )
         await exporter.close()
+        assert pruned_to_bound
 
     asyncio.run(body())
     pruned = _sample(metrics, "gym_sidecar_store_pruned_items_total", reason="max_bytes")

@@ -79,6 +79,70 @@ class SidecarResources(BaseModel):
     limits: ResourceAmounts = ResourceAmounts(cpu="1", memory="256Mi")
 
 
+class Capabilities(BaseModel):
+    """Linux capabilities added to and dropped from the sidecar container."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    add: list[str] | None = None
+    drop: list[str] | None = Field(default_factory=lambda: ["ALL"])
+
+
+class SeccompProfile(BaseModel):
+    """The sidecar container's seccomp profile (Kubernetes ``SeccompProfile``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = "RuntimeDefault"
+    localhost_profile: str | None = None
+    """Path of the profile on the node, for ``type: Localhost`` only."""
+
+    @model_validator(mode="after")
+    def _localhost(self) -> SeccompProfile:
+        if (self.type == "Localhost") != (self.localhost_profile is not None):
+            raise ValueError("localhost_profile is set exactly when type is Localhost")
+        return self
+
+
+class SidecarSecurityContext(BaseModel):
+    """The injected container's ``securityContext``, in snake_case (each key is the
+    Kubernetes field of the same name: ``run_as_non_root`` is ``runAsNonRoot``).
+
+    The defaults satisfy the ``restricted`` Pod Security Standard (non-root, no
+    privilege escalation, every capability dropped, the runtime's default seccomp
+    profile) plus a read-only root filesystem, so injection never makes a pod
+    inadmissible in a ``restricted`` namespace. A key set to null is left out.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_as_non_root: bool | None = True
+    run_as_user: int | None = Field(default=None, ge=0)
+    """None: the image's user (the sidecar image runs as 10001)."""
+    run_as_group: int | None = Field(default=None, ge=0)
+    allow_privilege_escalation: bool | None = False
+    privileged: bool | None = None
+    read_only_root_filesystem: bool | None = True
+    capabilities: Capabilities | None = Field(default_factory=Capabilities)
+    seccomp_profile: SeccompProfile | None = Field(default_factory=SeccompProfile)
+
+    def to_kubernetes(self) -> dict[str, Any]:
+        """The camelCase ``securityContext`` object, without the unset keys."""
+        out: dict[str, Any] = _camel(self.model_dump(exclude_none=True))
+        return out
+
+
+def _camel(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            key.split("_")[0] + "".join(w.title() for w in key.split("_")[1:]): _camel(v)
+            for key, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
+
+
 class InjectorConfig(BaseModel):
     """What the injector adds to a pod, and how it serves."""
 
@@ -118,11 +182,15 @@ class InjectorConfig(BaseModel):
     data_size_limit: str = "1Gi"
     """``sizeLimit`` of the sidecar's emptyDir data volume (local store, disk queue)."""
     admin_port: int = Field(default=semconv.DEFAULT_ADMIN_PORT, gt=0, lt=65536)
-    """Sidecar admin listener port: probes hit ``/healthz`` and ``/readyz`` there."""
+    """Sidecar admin listener port: probes hit ``/healthz`` and ``/readyz`` there, and
+    the app containers' agents poll their span groups there (the injector sets
+    ``GYM_TELEMETRY_SIDECAR_ADMIN_URL=http://localhost:<admin_port>`` on them)."""
     grpc_port: int = Field(default=4317, gt=0, lt=65536)
     http_port: int = Field(default=4318, gt=0, lt=65536)
     startup_failure_threshold: int = Field(default=60, gt=0)
     """Startup probe attempts (1 s apart) before the kubelet restarts the sidecar."""
+    security_context: SidecarSecurityContext = Field(default_factory=SidecarSecurityContext)
+    """The sidecar container's ``securityContext`` (defaults: ``restricted``-compliant)."""
 
     sidecar_mode: Literal["auto", "native", "container"] = "auto"
     """``native``: an init container with ``restartPolicy: Always``; ``container``: a plain

@@ -1,8 +1,8 @@
 """The injection itself: a pure function from a pod to the pod with the sidecar.
 
-Nothing here does I/O or keeps state: :func:`mutate` copies its input and returns the
-injected copy, and the HTTP layer diffs the two into a JSON patch. The mutation is
-convergent, so running it again (a second webhook call, ``reinvocationPolicy:
+Nothing here does I/O (beyond a log line) or keeps state: :func:`mutate` copies its
+input and returns the injected copy, and the HTTP layer diffs the two into a JSON patch.
+The mutation is convergent, so running it again (a second webhook call, ``reinvocationPolicy:
 IfNeeded``) changes nothing: the sidecar is recognised by its container name, and app
 variables are only ever added when missing.
 """
@@ -10,6 +10,7 @@ variables are only ever added when missing.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from gym_sidecar.enrich.downward_api import (
     PODINFO_VOLUME_NAME,
 )
 from gym_sidecar.webhook.config import InjectorConfig
+
+_log = logging.getLogger(__name__)
 
 INJECT_ANNOTATION = "telemetry.nemo-gym.io/inject"
 """Pod annotation (``"true"``/``"false"``); also the namespace *label* of the same name."""
@@ -46,6 +49,9 @@ _FIELD_REFS: dict[str, str] = {
     "K8S_NODE_NAME": "spec.nodeName",
 }
 _APP_CONTAINER_VAR = "K8S_CONTAINER_NAME"
+AGENT_ADMIN_URL_ENV = "GYM_TELEMETRY_SIDECAR_ADMIN_URL"
+"""Where the agent in an app container polls the sidecar's span groups: the agent's
+``gym_telemetry.remote_config.ENV_ADMIN_URL`` (a test holds the two equal)."""
 if set(_FIELD_REFS) | {_APP_CONTAINER_VAR} != set(ENV_TO_ATTRIBUTE):
     raise ImportError("downward_api.ENV_TO_ATTRIBUTE changed: update the webhook's fieldRefs")
 
@@ -134,12 +140,7 @@ def sidecar_container(config: InjectorConfig, app_container: str, native: bool) 
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": config.security_context.to_kubernetes(),
     }
     if native:
         # The app containers start only once this succeeds: the sidecar is ready first.
@@ -173,6 +174,19 @@ def _volumes(config: InjectorConfig) -> list[dict[str, Any]]:
     return volumes
 
 
+_VOLUME_ROLES = {
+    PODINFO_VOLUME_NAME: "pod labels and annotations (enrichment)",
+    DATA_VOLUME_NAME: "data directory",
+    CONFIG_VOLUME_NAME: "configuration",
+}
+
+
+def _pod_name(pod: dict[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    name = metadata.get("name") or metadata.get("generateName") or "<unnamed>"
+    return f"{metadata.get('namespace') or ''}/{name}".lstrip("/")
+
+
 def already_injected(pod: dict[str, Any], config: InjectorConfig) -> bool:
     """True when the pod already holds a container with the sidecar's name."""
     spec = pod.get("spec") or {}
@@ -188,8 +202,11 @@ def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
 
     Adds (each only when absent): the sidecar container -- as the first init container
     with ``restartPolicy: Always`` when ``config.native_sidecar()``, else as a plain
-    container --, the downward-API and config volumes, the ``app_env`` variables on
-    every app container, and the ``telemetry.nemo-gym.io/injected`` annotation.
+    container --, the downward-API and config volumes, the ``app_env`` variables and
+    the agent's span-group poll URL (``GYM_TELEMETRY_SIDECAR_ADMIN_URL``, on the
+    configured ``admin_port``) on every app container, and the
+    ``telemetry.nemo-gym.io/injected`` annotation. A pod volume that already has an
+    injected volume's name is kept, with a warning logged.
     Raises ValueError for a pod without ``spec.containers`` (the caller fails open).
     """
     out = copy.deepcopy(pod)
@@ -207,20 +224,32 @@ def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
         else:
             containers.append(sidecar)
         volumes = spec.setdefault("volumes", [])
-        present = {v.get("name") for v in volumes}
-        volumes.extend(v for v in _volumes(config) if v["name"] not in present)
+        present = {v.get("name"): v for v in volumes}
+        for volume in _volumes(config):
+            own = present.get(volume["name"])
+            if own is None:
+                volumes.append(volume)
+            elif own != volume:
+                # The sidecar would mount the pod's own volume in its place: say so.
+                _log.warning(
+                    "pod %s already has a volume named %r unlike the injected one; the "
+                    "sidecar mounts the pod's volume there (rename it, or expect the "
+                    "sidecar's %s to be wrong)",
+                    _pod_name(out),
+                    volume["name"],
+                    _VOLUME_ROLES.get(volume["name"], "volume"),
+                )
         metadata = out.setdefault("metadata", {})
         annotations = metadata.get("annotations") or {}
         annotations[INJECTED_ANNOTATION] = "native-sidecar" if native else "container"
         metadata["annotations"] = annotations
 
+    app_env = {AGENT_ADMIN_URL_ENV: f"http://localhost:{config.admin_port}", **config.app_env}
     for container in app_containers:
         env = container.setdefault("env", [])
         present_names = {e.get("name") for e in env}
         env.extend(
-            {"name": k, "value": v}
-            for k, v in sorted(config.app_env.items())
-            if k not in present_names
+            {"name": k, "value": v} for k, v in sorted(app_env.items()) if k not in present_names
         )
         if not env:
             del container["env"]
