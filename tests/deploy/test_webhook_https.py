@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -22,7 +24,12 @@ import jsonpatch
 import pytest
 from gym_sidecar.webhook.config import InjectorConfig
 from gym_sidecar.webhook.mutate import INJECT_ANNOTATION, INJECTED_ANNOTATION, mutate
-from gym_sidecar.webhook.server import NAMESPACE_OPT_IN_PATH, POD_OPT_IN_PATH, InjectorServer
+from gym_sidecar.webhook.server import (
+    NAMESPACE_OPT_IN_PATH,
+    POD_OPT_IN_PATH,
+    CertificateReloader,
+    InjectorServer,
+)
 
 from tests.deploy.support import validate_k8s, write_self_signed
 from tests.support.ports import free_port, wait_listening
@@ -286,25 +293,25 @@ def test_oversized_review_fails_open(tmp_path: Path) -> None:
     assert "max_request_bytes" in response["warnings"][0]
 
 
+def served_cert(port: int) -> bytes:
+    """The DER certificate the server on ``port`` presents now (a fresh handshake)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
 def test_rotated_certificate_is_served_without_restart(tmp_path: Path) -> None:
     cert, key = write_self_signed(tmp_path / "a", common_name="first")
     config = InjectorConfig(
         listen="127.0.0.1:0", cert_file=str(cert), key_file=str(key), cert_reload_interval_s=0.05
     )
-
-    def served_cert(port: int) -> bytes:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        import socket
-
-        with (
-            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-            ctx.wrap_socket(raw) as tls,
-        ):
-            der = tls.getpeercert(binary_form=True)
-        assert der is not None
-        return der
 
     async def scenario() -> tuple[bytes, bytes, str]:
         server = InjectorServer(config)
@@ -353,3 +360,108 @@ def test_cli_exits_1_when_the_certificate_is_unreadable(tmp_path: Path) -> None:
     result = run_cli("--listen", f"127.0.0.1:{free_port()}", "--cert", missing, "--key", missing)
     assert result.returncode == 1
     assert "cannot start" in result.stderr
+
+
+def mount_like_a_secret(root: Path, cert: Path, key: Path, version: str) -> None:
+    """Lay out (or atomically update) ``root`` the way the kubelet mounts a Secret:
+    ``..<version>/`` holds the files, ``..data -> ..<version>``, ``tls.crt ->
+    ..data/tls.crt``; an update writes a new version directory and swaps ``..data`` with
+    one rename of a new symlink, so the visible files change all at once."""
+    versioned = root / f"..{version}"
+    versioned.mkdir(parents=True)
+    (versioned / "tls.crt").write_bytes(cert.read_bytes())
+    (versioned / "tls.key").write_bytes(key.read_bytes())
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(versioned.name)
+    os.replace(tmp_link, root / "..data")
+    for name in ("tls.crt", "tls.key"):
+        if not (root / name).is_symlink():
+            (root / name).symlink_to(f"..data/{name}")
+
+
+def test_certificate_follows_a_secret_symlink_swap(tmp_path: Path) -> None:
+    """A Secret update changes no mtime of ``tls.crt`` (a symlink that stays the same):
+    the reload must notice the new content."""
+    secret = tmp_path / "secret"
+    cert_a, key_a = write_self_signed(tmp_path / "a", common_name="first")
+    cert_b, key_b = write_self_signed(tmp_path / "b", common_name="second")
+    mount_like_a_secret(secret, cert_a, key_a, "2026_01_01_00_00_00.1")
+    cert_link, key_link = secret / "tls.crt", secret / "tls.key"
+    stamps = (os.lstat(cert_link).st_mtime_ns, os.lstat(key_link).st_mtime_ns)
+    config = InjectorConfig(
+        listen="127.0.0.1:0",
+        cert_file=str(cert_link),
+        key_file=str(key_link),
+        cert_reload_interval_s=0.05,
+    )
+
+    async def scenario() -> tuple[bytes, bytes]:
+        server = InjectorServer(config)
+        await server.start()
+        port = int(server.port or 0)
+        try:
+            first = await asyncio.to_thread(served_cert, port)
+            # Same-size files with the same mtime as the first ones: only content differs.
+            mount_like_a_secret(secret, cert_b, key_b, "2026_02_01_00_00_00.2")
+            for name in ("tls.crt", "tls.key"):
+                target = secret / "..2026_02_01_00_00_00.2" / name
+                old = secret / "..2026_01_01_00_00_00.1" / name
+                st = os.stat(old)
+                os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if server.metrics.cert_reloads._value.get() >= 1:
+                    break
+            second = await asyncio.to_thread(served_cert, port)
+            return first, second
+        finally:
+            await server.stop()
+
+    first, second = asyncio.run(scenario())
+    assert (os.lstat(cert_link).st_mtime_ns, os.lstat(key_link).st_mtime_ns) == stamps
+    assert ssl.DER_cert_to_PEM_cert(first).strip() == cert_a.read_text().strip()
+    assert ssl.DER_cert_to_PEM_cert(second).strip() == cert_b.read_text().strip()
+
+
+def test_unchanged_certificate_is_not_reloaded(tmp_path: Path) -> None:
+    cert, key = write_self_signed(tmp_path)
+    reloader = CertificateReloader(str(cert), str(key))
+    cert.touch()  # a new mtime, same content
+    assert reloader.reload_if_changed() is False
+
+
+@pytest.mark.parametrize("broken", ["cert", "key", "pair"])
+def test_tls_error_names_the_file(tmp_path: Path, broken: str) -> None:
+    cert, key = write_self_signed(tmp_path / "a")
+    other_cert, _other_key = write_self_signed(tmp_path / "b")
+    if broken == "cert":
+        cert.write_text("not a certificate\n")
+    elif broken == "key":
+        key.write_text("not a key\n")
+    else:
+        cert = other_cert  # a valid certificate that does not match the key
+    result = run_cli(
+        "--listen", f"127.0.0.1:{free_port()}", "--cert", str(cert), "--key", str(key)
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr
+    named = {"cert": [str(cert)], "key": [str(key)], "pair": [str(cert), str(key)]}[broken]
+    for path in named:
+        assert path in result.stderr
+
+
+def test_webhook_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    """The sidecar image has no aiohttp: the webhook command must say what is missing."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text("import sys\nsys.modules['aiohttp'] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_sidecar.cli", "webhook", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "gym-telemetry-sidecar[webhook]" in result.stderr and "aiohttp" in result.stderr

@@ -1,13 +1,15 @@
-"""Real NeMo Gym servers as processes: the launcher now lives in the product.
+"""Real NeMo Gym servers as processes: the launcher lives in the demo member.
 
-:mod:`gym_sidecar.demo.gym_servers` starts Gym servers the way Gym's launcher does (it
+:mod:`gym_telemetry_demo.gym_servers` starts Gym servers the way Gym's launcher does (it
 moved there from this module so that ``make demo`` uses the same code as the real-Gym
 tests). This module keeps the names the tests import.
 """
 
 from __future__ import annotations
 
-from gym_sidecar.demo.gym_servers import (
+from pathlib import Path
+
+from gym_telemetry_demo.gym_servers import (
     EXAMPLE_TASK,
     GymProcess,
     examples_dir,
@@ -18,10 +20,10 @@ from gym_sidecar.demo.gym_servers import (
     server_location,
     site_packages,
 )
-from gym_sidecar.demo.gym_servers import GymServers as GymStack
+from gym_telemetry_demo.gym_servers import GymServers as GymStack
 
-REPO = repo_root()
-EXAMPLES = examples_dir()
+REPO = repo_root(Path(__file__).resolve().parents[2])
+EXAMPLES = examples_dir(REPO)
 CONFIGS = EXAMPLES / "configs"
 
 __all__ = [

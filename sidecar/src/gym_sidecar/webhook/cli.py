@@ -1,7 +1,10 @@
 """The ``gym-sidecar webhook`` subcommand: run the sidecar-injection admission webhook.
 
 Exit codes: 0 after SIGTERM/SIGINT, 2 on invalid configuration, 1 when it cannot start
-(port in use, unreadable certificate).
+(port in use, unreadable certificate, or the ``webhook`` extra not installed).
+
+The webhook's server libraries come with ``gym-telemetry-sidecar[webhook]``; the plain
+sidecar (and its image) does not carry them, so this module imports them only to serve.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 import ssl
@@ -26,6 +30,22 @@ _FLAGS: dict[str, str] = {
     "sidecar_mode": "sidecar_mode",
     "kubernetes_version": "kubernetes_version",
 }
+
+
+WEBHOOK_EXTRA_MODULES: tuple[str, ...] = ("aiohttp", "jsonpatch")
+"""What ``gym-telemetry-sidecar[webhook]`` adds; the server needs every one."""
+INSTALL_HINT = "pip install 'gym-telemetry-sidecar[webhook]' (or the gym-telemetry-webhook image)"
+
+
+def missing_extra() -> list[str]:
+    """The modules of the ``webhook`` extra that cannot be imported (empty: all there)."""
+    missing = []
+    for name in WEBHOOK_EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def add_webhook(subparsers: Any) -> None:
@@ -47,6 +67,14 @@ def add_webhook(subparsers: Any) -> None:
 
 def run_webhook(args: argparse.Namespace) -> int:
     """Load the config and serve until SIGTERM/SIGINT; returns the exit code."""
+    missing = missing_extra()
+    if missing:
+        print(
+            f"gym-sidecar webhook: needs the 'webhook' extra ({', '.join(missing)} not "
+            f"installed): {INSTALL_HINT}",
+            file=sys.stderr,
+        )
+        return 1
     overrides = {
         key: getattr(args, dest)
         for dest, key in _FLAGS.items()

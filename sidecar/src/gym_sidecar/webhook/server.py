@@ -1,5 +1,7 @@
 """The injector's HTTPS server: aiohttp, TLS from files, certificates reloaded on rotation.
 
+Needs the ``webhook`` extra (``gym-telemetry-sidecar[webhook]``).
+
 Routes (the MutatingWebhookConfiguration points its two entries at the first two):
 
 - ``POST /mutate/pod-opt-in``: pods of namespaces not opted in; inject only when the pod
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
-import os
 import socket
 import ssl
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -37,12 +40,27 @@ POD_OPT_IN_PATH = "/mutate/pod-opt-in"
 NAMESPACE_OPT_IN_PATH = "/mutate/namespace-opt-in"
 
 
-class CertificateReloader:
-    """Owns the server's SSLContext and reloads the key pair when the files change.
+class CertificateError(ValueError):
+    """A certificate or key file could not be loaded; the message names the file."""
 
-    Reloading into the same context means new handshakes use the new certificate while
-    open connections are untouched. A failed reload (half-written files) keeps the old
-    pair and is retried at the next check.
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise CertificateError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+
+
+class CertificateReloader:
+    """Owns the server's SSLContext and reloads the key pair when the files' content changes.
+
+    Rotation is detected by content (SHA-256 of the certificate and key bytes), not by
+    mtime: a mounted Kubernetes Secret is updated by swapping its ``..data`` symlink, so
+    ``tls.crt`` keeps the mtime of a symlink that never changes while what it points at
+    does. Reloading into the same context means new handshakes use the new certificate
+    while open connections are untouched. A failed reload (half-written files, or a check
+    that read the old certificate and the new key) keeps the old pair and is retried at
+    the next check.
     """
 
     def __init__(self, cert_file: str, key_file: str) -> None:
@@ -50,23 +68,42 @@ class CertificateReloader:
         self.key_file = key_file
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._stamp = self._mtimes()
-        self.context.load_cert_chain(cert_file, key_file)
+        cert, key = _read(cert_file, "cert_file"), _read(key_file, "key_file")
+        if b"-----BEGIN CERTIFICATE-----" not in cert:
+            raise CertificateError(f"cert_file {cert_file}: no PEM certificate in it")
+        if b"PRIVATE KEY-----" not in key:
+            raise CertificateError(f"key_file {key_file}: no PEM private key in it")
+        try:
+            self.context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise CertificateError(
+                f"cannot load the TLS key pair cert_file {cert_file} and key_file {key_file}: {exc}"
+            ) from None
+        self._digest: bytes | None = self._fingerprint(cert, key)
 
-    def _mtimes(self) -> tuple[float, float]:
-        return (os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime)
+    @staticmethod
+    def _fingerprint(cert: bytes, key: bytes) -> bytes:
+        # Length-prefixed so that no split of the same bytes between the files collides.
+        return hashlib.sha256(len(cert).to_bytes(8, "big") + cert + key).digest()
+
+    def _current(self) -> bytes:
+        return self._fingerprint(
+            _read(self.cert_file, "cert_file"), _read(self.key_file, "key_file")
+        )
 
     def reload_if_changed(self) -> bool:
-        """Reload when either file's mtime moved; True when a new pair was loaded."""
+        """Reload when the files' content changed; True when a new pair was loaded."""
         try:
-            stamp = self._mtimes()
-            if stamp == self._stamp:
+            before = self._current()
+            if before == self._digest:
                 return False
             self.context.load_cert_chain(self.cert_file, self.key_file)
-        except (OSError, ssl.SSLError) as exc:
+            # The files may have changed again between the hash and the load: only a
+            # pair read twice the same is taken as loaded; otherwise check again next time.
+            self._digest = before if self._current() == before else None
+        except (OSError, ssl.SSLError, CertificateError) as exc:
             logger.warning("keeping the current TLS certificate, reload failed: %s", exc)
             return False
-        self._stamp = stamp
         logger.info("reloaded TLS certificate from %s", self.cert_file)
         return True
 

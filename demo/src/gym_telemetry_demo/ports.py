@@ -1,6 +1,6 @@
 """Free loopback ports and waiting for a server to listen.
 
-Used by the demo (``gym_sidecar.demo``) to place its Gym servers and sidecar, and by the
+Used by the demo (``gym_telemetry_demo``) to place its Gym servers and sidecar, and by the
 test suite and benchmarks (``tests/support/ports.py`` re-exports these).
 """
 

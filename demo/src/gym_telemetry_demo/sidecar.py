@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gym_sidecar.ports import free_port
+from gym_telemetry_demo.ports import free_port
 
 
 class SidecarChild:

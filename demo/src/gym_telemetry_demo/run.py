@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
+from gym_sidecar.store import db, queries, stats
+from gym_sidecar.store.config import default_data_dir
 from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gym_sidecar.demo.gym_servers import GymServers, load_configs, post_json, repo_root, run_body
-from gym_sidecar.demo.sidecar import SidecarChild
-from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
-from gym_sidecar.store import db, queries, stats
-from gym_sidecar.store.config import default_data_dir
+from gym_telemetry_demo.gym_servers import GymServers, load_configs, post_json, repo_root, run_body
+from gym_telemetry_demo.sidecar import SidecarChild
 
 MODEL: Final = "policy_model"
 RESOURCES: Final = "example_single_tool_call"
@@ -39,7 +39,7 @@ ENV_BUILD_TIMEOUT_S: Final = 1800
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What ``python -m gym_sidecar.demo`` was asked to do."""
+    """What ``python -m gym_telemetry_demo`` was asked to do."""
 
     rollouts: int
     concurrency: int
@@ -49,11 +49,13 @@ class DemoOptions:
     keep: bool
     gym_python: Path | None
     wait_s: float = 30.0
+    repo: Path | None = None
+    """The source tree (``--repo``); None: :func:`~gym_telemetry_demo.gym_servers.repo_root`."""
 
 
-def prepare_gym_env(console: Console) -> Path:
-    """Build or reuse the cached Gym environment with this tree's agent; its python."""
-    script = repo_root() / "scripts" / "gym_env.py"
+def prepare_gym_env(console: Console, repo: Path) -> Path:
+    """Build or reuse the cached Gym environment with ``repo``'s agent; its python."""
+    script = repo / "scripts" / "gym_env.py"
     cmd = [sys.executable, str(script), "install-agent"]
     with console.status("Preparing the NeMo Gym environment (first run: several minutes)..."):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -159,7 +161,8 @@ def _next_steps(console: Console, store_dir: Path) -> None:
 def run_demo(opts: DemoOptions, console: Console) -> int:
     """Run every step; see the module docstring."""
     console.rule("[bold]gym-telemetry demo")
-    python = opts.gym_python or prepare_gym_env(console)
+    repo = repo_root(opts.repo)
+    python = opts.gym_python or prepare_gym_env(console, repo)
     console.print(f"Gym environment: {python}")
     sidecar = SidecarChild(
         opts.store_dir,
@@ -187,8 +190,10 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             }
-            config = load_configs("stack.yaml", "failing_verifier.yaml")
-            servers = GymServers(python, config, list(SERVERS), env, opts.workdir / "gym")
+            config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
+            servers = GymServers(
+                python, config, list(SERVERS), env, opts.workdir / "gym", repo=repo
+            )
             servers.start()
             console.print(
                 "Gym servers: "

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import yaml
 
-from gym_sidecar.ports import free_port, wait_listening
+from gym_telemetry_demo.ports import free_port, wait_listening
 
 EXAMPLE_TASK: Final[dict[str, Any]] = {
     "responses_create_params": {
@@ -66,16 +66,41 @@ sys.stdout.write(OmegaConf.to_yaml(parsed))
 """
 
 
-def repo_root() -> Path:
-    """The source tree holding ``examples/gym_stack`` (this checkout, else the cwd)."""
-    here = Path(__file__).resolve().parents[4]
-    if (here / "examples" / "gym_stack").is_dir():
-        return here
-    return Path.cwd()
+REPO_ENV: Final = "GYM_TELEMETRY_REPO"
+"""Environment variable naming the source tree (``scripts/demo.sh`` sets it)."""
 
 
-def examples_dir() -> Path:
-    return repo_root() / "examples" / "gym_stack"
+def is_repo(path: Path) -> bool:
+    """Whether ``path`` is a gym-telemetry source tree (it holds ``examples/gym_stack``)."""
+    return (path / "examples" / "gym_stack").is_dir() and (path / "scripts").is_dir()
+
+
+def repo_root(explicit: Path | None = None) -> Path:
+    """The source tree holding ``examples/gym_stack`` and ``scripts/gym_env.py``.
+
+    ``explicit`` (the demo's ``--repo``) wins, then ``$GYM_TELEMETRY_REPO``, then the
+    nearest directory at or above the current one that is a source tree. The demo is a
+    workspace member used from a checkout, so no position of this file is assumed.
+    Raises RuntimeError naming what was tried when none qualifies.
+    """
+    named = explicit or (Path(os.environ[REPO_ENV]) if os.environ.get(REPO_ENV) else None)
+    if named is not None:
+        if not is_repo(named):
+            raise RuntimeError(
+                f"{named} is not a gym-telemetry source tree (no examples/gym_stack)"
+            )
+        return named.resolve()
+    cwd = Path.cwd().resolve()
+    for candidate in (cwd, *cwd.parents):
+        if is_repo(candidate):
+            return candidate
+    raise RuntimeError(
+        f"no gym-telemetry source tree at or above {cwd}: pass --repo DIR or set {REPO_ENV}"
+    )
+
+
+def examples_dir(repo: Path | None = None) -> Path:
+    return (repo or repo_root()) / "examples" / "gym_stack"
 
 
 def site_packages(python: Path) -> Path:
@@ -89,11 +114,11 @@ def site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def load_configs(*names: str) -> dict[str, Any]:
+def load_configs(*names: str, repo: Path | None = None) -> dict[str, Any]:
     """Merge ``examples/gym_stack/configs/<name>`` files (later ones win per top key)."""
     merged: dict[str, Any] = {}
     for name in names:
-        merged.update(yaml.safe_load((examples_dir() / "configs" / name).read_text()))
+        merged.update(yaml.safe_load((examples_dir(repo) / "configs" / name).read_text()))
     return merged
 
 
@@ -135,6 +160,8 @@ class GymServers:
     workdir: Path
     processes: dict[str, GymProcess] = field(default_factory=dict)
     resolved_yaml: str = ""
+    repo: Path | None = None
+    """The source tree whose ``examples/gym_stack`` servers win (None: :func:`repo_root`)."""
 
     def _assign_ports(self) -> None:
         self.config.setdefault("head_server", {})
@@ -171,7 +198,7 @@ class GymServers:
     def start(self, timeout_s: float = 90.0) -> GymServers:
         resolved = self.resolve()
         packages = site_packages(self.python)
-        examples = examples_dir()
+        examples = examples_dir(self.repo)
         for name in self.start_names:
             first, second, block = server_location(self.config, name)
             directory = examples / first / second

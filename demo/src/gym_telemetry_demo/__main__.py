@@ -1,4 +1,4 @@
-"""``python -m gym_sidecar.demo [--rollouts N] [--concurrency C] [--failing F] [--keep]``."""
+"""``python -m gym_telemetry_demo [--rollouts N] [--concurrency C] [--failing F] [--keep]``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gym_sidecar.demo.run import DemoOptions, run_demo
 from gym_sidecar.inspect.render import make_console
 from gym_sidecar.store.config import default_data_dir
+
+from gym_telemetry_demo.run import DemoOptions, run_demo
 
 
 def _positive(text: str) -> int:
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
     p.add_argument("--gym-python", type=Path, help="use this Gym environment's python as is")
+    p.add_argument(
+        "--repo",
+        type=Path,
+        help="the gym-telemetry source tree (default: $GYM_TELEMETRY_REPO, else the nearest"
+        " directory at or above the current one holding examples/gym_stack)",
+    )
     p.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for the store (30)")
     return p
 
@@ -65,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep=args.keep,
         gym_python=args.gym_python,
         wait_s=args.wait_s,
+        repo=args.repo,
     )
     console = make_console()
     try:

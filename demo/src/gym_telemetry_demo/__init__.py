@@ -1,4 +1,4 @@
-"""``python -m gym_sidecar.demo`` (``make demo``): the whole product on one machine.
+"""``python -m gym_telemetry_demo`` (``make demo``): the whole product on one machine.
 
 Real NeMo Gym servers, auto-instrumented, send their spans to a real sidecar that
 writes them into the embedded local store; the demo drives rollouts (a few with a
