@@ -6,38 +6,40 @@ Sources, highest precedence first:
 2. environment variables ``GYM_SIDECAR_<KEY>``, nested keys joined with ``__``
    (``GYM_SIDECAR_BACKEND__URL``, ``GYM_SIDECAR_QUEUE__MAX_BYTES``); a value starting
    with ``{`` or ``[`` is parsed as YAML, so ``GYM_SIDECAR_ENRICH__ATTRIBUTES='{a: b}'``
-   works; the ``--backend*`` flags' twins are also spelled ``GYM_SIDECAR_BACKEND``,
-   ``GYM_SIDECAR_BACKEND_PROTOCOL`` and ``GYM_SIDECAR_BACKEND_COMPRESSION``, and those of
-   ``--local-store`` / ``--store-dir`` ``GYM_SIDECAR_LOCAL_STORE`` / ``GYM_SIDECAR_STORE_DIR``;
-3. the YAML file given with ``--config``;
+   works, and ``null`` is none; the ``--backend*`` flags' twins are also spelled
+   ``GYM_SIDECAR_BACKEND``, ``GYM_SIDECAR_BACKEND_PROTOCOL`` and
+   ``GYM_SIDECAR_BACKEND_COMPRESSION``, and those of ``--local-store`` / ``--store-dir``
+   ``GYM_SIDECAR_LOCAL_STORE`` / ``GYM_SIDECAR_STORE_DIR``;
+3. the YAML file given with ``--config``, with ``${env:VAR}`` / ``${VAR}`` expanded as
+   the OpenTelemetry Collector does (``$$`` is a literal ``$``);
 4. the defaults below.
 
-The sources are merged as plain dicts and validated once, so every error of every
-source is reported together, each with its dotted key path
+The loader is :mod:`gym_sidecar.configload`, shared with the injection webhook: the
+sources are merged as plain dicts and validated once, so every error of every source is
+reported together, each with its dotted key path
 (``queue.max_bytes: Input should be greater than 0``) -- see :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import gym_telemetry_semconv as semconv
-import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from gym_sidecar.configload import (
+    ENV_NESTED_DELIMITER,
+    ConfigError,
+    ListenAddress,
+    deep_merge,
+    load_layers,
+    read_yaml_file,
+    split_host_port,
+)
 from gym_sidecar.enrich import downward_api
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
@@ -47,8 +49,6 @@ from gym_sidecar.store.config import LocalStoreConfig
 
 ENV_PREFIX = "GYM_SIDECAR_"
 """Prefix of every environment variable the sidecar reads."""
-ENV_NESTED_DELIMITER = "__"
-"""Separator of nested keys in environment variable names."""
 ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
 """Env twin of ``--config`` (a path, not a config key)."""
 # GYM_SIDECAR_PODINFO_DIR is set by the injection webhook for the enrich stage's
@@ -56,37 +56,6 @@ ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
 _NOT_CONFIG_ENV = frozenset({ENV_PREFIX, ENV_CONFIG_FILE, downward_api.PODINFO_DIR_ENV})
 
 MiB = 1024 * 1024
-
-
-def split_host_port(value: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6]:PORT`` for IPv6) and validate both parts.
-
-    Raises ValueError with a readable message. The host is an IP address or a host name;
-    port 0 is allowed (the OS picks one, useful in tests).
-    """
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"invalid IPv6 address in {value!r}") from None
-    elif ":" in host:
-        raise ValueError(f"IPv6 addresses must be bracketed, e.g. [::1]:4317; got {value!r}")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"port must be an integer in 0..65535, got {port_text!r}")
-    return host, int(port_text)
-
-
-def _check_listen(value: str) -> str:
-    split_host_port(value)
-    return value
-
-
-ListenAddress = Annotated[str, AfterValidator(_check_listen)]
-"""A validated ``HOST:PORT``. All interfaces (0.0.0.0 / [::]) only when written so."""
 
 
 class LimitsConfig(BaseModel):
@@ -189,39 +158,6 @@ class SidecarConfig(BaseModel):
         return self._source
 
 
-class ConfigError(Exception):
-    """The configuration could not be loaded; ``errors`` lists every problem found."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("invalid configuration:\n  " + "\n  ".join(errors))
-        self.errors = errors
-
-
-def _format_validation_error(exc: ValidationError) -> list[str]:
-    out = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "<root>"
-        out.append(f"{path}: {err['msg']}")
-    return out
-
-
-def read_yaml_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; raises ConfigError (never OSError/YAMLError) on failure."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: top level must be a mapping, got {type(data).__name__}"])
-    return data
-
-
 FLAG_ENV_ALIASES: dict[str, str] = {
     "GYM_SIDECAR_BACKEND": "backend__url",
     "GYM_SIDECAR_BACKEND_PROTOCOL": "backend__protocol",
@@ -233,50 +169,6 @@ FLAG_ENV_ALIASES: dict[str, str] = {
 their nested spellings."""
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The nested dict spelled by ``GYM_SIDECAR_*`` variables (keys lower-cased)."""
-    out: dict[str, Any] = {}
-    # Sorted so that the nested spelling (GYM_SIDECAR_BACKEND__URL) beats the alias.
-    for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name in _NOT_CONFIG_ENV:
-            continue
-        key = FLAG_ENV_ALIASES.get(name) or name[len(ENV_PREFIX) :].lower()
-        path = key.split(ENV_NESTED_DELIMITER)
-        value: Any = raw
-        # Scalars stay strings (pydantic converts "5" or "true" per field type); only
-        # flow collections are parsed, for dict/list keys like enrich.attributes.
-        if raw.lstrip().startswith(("{", "[")):
-            try:
-                value = yaml.safe_load(raw)
-            except yaml.YAMLError:
-                value = raw
-        _set_path(out, path, value)
-    return out
-
-
-def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
-    node = target
-    for key in path[:-1]:
-        child = node.get(key)
-        if not isinstance(child, dict):
-            child = {}
-            node[key] = child
-        node = child
-    node[path[-1]] = value
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """``override`` wins key by key; nested mappings merge instead of replacing."""
-    out = dict(base)
-    for key, value in override.items():
-        current = out.get(key)
-        if isinstance(current, Mapping) and isinstance(value, Mapping):
-            out[key] = deep_merge(current, value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_config(
     config_file: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -284,23 +176,24 @@ def load_config(
 ) -> SidecarConfig:
     """Merge defaults < file < environment < ``overrides`` (flags) and validate once.
 
-    ``overrides`` is a nested dict of values set on the command line. Raises
-    :class:`ConfigError` listing every error with its key path.
+    ``overrides`` is a nested dict of values set on the command line; ``environ`` (default
+    ``os.environ``) is read for ``GYM_SIDECAR_*`` and for the file's ``${env:VAR}``.
+    Raises :class:`ConfigError` listing every error with its key path.
     """
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        data = read_yaml_file(config_file)
-    data = deep_merge(data, env_overrides(os.environ if environ is None else environ))
-    if overrides:
-        data = deep_merge(data, overrides)
-    try:
-        cfg = SidecarConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc)) from None
     env = os.environ if environ is None else environ
+    cfg = load_layers(
+        SidecarConfig,
+        prefix=ENV_PREFIX,
+        environ=env,
+        config_file=config_file,
+        overrides=overrides,
+        aliases=FLAG_ENV_ALIASES,
+        ignore_env=_NOT_CONFIG_ENV,
+    )
     cfg._source = ConfigSource(
         Path(config_file) if config_file is not None else None,
-        {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)},
+        # All of it, not only GYM_SIDECAR_*: the file's ${env:VAR} may name any variable.
+        dict(env),
         dict(overrides or {}),
     )
     return cfg
@@ -318,3 +211,20 @@ class ConfigSource:
     def load(self) -> SidecarConfig:
         """Load the config again from the same file, environment and flags."""
         return load_config(self.config_file, self.environ, self.overrides)
+
+
+__all__ = [
+    "ENV_CONFIG_FILE",
+    "ENV_NESTED_DELIMITER",
+    "ENV_PREFIX",
+    "FLAG_ENV_ALIASES",
+    "ConfigError",
+    "ConfigSource",
+    "LimitsConfig",
+    "ListenAddress",
+    "SidecarConfig",
+    "deep_merge",
+    "load_config",
+    "read_yaml_file",
+    "split_host_port",
+]

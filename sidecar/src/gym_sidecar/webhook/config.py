@@ -1,10 +1,14 @@
 """Configuration of the sidecar-injection webhook (``gym-sidecar webhook``).
 
-Sources, highest precedence first: command-line flags, environment variables
-``GYM_INJECTOR_<KEY>`` (nested keys joined with ``__``, values parsed as YAML scalars or
-flow collections), the YAML file given with ``--config``, the defaults below. The
-injector deliberately does not read ``GYM_SIDECAR_*``: those belong to the sidecar it
-injects.
+Loaded by the sidecar's own loader (:mod:`gym_sidecar.configload`), so the rules are
+the same. Sources, highest precedence first: command-line flags, environment variables
+``GYM_INJECTOR_<KEY>`` (nested keys joined with ``__``: ``GYM_INJECTOR_IMAGE``,
+``GYM_INJECTOR_RESOURCES__LIMITS__CPU``; ``{...}``/``[...]`` values are YAML flow
+collections, ``null`` is none), the YAML file given with ``--config`` (``${env:VAR}``
+expanded), the defaults below. The injector deliberately does not read
+``GYM_SIDECAR_*``: those belong to the sidecar it injects.
+
+Adding a setting is adding a field to :class:`InjectorConfig` (with a default).
 """
 
 from __future__ import annotations
@@ -15,31 +19,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gym_telemetry_semconv as semconv
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gym_sidecar.config import deep_merge
+from gym_sidecar.configload import ConfigError, ListenAddress, load_layers, split_host_port
 
 ENV_PREFIX = "GYM_INJECTOR_"
 """Prefix of every environment variable the injector reads."""
-ENV_NESTED_DELIMITER = "__"
 
 MiB = 1024 * 1024
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) -> (host, port); raises ValueError readably."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -148,7 +135,7 @@ class InjectorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    listen: str = "0.0.0.0:8443"
+    listen: ListenAddress = "0.0.0.0:8443"
     """HTTPS listen address of the webhook (``HOST:PORT``)."""
     cert_file: str | None = None
     """PEM certificate chain served to the API server (``tls.crt`` of the Secret)."""
@@ -202,12 +189,6 @@ class InjectorConfig(BaseModel):
     unknown_version_mode: Literal["native", "container"] = "container"
     """``auto`` without ``kubernetes_version``: plain container works on every version."""
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        split_listen(value)
-        return value
-
     @model_validator(mode="after")
     def _tls_pair(self) -> InjectorConfig:
         if (self.cert_file is None) != (self.key_file is None):
@@ -230,31 +211,10 @@ class InjectorConfig(BaseModel):
         return parse_version(self.kubernetes_version) >= parse_version(self.native_min_version)
 
 
-class InjectorConfigError(Exception):
-    """The configuration could not be loaded; ``errors`` lists every problem found."""
+class InjectorConfigError(ConfigError):
+    """The injector's configuration could not be loaded; ``errors`` lists every problem."""
 
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("invalid injector configuration:\n  " + "\n  ".join(errors))
-        self.errors = errors
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER)
-        try:
-            value: Any = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
-        if not isinstance(value, str | int | float | bool | list | dict):
-            value = raw  # dates, nulls and the like stay the text they were
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
+    header = "invalid injector configuration"
 
 
 def load_injector_config(
@@ -266,22 +226,23 @@ def load_injector_config(
 
     Raises :class:`InjectorConfigError` listing every error with its key path.
     """
-    # Start from the dumped defaults so a partial nested section (``resources.limits.cpu``)
-    # keeps the defaults of its siblings.
-    data: dict[str, Any] = InjectorConfig().model_dump()
-    if config_file is not None:
-        try:
-            loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise InjectorConfigError([f"{config_file}: {exc}"]) from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise InjectorConfigError([f"{config_file}: top level must be a mapping"])
-        data = deep_merge(data, loaded or {})
-    data = deep_merge(data, _env_overrides(os.environ if environ is None else environ))
-    data = deep_merge(data, overrides or {})
-    try:
-        return InjectorConfig.model_validate(data)
-    except ValidationError as exc:
-        raise InjectorConfigError(
-            [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
-        ) from None
+    return load_layers(
+        InjectorConfig,
+        prefix=ENV_PREFIX,
+        environ=os.environ if environ is None else environ,
+        config_file=config_file,
+        overrides=overrides,
+        # A partial nested section (``resources.limits.cpu``) keeps its siblings' defaults.
+        onto_defaults=True,
+        error=InjectorConfigError,
+    )
+
+
+__all__ = [
+    "ENV_PREFIX",
+    "InjectorConfig",
+    "InjectorConfigError",
+    "load_injector_config",
+    "parse_version",
+    "split_host_port",
+]

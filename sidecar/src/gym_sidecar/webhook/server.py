@@ -30,8 +30,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from gym_sidecar.configload import split_host_port
 from gym_sidecar.webhook.admission import encode_review
-from gym_sidecar.webhook.config import InjectorConfig, split_listen
+from gym_sidecar.webhook.config import InjectorConfig
 from gym_sidecar.webhook.review import Outcome, fail_open, handle_review
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class InjectorServer:
 
     async def start(self) -> None:
         """Bind ``config.listen`` and serve; sets :attr:`port` (useful with port 0)."""
-        host, port = split_listen(self.config.listen)
+        host, port = split_host_port(self.config.listen)
         ssl_context: ssl.SSLContext | None = None
         if self.config.cert_file and self.config.key_file:
             self._reloader = CertificateReloader(self.config.cert_file, self.config.key_file)
