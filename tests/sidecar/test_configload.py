@@ -4,9 +4,15 @@ the same precedence, the same environment rules, the same HOST:PORT check, Colle
 
 from __future__ import annotations
 
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from gym_sidecar.config import ConfigError, load_config
 from gym_sidecar.configload import env_value, expand_env
 from gym_sidecar.webhook.config import InjectorConfigError, load_injector_config
@@ -144,3 +150,64 @@ def test_a_yaml_syntax_error_names_the_file_and_the_line(tmp_path: Path, program
     [message] = err.value.errors
     assert message.startswith(f"{path}: not valid YAML at line 3, column 1: ")
     assert "<unicode string>" not in message
+
+
+# -- every problem at once -----------------------------------------------------------------
+def test_a_url_without_scheme_is_reported_with_the_other_backend_errors() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            None, {}, {"backend": {"url": "jaeger:4317", "timeout_s": 0, "protocol": "smtp"}}
+        )
+    keys = sorted(e.split(":", 1)[0] for e in err.value.errors)
+    assert keys == ["backend.protocol", "backend.timeout_s", "backend.url"]
+    assert "must start with http:// or https://, got 'jaeger:4317'" in "\n".join(err.value.errors)
+
+
+# -- redaction -----------------------------------------------------------------------------
+SECRET = "Bearer s3cret-t0ken"
+HEADERS_YAML = "backend:\n  url: http://x:4317\n  headers:\n    authorization: {value}\n"
+
+
+def test_backend_header_values_are_opaque(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(
+        tmp_path, "backend:\n  url: http://x:4317\n  headers:\n    authorization: ${TOK}\n"
+    )
+    cfg = load_config(path, {"TOK": SECRET})
+    value = cfg.backend.headers["authorization"]
+    assert value == SECRET and value.lower() == SECRET.lower()  # used as the real text
+    assert SECRET not in repr(cfg) and SECRET not in repr(cfg.backend.headers)
+    assert SECRET not in f"{cfg.backend.headers}" and "[REDACTED]" in repr(cfg.backend)
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("test").info("backend %s headers %s", cfg.backend, cfg.backend.headers)
+    assert SECRET not in caplog.text and "[REDACTED]" in caplog.text
+    assert cfg.backend.model_dump(mode="json")["headers"] == {"authorization": "[REDACTED]"}
+
+
+def test_check_config_prints_header_values_redacted(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, f"backend:\n  url: http://x:4317\n  headers:\n    authorization: {SECRET}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_sidecar.cli", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")},
+    )
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert yaml.safe_load(result.stdout)["backend"]["headers"] == {"authorization": "[REDACTED]"}
+
+
+def test_gym_sidecar_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_sidecar.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0
+    expected = importlib.metadata.version("gym-telemetry-sidecar")
+    assert result.stdout.strip() == f"gym-sidecar {expected}"

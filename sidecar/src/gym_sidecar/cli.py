@@ -10,6 +10,8 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
 - ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
   (see :mod:`gym_sidecar.inspect.commands`).
 
+``gym-sidecar --version`` prints the installed version.
+
 Every config flag has an environment twin (``--grpc-listen`` and
 ``GYM_SIDECAR_GRPC_LISTEN``); flags win over the environment, which wins over the file.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import sys
@@ -154,10 +157,19 @@ def _setup_logging(level: str) -> None:
     )
 
 
+def version() -> str:
+    """The installed ``gym-telemetry-sidecar`` distribution's version."""
+    try:
+        return importlib.metadata.version("gym-telemetry-sidecar")
+    except importlib.metadata.PackageNotFoundError:  # run from a bare source tree
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gym-sidecar", description="OTLP sidecar for NeMo Gym fleets"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)

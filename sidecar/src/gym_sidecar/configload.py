@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, PlainSerializer, ValidationError
 
 ENV_NESTED_DELIMITER = "__"
 """Separator of nested keys in environment variable names."""
@@ -49,6 +49,27 @@ class ConfigError(Exception):
     def __init__(self, errors: list[str]) -> None:
         super().__init__(f"{self.header}:\n  " + "\n  ".join(errors))
         self.errors = errors
+
+
+# -- opaque values ---------------------------------------------------------------------------
+class Opaque(str):
+    """A secret configuration value, like the Collector's ``configopaque.String``: it is
+    the real text wherever it is used (it *is* a ``str``: headers, metadata), but its
+    ``repr`` -- what a dict, a model or a log line shows -- is ``'[REDACTED]'``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(REDACTED)
+
+
+def _redact(_value: str) -> str:
+    return REDACTED
+
+
+OpaqueStr = Annotated[str, AfterValidator(Opaque), PlainSerializer(_redact, when_used="json")]
+"""A config field holding a secret: validated as text, kept as :class:`Opaque`, dumped
+as ``[REDACTED]`` in JSON mode (``check-config`` prints that dump)."""
 
 
 # -- host:port ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gym_sidecar.configload import OpaqueStr
 
 
 class BackendConfig(BaseModel):
@@ -28,14 +30,19 @@ class BackendConfig(BaseModel):
     compresses with zlib at its default level."""
     timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one export request (one attempt)."""
-    headers: dict[str, str] = Field(default_factory=dict)
-    """Sent with every request (gRPC metadata keys are lower-cased)."""
+    headers: dict[str, OpaqueStr] = Field(default_factory=dict)
+    """Sent with every request (gRPC metadata keys are lower-cased). The values are
+    opaque: ``check-config``, reprs and log lines show ``[REDACTED]``, since they usually
+    carry credentials (``authorization: Bearer ...``)."""
 
-    @model_validator(mode="after")
-    def _check_url(self) -> BackendConfig:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
-        return self
+    # A field validator, not a model one: it runs even when other backend fields are
+    # invalid, so `url: jaeger:4317` is reported together with their errors.
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        return url
 
 
 class QueueConfig(BaseModel):
