@@ -465,3 +465,17 @@ def test_webhook_without_its_extra_says_how_to_install_it(tmp_path: Path) -> Non
     )
     assert result.returncode == 1
     assert "gym-telemetry-sidecar[webhook]" in result.stderr and "aiohttp" in result.stderr
+
+
+def test_port_zero_logs_the_bound_port(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> int:
+        server = InjectorServer(InjectorConfig(listen="127.0.0.1:0"))
+        await server.start()
+        try:
+            return int(server.port or 0)
+        finally:
+            await server.stop()
+
+    with caplog.at_level("INFO", logger="gym_sidecar.webhook"):
+        port = asyncio.run(scenario())
+    assert port and f"injector listening on 127.0.0.1:{port} (http)" in caplog.text

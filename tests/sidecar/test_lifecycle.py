@@ -231,3 +231,46 @@ def test_ipv6_listeners(sink: RecordingSink) -> None:
         assert resp.status_code == 200
         assert sink.wait_for(lambda: {"v6g-0", "v6h-0"} <= {s.span.name for s in sink.spans()})
     assert sc.returncode == 0
+
+
+def test_port_zero_listeners_log_the_ports_they_got(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """``127.0.0.1:0`` is no address to connect to: the logs name the bound ports."""
+    cfg = load_config(
+        None,
+        environ={},
+        overrides={
+            "grpc_listen": "127.0.0.1:0",
+            "http_listen": "127.0.0.1:0",
+            "admin_listen": "127.0.0.1:0",
+            "backend": {"url": f"http://127.0.0.1:{free_port()}"},
+            "local_store": {"enabled": False, "data_dir": str(tmp_path)},
+            "shutdown_timeout_s": 2,
+        },
+    )
+
+    async def scenario() -> tuple[int, int, int]:
+        server = SidecarServer(cfg)
+        await server.startup()
+        try:
+            assert server.grpc and server.http and server.admin
+            return (
+                int(server.grpc.bound_port or 0),
+                int(server.http.bound_port or 0),
+                int(server.admin.bound_port or 0),
+            )
+        finally:
+            await server.shutdown()
+
+    with caplog.at_level("INFO", logger="gym_sidecar"):
+        grpc_port, http_port, admin_port = asyncio.run(scenario())
+    assert 0 not in (grpc_port, http_port, admin_port)
+    text = caplog.text
+    assert f"OTLP/gRPC receiver listening on 127.0.0.1:{grpc_port}" in text
+    assert f"OTLP/HTTP listening on 127.0.0.1:{http_port}" in text
+    assert f"admin listening on 127.0.0.1:{admin_port}" in text
+    assert (
+        f"ready: grpc=127.0.0.1:{grpc_port} http=127.0.0.1:{http_port} admin=127.0.0.1:{admin_port}"
+    ) in text
+    assert "127.0.0.1:0" not in text

@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gym_sidecar.config import LimitsConfig, split_host_port
+from gym_sidecar.config import LimitsConfig
+from gym_sidecar.configload import bound_address, split_host_port
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -284,6 +285,11 @@ class AsgiListener:
         self._sockets: list[socket.socket] = []
         self.bound_port: int | None = None
 
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` with the port actually bound once started (``listen`` before)."""
+        return bound_address(self.listen, self.bound_port)
+
     async def start(self) -> None:
         if self._server is not None:
             return
@@ -298,7 +304,7 @@ class AsgiListener:
         if not server.started:
             raise OSError(f"{self.name} listener failed to start on {self.listen}")
         self._server = server
-        logger.info("%s listening on %s", self.name, self.listen)
+        logger.info("%s listening on %s", self.name, self.address)
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting and wait up to ``grace_s`` for in-flight requests."""

@@ -96,6 +96,19 @@ def split_host_port(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def join_host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` again (IPv6 bracketed), e.g. with the port a ``:0`` listener got."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bound_address(listen: str, port: int | None) -> str:
+    """``listen`` with the port actually bound (what logs show: ``127.0.0.1:0`` is not
+    an address anyone can connect to)."""
+    if port is None:
+        return listen
+    return join_host_port(split_host_port(listen)[0], port)
+
+
 def _check_listen(value: str) -> str:
     split_host_port(value)
     return value

@@ -91,11 +91,13 @@ class SidecarServer:
         )
         await self.http.start()
         self.readiness.receivers_up = True
+        # The bound addresses, not the configured ones: a ":0" listener's port is known
+        # only now, and whoever started it (a test, a script) reads it from this line.
         logger.info(
             "gym-sidecar ready: grpc=%s http=%s admin=%s backend=%s",
-            cfg.grpc_listen,
-            cfg.http_listen,
-            cfg.admin_listen,
+            self.grpc.address,
+            self.http.address,
+            self.admin.address,
             cfg.backend.url or "<none>",
         )
 

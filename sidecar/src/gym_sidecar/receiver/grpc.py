@@ -42,6 +42,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[i
 from grpc_status import rpc_status  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
+from gym_sidecar.configload import bound_address
 from gym_sidecar.core.otlp import SPECS, SignalSpec
 from gym_sidecar.core.stage import Batch, Stage
 from gym_sidecar.receiver.otlp import (
@@ -125,6 +126,11 @@ class GrpcReceiver:
         self._server: Any = None
         self._in_flight = 0
 
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` with the port actually bound once started (``listen`` before)."""
+        return bound_address(self.listen, self.bound_port)
+
     async def start(self) -> None:
         limits = self.limits
         server = grpc.aio.server(
@@ -170,7 +176,7 @@ class GrpcReceiver:
         await server.start()
         self._server = server
         self.bound_port = port
-        logger.info("OTLP/gRPC receiver listening on %s", self.listen)
+        logger.info("OTLP/gRPC receiver listening on %s", self.address)
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting; in-flight calls get ``grace_s`` seconds to finish."""

@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from gym_sidecar.configload import split_host_port
+from gym_sidecar.configload import join_host_port, split_host_port
 from gym_sidecar.webhook.admission import encode_review
 from gym_sidecar.webhook.config import InjectorConfig
 from gym_sidecar.webhook.review import Outcome, fail_open, handle_review
@@ -200,7 +200,9 @@ class InjectorServer:
         if self._reloader is not None:
             self._reload_task = asyncio.create_task(self._watch_certificates(self._reloader))
         logger.info(
-            "injector listening on %s:%s (%s)", host, self.port, "https" if ssl_context else "http"
+            "injector listening on %s (%s)",
+            join_host_port(host, self.port),
+            "https" if ssl_context else "http",
         )
 
     async def _watch_certificates(self, reloader: CertificateReloader) -> None:
