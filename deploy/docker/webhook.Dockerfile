@@ -16,7 +16,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN pip install "uv==0.13.9"
 WORKDIR /src
 COPY pyproject.toml uv.lock ./
-COPY agent/ agent/
+# agent/ is only workspace metadata here (uv needs every member's pyproject): the webhook,
+# like the sidecar, depends on gym-telemetry-semconv, not on the agent.
+COPY semconv/ semconv/
+COPY agent/pyproject.toml agent/
 COPY sidecar/ sidecar/
 # --frozen: exactly uv.lock; --no-editable: the venv does not need /src at run time.
 RUN uv sync --frozen --no-dev --no-editable --package gym-telemetry-sidecar --extra webhook

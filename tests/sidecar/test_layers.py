@@ -22,11 +22,12 @@ ROOT = Path(gym_sidecar.__file__).resolve().parent
 # names it or one of its packages; every module of the tree must be covered (a new
 # top-level module or area fails test_every_module_has_a_layer until it is placed).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", ("gym_sidecar", "gym_sidecar.selfmetrics", "gym_sidecar.ports")),
+    ("leaves", ("gym_sidecar", "gym_sidecar.selfmetrics")),
     ("core", ("gym_sidecar.core",)),
     (
         "configuration",
         (
+            "gym_sidecar.configload",
             "gym_sidecar.config",
             "gym_sidecar.enrich.config",
             "gym_sidecar.enrich.downward_api",
@@ -52,7 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("assembly", ("gym_sidecar.assemble",)),
-    ("entry points", ("gym_sidecar.server", "gym_sidecar.cli", "gym_sidecar.demo")),
+    ("entry points", ("gym_sidecar.server", "gym_sidecar.cli")),
 )
 
 

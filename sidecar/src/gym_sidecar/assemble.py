@@ -9,7 +9,8 @@ Layers (lowest first; a module imports only from its own layer or below, and no 
 
 1. leaves: ``gym_sidecar`` (the version), :mod:`gym_sidecar.selfmetrics`;
 2. core: :mod:`gym_sidecar.core` (stage, exporter and OTLP contracts);
-3. configuration: :mod:`gym_sidecar.config` and each area's ``config`` module;
+3. configuration: :mod:`gym_sidecar.configload` (the loader shared with the webhook),
+   :mod:`gym_sidecar.config` and each area's ``config`` module;
 4. areas: receiver, enrich, metrics, gating, export, store, inspect, webhook, and the
    admin app and ASGI listener; areas meet only through core (store's exporter is a
    :class:`~gym_sidecar.core.exporter.Exporter`, not an import of export);
