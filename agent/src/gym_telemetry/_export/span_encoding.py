@@ -17,7 +17,7 @@ Contract:
 - Same message as ``encode_spans`` (same grouping by resource then scope, in first-seen
   order; same fields), checked against the stock encoder on probe spans of every shape
   (``probes``) by ``grpc_exporter.self_check()`` before use and by
-  ``tests/agent/test_span_encoding.py``.
+  ``tests/agent/_export/test_span_encoding.py``.
 - A value ``encode_spans`` would log and skip (an unknown type, an integer outside
   int64, a string that is not valid UTF-8) makes ``encode_request`` raise
   ``UnsupportedValue``; the caller encodes that batch with ``encode_spans`` instead.

@@ -1,7 +1,7 @@
 """Unit tests of the Gym auto-instrumentation pieces that need no Gym install.
 
 They run in the workspace environment (FastAPI 0.165, the OpenTelemetry SDK); the
-``gym``-marked modules next to this one check the same code against real Gym servers.
+``gym``-marked modules in ``tests/gym/`` check the same code against real Gym servers.
 Anything that installs import hooks or patches FastAPI runs in a subprocess, so this
 test process stays unpatched.
 """
@@ -37,7 +37,7 @@ from gym_telemetry.autoinstrument.propagation import (
 from gym_telemetry.autoinstrument.routes import MARKER, is_marked, normalise_path, route_span
 from opentelemetry.sdk.trace import TracerProvider
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PTH = REPO / "agent" / "src" / "gym_telemetry_autoinstrument.pth"
 
 
