@@ -1,67 +1,15 @@
-"""The one rate-limited logging filter (``gym_telemetry._logging``) and where it is used."""
+"""Where the agent uses the shared rate-limited filter (``gym_telemetry_semconv.ratelimit``)."""
 
 from __future__ import annotations
 
 import logging
 
 import pytest
-from gym_telemetry import _logging, endpoints
+from gym_telemetry import endpoints
 from gym_telemetry._export.processor import EXPORT_LOGGERS, rate_limit_export_logs
-from gym_telemetry._logging import RateLimitFilter, rate_limit
+from gym_telemetry_semconv.ratelimit import RateLimitFilter
 
-
-class Clock:
-    """A hand-driven clock: no sleeping, no dependence on the machine's speed."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _record(name: str, msg: str = "Transient error %s") -> logging.LogRecord:
-    return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, ("UNAVAILABLE",), None)
-
-
-def test_one_record_per_logger_and_template_per_interval() -> None:
-    clock = Clock()
-    f = RateLimitFilter(interval_s=60.0, clock=clock)
-    assert f.filter(_record("a"))
-    assert not f.filter(_record("a"))
-    assert not f.filter(_record("a"))
-    assert f.filter(_record("b"))  # another logger is its own stream
-    assert f.filter(_record("a", "Failed to export %s"))  # another template too
-    clock.now += 59.9
-    assert not f.filter(_record("a"))
-    clock.now += 0.2
-    rec = _record("a")
-    assert f.filter(rec)
-    assert rec.getMessage() == "Transient error UNAVAILABLE [3 similar messages suppressed]"
-    rec = _record("b")
-    clock.now += 60.0
-    assert f.filter(rec)
-    assert "suppressed" not in rec.getMessage()  # nothing was suppressed on "b"
-
-
-def test_streams_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_logging, "MAX_STREAMS", 4)
-    f = RateLimitFilter(clock=Clock())
-    for i in range(10):
-        assert f.filter(_record("a", f"message {i}"))
-    assert len(f._last) <= 4
-    assert f.filter(_record("a", "message 0"))  # forgotten, so it passes again
-
-
-def test_rate_limit_installs_one_filter(caplog: pytest.LogCaptureFixture) -> None:
-    logger = logging.getLogger("tests.agent.test_logging.once")
-    rate_limit(logger)
-    rate_limit(logger.name)
-    assert sum(isinstance(f, RateLimitFilter) for f in logger.filters) == 1
-    with caplog.at_level(logging.WARNING, logger=logger.name):
-        for _ in range(5):
-            logger.warning("sidecar down: %s", "UNAVAILABLE")
-    assert [r.getMessage() for r in caplog.records] == ["sidecar down: UNAVAILABLE"]
+from tests.support.ratelimit import hand_clock
 
 
 def test_export_loggers_are_rate_limited() -> None:
@@ -75,11 +23,7 @@ def test_export_loggers_are_rate_limited() -> None:
 def test_endpoint_failures_are_counted_each_time_and_logged_once_a_minute(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (limiter,) = [f for f in endpoints._failure_log.filters if isinstance(f, RateLimitFilter)]
-    clock = Clock()
-    monkeypatch.setattr(limiter, "_clock", clock)
-    monkeypatch.setattr(limiter, "_last", {})
-    monkeypatch.setattr(limiter, "_suppressed", {})
+    clock = hand_clock(endpoints._failure_log.name, monkeypatch)
     counter = endpoints._ErrorCounter()
     with caplog.at_level(logging.WARNING, logger="gym_telemetry.endpoints"):
         for _ in range(5):

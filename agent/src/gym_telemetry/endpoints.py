@@ -51,11 +51,11 @@ from contextvars import ContextVar, Token
 from typing import Any, Final, TypeVar, cast
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.ratelimit import rate_limit
 from opentelemetry import context as context_api
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, span_groups
-from gym_telemetry._logging import rate_limit
 from gym_telemetry.outcomes import failure_of
 from gym_telemetry.recording import (
     LeanRecorder,

@@ -9,7 +9,14 @@ Each name is written once, in one of the submodules below, and re-exported here 
   modes and defaults;
 - :mod:`~gym_telemetry_semconv.admin_api`: the sidecar admin listener's port and paths.
 
-Standard library only; no process state.
+It also holds the one helper both programs share, not re-exported here:
+:mod:`~gym_telemetry_semconv.ratelimit`, the rate-limited logging filter. It lives here,
+and not in either program, so that the agent and the sidecar apply one rate-limit rule to
+the lines that repeat in their logs (one line per logger and message per interval, then
+the count suppressed) without the sidecar depending on the agent.
+
+Standard library only. The names hold no process state; the filter's state lives in the
+filters a program installs on its loggers.
 """
 
 from __future__ import annotations

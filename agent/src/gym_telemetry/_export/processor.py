@@ -16,11 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
+from gym_telemetry_semconv.ratelimit import rate_limit
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-from gym_telemetry._logging import rate_limit
 
 
 class TrackingExporter(SpanExporter):
@@ -198,6 +197,6 @@ EXPORT_LOGGERS: Final[tuple[str, ...]] = (
 
 
 def rate_limit_export_logs(interval_s: float = 60.0) -> None:
-    """Rate-limit each of ``EXPORT_LOGGERS`` (``gym_telemetry._logging``; idempotent)."""
+    """Rate-limit each of ``EXPORT_LOGGERS`` (``gym_telemetry_semconv.ratelimit``; idempotent)."""
     for name in EXPORT_LOGGERS:
         rate_limit(name, interval_s)

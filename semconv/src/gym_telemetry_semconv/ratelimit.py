@@ -1,15 +1,20 @@
-"""Rate-limited logging: the one filter the agent uses for lines that repeat.
+"""Rate-limited logging: the one filter the agent and the sidecar use for lines that repeat.
 
-A log line that fires per failed batch or per failed request (the sidecar is down, a
-telemetry bug hits every call) must not flood the server's log. ``RateLimitFilter``
+A log line that fires per failed batch or per failed request (the sidecar or the backend
+is down, a telemetry bug hits every call) must not flood the log. ``RateLimitFilter``
 lets one record per (logger name, message template) through every ``interval_s``; the
 next record of that stream that passes says how many were suppressed in between.
 Records are keyed by their template (``record.msg``), not the formatted text, so
 ``"failed: %s"`` with different arguments is one stream.
 
-``rate_limit(logger)`` installs one filter on a logger, idempotently. A logger's
-filters run only for records at an enabled level, so a filtered stream costs nothing
-more than the logging call when its level is off.
+``rate_limit(logger, interval_s)`` installs one filter on a logger, idempotently. A
+logger's filters run only for records at an enabled level, so a filtered stream costs
+nothing more than the logging call when its level is off. A filter applies to every
+line of its logger: a module whose other lines must not be limited logs its repeating
+ones on a child logger of its own (``logging.getLogger(__name__ + ".failures")``).
+
+The filter drops lines, never counts: a call site whose failures matter counts them
+itself (a self-metric, a counter in the message) before logging.
 """
 
 from __future__ import annotations
@@ -65,9 +70,12 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
-def rate_limit(logger: logging.Logger | str, interval_s: float = DEFAULT_INTERVAL_S) -> None:
-    """Install one ``RateLimitFilter`` on ``logger`` (a logger or its name); a logger that
-    already has one keeps it."""
+def rate_limit(
+    logger: logging.Logger | str, interval_s: float = DEFAULT_INTERVAL_S
+) -> logging.Logger:
+    """Install one ``RateLimitFilter`` on ``logger`` (a logger or its name) and return the
+    logger; a logger that already has one keeps it (and its interval)."""
     target = logging.getLogger(logger) if isinstance(logger, str) else logger
     if not any(isinstance(f, RateLimitFilter) for f in target.filters):
         target.addFilter(RateLimitFilter(interval_s))
+    return target
