@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import gym_telemetry_semconv as semconv
@@ -27,6 +28,7 @@ from tests.sidecar.metrics.traces import (
     verify,
 )
 from tests.support.collect_stage import CollectStage
+from tests.support.ratelimit import hand_clock
 from tests.support.wait import wait_for_async
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -587,3 +589,29 @@ def _labels() -> dict[str, str]:
         "nemo_gym_server_name": RESOURCE[semconv.SERVER_NAME],
         "nemo_gym_server_type": RESOURCE[semconv.SERVER_TYPE],
     }
+
+
+def test_export_failures_are_counted_each_time_and_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gym_sidecar.metrics import stage as stage_module
+
+    clock = hand_clock(stage_module._failure_log.name, monkeypatch)
+    stage, tail, _ = make()
+
+    async def go() -> None:
+        await stage.consume(traces(request({VERIFY_SCOPE: [verify(1)]})))
+        tail.refuse = 6
+        for _ in range(5):
+            assert not await stage.flush()
+        clock.now += 60.1
+        assert not await stage.flush()
+        assert await stage.flush()
+
+    with caplog.at_level(logging.WARNING, logger=stage_module.__name__):
+        run(go())
+    assert stage.store.exports == {"sent": 1, "backpressure": 6, "error": 0}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert all(m.startswith("derived metrics export pushed back") for m in messages)
+    assert messages[1].endswith("[4 similar messages suppressed]")

@@ -30,6 +30,7 @@ from gym_telemetry import remote_config
 
 from tests.deploy.pod_security import restricted_violations
 from tests.deploy.support import validate_k8s
+from tests.support.ratelimit import hand_clock
 from tests.support.sidecar_proc import SidecarProcess
 
 
@@ -166,17 +167,31 @@ def test_config_precedence_and_errors(tmp_path: Any) -> None:
         parse_version("latest")
 
 
-def test_fail_open_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+def test_fail_open_warnings_are_rate_limited(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gym_sidecar.webhook import review
 
-    review._last_warning[0] = float("-inf")
-    with caplog.at_level(logging.DEBUG, logger=review.__name__):
-        for _ in range(5):
+    clock = hand_clock(review._fail_open_log.name, monkeypatch)
+
+    def admit_bad_reviews(n: int) -> None:
+        for _ in range(n):
             outcome = review.handle_review(b"not json", NATIVE, namespace_opted_in=False)
             assert outcome.kind == "failed_open" and outcome.review.response is not None
             assert outcome.review.response.allowed
-    levels = [r.levelno for r in caplog.records if "without the sidecar" in r.getMessage()]
-    assert levels == [logging.WARNING] + [logging.DEBUG] * 4
+
+    with caplog.at_level(logging.DEBUG, logger=review.__name__):
+        admit_bad_reviews(5)
+        clock.now += review.FAIL_OPEN_LOG_INTERVAL_S - 0.1
+        admit_bad_reviews(1)
+        clock.now += 0.2
+        admit_bad_reviews(1)
+    lines = [r for r in caplog.records if "without the sidecar" in r.getMessage()]
+    # Every pod at DEBUG; one WARNING per interval, the next one saying how many it hid.
+    assert [r.levelno for r in lines].count(logging.DEBUG) == 7
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert warnings[1].endswith("[5 similar messages suppressed]")
 
 
 # --- restricted namespaces (Pod Security Standards) ---------------------------------------

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from cachetools import TLRUCache
+from gym_telemetry_semconv.ratelimit import rate_limit
 
 from gym_sidecar.enrich.attributes import AttributeValue
 from gym_sidecar.enrich.config import DockerConfig
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 # imported by the lookup threads only, so a sidecar without a Docker socket never loads it.
 
 logger = logging.getLogger(__name__)
+#: Lookup failures repeat per span while the daemon is unreachable: their own logger,
+#: limited to one line per minute (``DockerLookup.errors`` counts every one).
+_failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 60.0)
 
 LookupKey = tuple[Literal["id", "ip"], str]
 """What a container is looked up by: its id, or an IP address on a Docker network."""
@@ -61,7 +65,6 @@ LookupKey = tuple[Literal["id", "ip"], str]
 DockerAttributes = dict[str, AttributeValue]
 
 _CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
-_WARN_EVERY_S = 60.0
 _UNIX = "unix://"
 
 
@@ -171,7 +174,6 @@ class DockerLookup:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._client: docker.APIClient | None = None
         self._client_lock = threading.Lock()
-        self._last_warning = -_WARN_EVERY_S
         self.lookups = 0
         self.errors = 0
 
@@ -268,13 +270,10 @@ class DockerLookup:
 
     def _warn(self, key: LookupKey, exc: Exception) -> None:
         self.errors += 1
-        now = time.monotonic()
-        if now - self._last_warning >= _WARN_EVERY_S:
-            self._last_warning = now
-            logger.warning(
-                "Docker lookup of %s %s failed (%d failures so far): %s",
-                key[0],
-                key[1],
-                self.errors,
-                exc,
-            )
+        _failure_log.warning(
+            "Docker lookup of %s %s failed (%d failures so far): %s",
+            key[0],
+            key[1],
+            self.errors,
+            exc,
+        )

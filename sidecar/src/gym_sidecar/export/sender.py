@@ -14,6 +14,8 @@ import contextlib
 import logging
 import time
 
+from gym_telemetry_semconv.ratelimit import rate_limit
+
 from gym_sidecar.core.exporter import Exporter, ExportResult, Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export import reasons
@@ -24,27 +26,9 @@ from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
 
-_LOG_INTERVAL_S = 10.0
-
-
-class _RateLimitedLog:
-    """Logs a repeated warning at most once per interval, with the count suppressed."""
-
-    def __init__(self, interval_s: float = _LOG_INTERVAL_S) -> None:
-        self._interval_s = interval_s
-        self._last = -interval_s
-        self._suppressed = 0
-
-    def warning(self, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last < self._interval_s:
-            self._suppressed += 1
-            return
-        if self._suppressed:
-            msg += " (%d similar messages suppressed)"
-            args = (*args, self._suppressed)
-        self._last, self._suppressed = now, 0
-        logger.warning(msg, *args)
+#: Permanent errors and retries repeat per batch while the backend is down or refuses:
+#: their own logger, so the rate limit (one line per message per 10 s) spares the others.
+_failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 10.0)
 
 
 class Sender:
@@ -66,8 +50,6 @@ class Sender:
         self._workers: list[asyncio.Task[None]] = []
         self._abort = asyncio.Event()
         self._closed = False
-        self._permanent_log = _RateLimitedLog()
-        self._retry_log = _RateLimitedLog()
 
     async def start(self) -> None:
         if self._workers or self._closed:
@@ -113,7 +95,7 @@ class Sender:
                 self.metrics.exported.labels(signal.value).inc(items - result.rejected_items)
                 if result.rejected_items:
                     self._drop(signal, result.rejected_items, reasons.BACKEND_REJECTED)
-                    self._permanent_log.warning(
+                    _failure_log.warning(
                         "backend rejected %d of %d %s items: %s",
                         result.rejected_items,
                         items,
@@ -125,7 +107,7 @@ class Sender:
             self.metrics.export_errors.labels(signal.value, kind).inc()
             if result.outcome is Outcome.PERMANENT:
                 self._drop(signal, items, reasons.PERMANENT_ERROR)
-                self._permanent_log.warning(
+                _failure_log.warning(
                     "dropped %d %s items, permanent export error: %s",
                     items,
                     signal.value,
@@ -147,7 +129,7 @@ class Sender:
                     result.message,
                 )
                 return True
-            self._retry_log.warning(
+            _failure_log.warning(
                 "export of %d %s items failed (attempt %d), retrying in %.2fs: %s",
                 items,
                 signal.value,

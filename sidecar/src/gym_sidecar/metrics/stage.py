@@ -34,6 +34,7 @@ import time
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.ratelimit import rate_limit
 
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.metrics.config import MetricsConfig
@@ -44,6 +45,10 @@ from gym_sidecar.metrics.store import DerivedMetrics
 from gym_sidecar.selfmetrics import SelfMetrics
 
 _log = logging.getLogger(__name__)
+#: Export failures repeat every interval while the pipeline pushes back or is broken:
+#: their own logger, limited to one line per kind of failure per minute (each is counted
+#: in ``store.exports``, shown as ``gym_sidecar_derived_exports_total``).
+_failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 60.0)
 
 SHUTDOWN_RETRY_S: Final = 0.05
 """Pause between flush attempts while the queue pushes back during shutdown."""
@@ -82,7 +87,6 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         self._timer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopped = False
-        self._last_error_log = float("-inf")
 
     def process(self, batch: Batch) -> Pending | None:
         # Read before passing on (the gate removes metrics-mode blocks), record in
@@ -140,10 +144,7 @@ class DeriveStage(ProcessorStage["Pending | None"]):
             return True
 
     def _log_failure(self, fmt: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._last_error_log >= 60.0:
-            self._last_error_log = now
-            _log.warning("derived metrics export " + fmt, exc)
+        _failure_log.warning("derived metrics export " + fmt, exc)
 
     async def shutdown(self, deadline_s: float) -> None:
         """Stop the timer, then flush the last partial interval into ``next``.

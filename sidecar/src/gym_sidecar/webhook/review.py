@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonpatch
+from gym_telemetry_semconv.ratelimit import rate_limit
 from pydantic import ValidationError
 
 from gym_sidecar.webhook.admission import AdmissionReview, response_review
@@ -37,18 +37,18 @@ class Outcome:
 
 
 FAIL_OPEN_LOG_INTERVAL_S = 10.0
-"""At most one WARNING per this many seconds; the others go to DEBUG (all are counted)."""
-_last_warning = [float("-inf")]
+"""At most one WARNING per this many seconds (all are counted, in
+``gym_injector_reviews_total{outcome="failed_open"}``)."""
+#: Fail-open lines repeat per pod while the injector is misconfigured or fed bad reviews:
+#: their own logger, so the rate limit spares this module's per-pod lines.
+_fail_open_log = rate_limit(logging.getLogger(__name__ + ".fail_open"), FAIL_OPEN_LOG_INTERVAL_S)
 
 
 def fail_open(uid: str, reason: str) -> Outcome:
     """An allowing answer without a patch, carrying ``reason`` as an admission warning."""
-    now = time.monotonic()
-    level = logging.DEBUG
-    if now - _last_warning[0] >= FAIL_OPEN_LOG_INTERVAL_S:
-        _last_warning[0] = now
-        level = logging.WARNING
-    logger.log(level, "admitting pod without the sidecar (uid=%s): %s", uid or "?", reason)
+    # Every pod at DEBUG (like "not injecting"), the rate-limited WARNING for operators.
+    logger.debug("admitting pod without the sidecar (uid=%s): %s", uid or "?", reason)
+    _fail_open_log.warning("admitting pod without the sidecar (uid=%s): %s", uid or "?", reason)
     review = response_review(uid, warnings=[WARNING_PREFIX + "sidecar not injected: " + reason])
     return Outcome(review, "failed_open", reason)
 
