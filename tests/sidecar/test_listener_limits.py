@@ -3,7 +3,8 @@
 Each limit is configured small (1 s timeouts, 8 KiB of headers, a few connections) and
 each test asserts that the sidecar answers or closes well before a generous bound (10x
 the configured value), never on tight latencies; then that it still serves and that the
-limit was counted in ``gym_sidecar_limit_hits_total``.
+limit was counted in ``gym_sidecar_limit_hits_total``. A second sidecar with a 1 KiB
+header cap checks that request bodies, pipelined or not, never count as header bytes.
 """
 
 from __future__ import annotations
@@ -179,6 +180,112 @@ def test_huge_header_stream_is_cut_off(sidecar: SidecarProcess) -> None:
             pass
     assert sent < 64 * MiB, "the whole 64 MiB header was accepted"
     assert_serving(sidecar)
+
+
+SMALL_HEADER_CAP = KiB
+"""The smallest cap the config allows, for the tests that bodies are not header bytes."""
+LARGE_BODY = trace_request("limits-large", 600).SerializeToString()
+"""Over 64 KiB: a body 64x ``SMALL_HEADER_CAP``."""
+
+
+@pytest.fixture(scope="module")
+def small_cap_sidecar(sink: RecordingSink) -> Iterator[SidecarProcess]:
+    """1 KiB of headers, and header/idle timeouts long enough that a test waiting for
+    one response before sending the rest of the next request never meets them."""
+    limits = {
+        "http_max_header_bytes": SMALL_HEADER_CAP,
+        "http_header_timeout_s": 60,
+        "http_idle_timeout_s": 60,
+    }
+    with SidecarProcess(backend=sink.endpoint, config={"limits": limits}) as sc:
+        yield sc
+    assert sc.returncode == 0, sc.log_text()[-3000:]
+
+
+def post_head(body: bytes, *extra: bytes) -> bytes:
+    return (
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        + b"".join(extra)
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+
+
+def statuses(answer: bytes) -> list[bytes]:
+    """The status codes of the HTTP/1.1 responses in ``answer``."""
+    return [line.split(b" ")[1] for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+def header_limit_hits(sc: SidecarProcess) -> float:
+    return sc.metric("gym_sidecar_limit_hits_total", limit="http_max_header_bytes")
+
+
+def test_large_body_in_one_write_is_not_header_bytes(small_cap_sidecar: SidecarProcess) -> None:
+    """Small headers and a body 64x the header cap in one write: 200, not 431."""
+    sc = small_cap_sidecar
+    assert len(LARGE_BODY) > 64 * SMALL_HEADER_CAP
+    before = header_limit_hits(sc)
+    with connect(sc.http_port) as sock:
+        sock.sendall(post_head(LARGE_BODY, b"Connection: close\r\n") + LARGE_BODY)
+        answer = read_until_closed(sock)
+    assert statuses(answer) == [b"200"], answer[:300]
+    assert header_limit_hits(sc) == before
+
+
+def test_pipelined_requests_after_a_large_body_are_served(
+    small_cap_sidecar: SidecarProcess,
+) -> None:
+    """Two pipelined requests in one write, the first with a body 64x the header cap:
+    two 200s. Then the same with the second request's headers split across two writes
+    (the second sent once the first response is in), so that a socket read surely ends
+    inside them right after the first request's body: still two 200s."""
+    sc = small_cap_sidecar
+    before = header_limit_hits(sc)
+    second = post_head(BODY, b"Connection: close\r\n")
+    with connect(sc.http_port) as sock:
+        sock.sendall(post_head(LARGE_BODY) + LARGE_BODY + second + BODY)
+        answer = read_until_closed(sock)
+    assert statuses(answer) == [b"200", b"200"], answer[:300]
+    with connect(sc.http_port) as sock:
+        sock.sendall(post_head(LARGE_BODY) + LARGE_BODY + second[:20])
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # the first response's head
+            chunk = sock.recv(65536)
+            assert chunk, answer[:300]
+            answer += chunk
+        sock.sendall(second[20:] + BODY)
+        answer += read_until_closed(sock)
+    assert statuses(answer) == [b"200", b"200"], answer[:300]
+    assert header_limit_hits(sc) == before
+    assert_serving(sc)
+
+
+def test_header_stream_after_a_pipelined_body_is_cut_off(
+    small_cap_sidecar: SidecarProcess,
+) -> None:
+    """A header stream that begins in the same write as the previous request's large
+    body is still refused and cut off, and counted: the read it begins in counts what
+    the parser reported of it, every later read counts in full."""
+    sc = small_cap_sidecar
+    before = header_limit_hits(sc)
+    sent = 0
+    answer = b""
+    with connect(sc.http_port) as sock:
+        sock.sendall(
+            post_head(LARGE_BODY) + LARGE_BODY + b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nX-Huge: "
+        )
+        chunk = b"h" * (64 * KiB)
+        try:
+            while sent < 64 * MiB:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass
+        with contextlib.suppress(OSError, AssertionError):
+            answer = read_until_closed(sock)
+    assert sent < 64 * MiB, "the whole 64 MiB header was accepted"
+    assert b"HTTP/1.1 5" not in answer, answer[:300]  # a reset may lose the 431 itself
+    assert header_limit_hits(sc) - before == 1
+    assert_serving(sc)
 
 
 def test_admin_put_body_deadline_408(sidecar: SidecarProcess) -> None:

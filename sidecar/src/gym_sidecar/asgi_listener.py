@@ -16,9 +16,12 @@ request, or sends its headers slowly, is held for ever). Per listener
 - no request in progress for ``idle_timeout_s`` (a fresh connection, or keep-alive
   between requests): closed;
 - headers not complete ``header_timeout_s`` after the request's first byte: 408, closed;
-- request line plus headers over ``max_header_bytes``: 431, closed. Counted exactly in
-  the parser callbacks and, while the headers are still incomplete, by the bytes fed to
-  the parser, so httptools never buffers more than one socket read (256 KiB) past it.
+- request line plus headers over ``max_header_bytes``: 431, closed. Only header bytes
+  count: the URL and each complete header as the parser reports them, and every socket
+  read fed while one request's headers were incomplete from its start to its end (all of
+  it header bytes). The read a request begins in is counted by the callbacks alone, since
+  it may also carry a previous request or its body; so httptools, which buffers a header
+  line until it is complete, never holds more than one socket read (256 KiB) past it.
 
 Each of these is counted in ``limit_hits{limit=<limits. key>}``. h11 is not used: it
 would bound headers too but is several times slower than httptools per request.
@@ -125,8 +128,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.idle_timeout_s  # type: ignore[assignment]
         self._admitted = False
         self._in_head = False  # a request has begun and its headers are not complete
-        self._head_bytes = 0  # exact: request line and headers parsed so far
-        self._head_fed = 0  # upper bound: bytes fed while the headers were incomplete
+        self._head_bytes = 0  # exact: URL and complete headers reported by the parser
+        self._head_fed = 0  # lower bound of the header bytes fed (see data_received)
+        self._began_in_read = False  # a request began in the read being fed
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -161,11 +165,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._began_in_read = False
         super().data_received(data)
-        if self._refused or self.transport.is_closing():
+        if not self._in_head or self._refused or self.transport.is_closing():
             return
-        if self._in_head:
-            # httptools buffers a header line until it is complete: bound what it holds.
+        # httptools buffers a header line until it is complete: bound what it holds.
+        if self._began_in_read:
+            # This read may also hold a previous request or its body: count only what
+            # the callbacks saw of this request's head (the rest is under one read).
+            self._head_fed = self._head_bytes
+        else:
+            # Headers incomplete before and after this read: all of it is header bytes.
             self._head_fed += len(data)
             if self._head_fed > self.limits.max_header_bytes:
                 self._refuse_head_too_large()
@@ -176,6 +186,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().on_message_begin()
         self._in_head = True
+        self._began_in_read = True
         self._head_bytes = 0
         self._head_fed = 0
         self._arm(self.limits.header_timeout_s, self._header_expired)
