@@ -22,6 +22,7 @@ import yaml
 from gym_sidecar.config import load_config
 from gym_sidecar.config import split_host_port as sidecar_host_port
 
+from scripts import jaeger_build
 from tests.deploy.support import REPO
 
 COMPOSE_SCHEMA_URL = (
@@ -136,7 +137,9 @@ def test_the_socket_override_grants_explicitly_and_only_to_sidecars(
 def test_jaeger_v2_ui_published_otlp_internal(compose: dict[str, Any]) -> None:
     jaeger = compose["services"]["jaeger"]
     image, tag = jaeger["image"].rsplit(":", 1)
-    assert image == "jaegertracing/jaeger" and tag.startswith("2.")
+    # the release the backend tests build from the Go module proxy and run
+    assert image == "jaegertracing/jaeger" and tag == jaeger_build.release()
+    assert tag.startswith("2.")
     assert jaeger["ports"] == ["16686:16686"]
     assert "4317" in jaeger["expose"]
 
@@ -172,6 +175,15 @@ def test_prometheus_scrapes_every_sidecar(compose: dict[str, Any]) -> None:
     assert targets == {f"{server}:13133" for server in sidecars(compose).values()}
     mounts = compose["services"]["prometheus"]["volumes"]
     assert mounts == ["./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"]
+
+
+def test_prometheus_stores_exemplars(compose: dict[str, Any]) -> None:
+    """The sidecars' exemplars are kept: the flag is on, next to the image's own
+    arguments (a ``command`` replaces them all)."""
+    command = compose["services"]["prometheus"]["command"]
+    assert "--enable-feature=exemplar-storage" in command
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command
+    assert "--storage.tsdb.path=/prometheus" in command
 
 
 def test_gym_config_addresses_match_compose_services(compose: dict[str, Any]) -> None:

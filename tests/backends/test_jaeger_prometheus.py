@@ -1,0 +1,349 @@
+"""Real Gym servers -> a real sidecar -> a real Jaeger v2, scraped by a real Prometheus.
+
+Five unmodified NeMo Gym server processes (the demo's stack: the stub model, the shipped
+``example_single_tool_call`` and its ``simple_agent``, plus an agent in front of a
+verifier that raises on request) send their spans to a ``gym-sidecar`` process, which
+forwards them to Jaeger v2 built from the Go module proxy (``scripts/jaeger_build.py``),
+running the traces pipeline of its all-in-one configuration (what compose runs) with
+in-memory storage. Prometheus from Debian's package scrapes the sidecar's admin
+``/metrics`` every second with exemplar storage on.
+
+The whole run is done twice: the sidecar exporting over OTLP/gRPC (uncompressed, as in
+compose) and over OTLP/HTTP with gzip. Each run has its own Jaeger and Prometheus.
+
+Span groups are configured explicitly here (``per_rollout`` with ``verify`` forwarded, in
+the sidecar and the agents), so the checks do not depend on the defaults, which decide
+whether ``verify`` spans are forwarded or only counted into metrics.
+
+Everything is checked only from the outside, as an operator would: Jaeger through the
+HTTP query API its UI calls, Prometheus through PromQL and its HTTP API. The only value
+read from the sidecar is its own ``gym_sidecar_exported_items_total{signal="traces"}``.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gym_telemetry import semconv
+
+from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from tests.support.jaeger import JaegerServer, JaegerTrace, same_trace_id
+from tests.support.prometheus import PrometheusServer
+from tests.support.sidecar_proc import SidecarProcess
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
+
+MODEL = "policy_model"
+RESOURCES = "example_single_tool_call"
+AGENT = "example_single_tool_call_simple_agent"
+FAILING_RESOURCES = "failing_weather"
+FAILING_AGENT = "failing_weather_simple_agent"
+SERVERS = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
+OK_ROLLOUTS = 6
+FAILING_ROLLOUTS = 2
+CONCURRENCY = 3
+#: Generous: the machines running these tests are shared; a wait that holds ends at once.
+WAIT_S = 120.0
+EXPORTED = "gym_sidecar_exported_items_total"
+
+TRANSPORTS = {
+    "grpc": {"protocol": "grpc", "compression": "none"},
+    "http-gzip": {"protocol": "http", "compression": "gzip"},
+}
+
+
+def service(name: str) -> str:
+    return f"nemo-gym/{name}"
+
+
+@dataclass
+class Run:
+    jaeger: JaegerServer
+    prometheus: PrometheusServer
+    sidecar: SidecarProcess
+    ok: dict[str, tuple[int, Any]]
+    """Rollout id -> the agent's /run answer, for the rollouts whose verifier passes."""
+    failing: dict[str, tuple[int, Any]]
+    exported_spans: int
+    """What the sidecar says it exported (its own counter) once everything settled."""
+    traces: dict[str, JaegerTrace]
+    """Rollout id -> its one trace, as ``/api/traces/{id}`` returns it."""
+
+
+def _sidecar_config(jaeger: JaegerServer, transport: dict[str, str]) -> dict[str, Any]:
+    grpc = transport["protocol"] == "grpc"
+    return {
+        "backend": {
+            "url": jaeger.otlp_grpc_endpoint if grpc else jaeger.otlp_http_endpoint,
+            **transport,
+        },
+        # explicit, so a change of the defaults does not change what reaches Jaeger
+        "span_groups": {"spec": "per_rollout", "modes": {semconv.GROUP_VERIFY: "on"}},
+        # short windows: exemplars and the success rate move while Prometheus scrapes
+        "metrics": {"interval_s": 2},
+    }
+
+
+def _rollout_trace_ids(jaeger: JaegerServer, rollout_id: str, svc: str) -> set[str]:
+    found = jaeger.find_traces(service(svc), {semconv.ROLLOUT_ID: rollout_id})
+    return {t.trace_id for t in found}
+
+
+def _drive(stack: GymStack) -> tuple[dict[str, tuple[int, Any]], dict[str, tuple[int, Any]]]:
+    agent_url = stack.url(AGENT) + "/run"
+    jobs = {f"{t}-0": run_body(t, 0) for t in range(OK_ROLLOUTS)}
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        answers = pool.map(lambda body: post_json(agent_url, body), jobs.values())
+        ok = dict(zip(jobs, answers, strict=True))
+    failing_url = stack.url(FAILING_AGENT) + "/run"
+    failing = {
+        f"{100 + i}-0": post_json(failing_url, run_body(100 + i, 0, fail_verify=True))
+        for i in range(FAILING_ROLLOUTS)
+    }
+    return ok, failing
+
+
+def _settled_export_count(sidecar: SidecarProcess) -> int:
+    """Wait until every span the sidecar accepted was exported or dropped; the exported."""
+
+    def settled() -> bool:
+        received = sidecar.metric("gym_sidecar_received_items_total", signal="traces")
+        done = sidecar.metric(EXPORTED, signal="traces") + sidecar.metric(
+            "gym_sidecar_dropped_items_total", signal="traces"
+        )
+        return received > 0 and done == received
+
+    assert wait_for(settled, WAIT_S, 0.2), sidecar.log_text()[-4000:]
+    return int(sidecar.metric(EXPORTED, signal="traces"))
+
+
+@pytest.fixture(scope="module", params=list(TRANSPORTS))
+def run(
+    request: pytest.FixtureRequest,
+    gym_python: Path,
+    jaeger_bin: Path,
+    prometheus_bin: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Run]:
+    workdir = tmp_path_factory.mktemp(f"backends-{request.param}")
+    jaeger = JaegerServer(workdir / "jaeger", jaeger_bin).start()
+    sidecar: SidecarProcess | None = None
+    prometheus: PrometheusServer | None = None
+    try:
+        sidecar = SidecarProcess(
+            config=_sidecar_config(jaeger, TRANSPORTS[request.param]), log_dir=workdir
+        ).start()
+        admin = sidecar.admin_url.removeprefix("http://")
+        prometheus = PrometheusServer(workdir / "prometheus", [admin], prometheus_bin).start()
+        env = {
+            "GYM_TELEMETRY": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
+            "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
+            "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        config = load_configs("stack.yaml", "failing_verifier.yaml")
+        with GymStack(gym_python, config, SERVERS, env, workdir / "gym") as stack:
+            ok, failing = _drive(stack)
+        # the servers flushed their last spans when they stopped (SIGTERM)
+        exported = _settled_export_count(sidecar)
+        traces: dict[str, JaegerTrace] = {}
+
+        def all_in_jaeger() -> bool:
+            for rollout_id, agent in [
+                *((r, AGENT) for r in ok),
+                *((r, FAILING_AGENT) for r in failing),
+            ]:
+                if rollout_id not in traces:
+                    ids = _rollout_trace_ids(jaeger, rollout_id, agent)
+                    if len(ids) != 1:
+                        return False
+                    found = jaeger.trace(ids.pop())
+                    if found is None:
+                        return False
+                    traces[rollout_id] = found
+            total = sum(len(t.spans) for t in traces.values())
+            if total < exported:  # spans of a trace still arriving: read them again
+                traces.clear()
+            return total >= exported
+
+        assert wait_for(all_in_jaeger, WAIT_S, 0.5), jaeger.log_tail()
+        yield Run(jaeger, prometheus, sidecar, ok, failing, exported, traces)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if sidecar is not None:
+            sidecar.stop()
+        jaeger.stop()
+
+
+# -- Jaeger, through the query API the UI calls -------------------------------------------
+
+
+def test_every_rollout_answered(run: Run) -> None:
+    assert all(status == 200 for status, _ in run.ok.values()), run.ok
+    assert all(status == 500 for status, _ in run.failing.values()), run.failing
+
+
+def test_services_are_the_gym_server_names(run: Run) -> None:
+    # only the servers that took part in a rollout send spans
+    assert sorted(run.jaeger.services()) == sorted(service(name) for name in SERVERS)
+
+
+def test_tag_search_finds_exactly_one_trace_per_rollout(run: Run) -> None:
+    for rollout_id in run.ok:
+        # the same one trace, whichever of its three services the search names
+        found = [_rollout_trace_ids(run.jaeger, rollout_id, s) for s in (AGENT, MODEL, RESOURCES)]
+        assert len(found[0]) == 1 and found[0] == found[1] == found[2], (rollout_id, found)
+    for rollout_id in run.failing:
+        assert len(_rollout_trace_ids(run.jaeger, rollout_id, FAILING_AGENT)) == 1
+    # and no trace beyond those: every trace of every service belongs to a driven rollout
+    every = {t.trace_id for name in SERVERS for t in run.jaeger.find_traces(service(name))}
+    assert every == {t.trace_id for t in run.traces.values()}
+    assert len(every) == OK_ROLLOUTS + FAILING_ROLLOUTS
+
+
+def test_a_rollout_never_driven_finds_nothing(run: Run) -> None:
+    for name in (AGENT, MODEL, RESOURCES, FAILING_AGENT):
+        assert _rollout_trace_ids(run.jaeger, "999999-0", name) == set()
+
+
+def test_trace_holds_all_three_services_with_cross_process_edges(run: Run) -> None:
+    for rollout_id in run.ok:
+        trace = run.traces[rollout_id]
+        assert trace.services() == {service(MODEL), service(RESOURCES), service(AGENT)}
+        assert trace.tag_values(semconv.ROLLOUT_ID) == {rollout_id}
+        assert trace.orphans() == [] and trace.warnings == [], rollout_id
+        [root] = trace.roots()
+        assert (root.operation, root.service, root.kind) == ("POST /run", service(AGENT), "server")
+        [rollout] = trace.named(semconv.SPAN_ROLLOUT)
+        assert trace.parent(rollout) == root
+        crossings = 0
+        for span in trace.spans:
+            if span.kind != "server" or span is root:
+                continue
+            # every server span is the child of one of the agent's client spans
+            parent = trace.parent(span)
+            assert parent is not None and parent.kind == "client", span
+            assert parent.service == service(AGENT), span
+            crossings += span.service != parent.service
+        # the model twice, the resources server for the tool call, seeding and /verify
+        assert crossings >= 5, rollout_id
+        models = trace.named("gym.model.responses")
+        assert {m.service for m in models} == {service(MODEL)}
+        [verify] = trace.named(semconv.SPAN_VERIFY)
+        assert verify.service == service(RESOURCES)
+        assert verify.tags[semconv.VERIFY_SUCCEEDED] is True
+
+
+def test_span_count_equals_what_the_sidecar_exported(run: Run) -> None:
+    assert run.exported_spans > 0
+    assert sum(len(t.spans) for t in run.traces.values()) == run.exported_spans
+    # and each trace read through the search equals the same trace read by id
+    for rollout_id in run.ok:
+        [searched] = run.jaeger.find_traces(service(AGENT), {semconv.ROLLOUT_ID: rollout_id})
+        assert len(searched.spans) == len(run.traces[rollout_id].spans)
+
+
+def test_failed_verifications_are_found_by_error_true(run: Run) -> None:
+    failing = {run.traces[r].trace_id for r in run.failing}
+    for name in (FAILING_AGENT, FAILING_RESOURCES):
+        found = run.jaeger.find_traces(service(name), {"error": "true"})
+        assert {t.trace_id for t in found} == failing, name
+    for name in (AGENT, MODEL, RESOURCES):
+        assert run.jaeger.find_traces(service(name), {"error": "true"}) == [], name
+    for rollout_id in run.failing:
+        [verify] = run.traces[rollout_id].named(semconv.SPAN_VERIFY)
+        assert verify.tags["error"] is True
+        assert verify.tags[semconv.VERIFY_SUCCEEDED] is False
+        assert verify.service == service(FAILING_RESOURCES)
+
+
+# -- Prometheus, through PromQL and its HTTP API ------------------------------------------
+
+
+def test_sidecar_serves_openmetrics_with_exemplars_on_request(run: Run) -> None:
+    def get(accept: str | None) -> tuple[str, str]:
+        req = urllib.request.Request(run.sidecar.admin_url + "/metrics")
+        if accept:
+            req.add_header("Accept", accept)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.headers["Content-Type"], resp.read().decode()
+
+    # what Prometheus 2.42 sends when exemplar storage is on
+    kind, body = get("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+    assert kind.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith("# EOF")
+    kind, plain = get(None)
+    assert kind.startswith("text/plain")
+    assert "# {" not in plain  # the classic text format has no exemplars
+    assert "gym_rollout_duration_ms_bucket" in plain
+
+
+def test_verify_count_by_succeeded_equals_the_verifications_driven(run: Run) -> None:
+    expected = {"true": float(OK_ROLLOUTS), "false": float(FAILING_ROLLOUTS)}
+    promql = "sum by (succeeded) (gym_verify_count_total)"
+
+    def counts() -> dict[str, float]:
+        return {
+            r["metric"]["succeeded"]: float(r["value"][1]) for r in run.prometheus.query(promql)
+        }
+
+    assert wait_for(lambda: counts() == expected, WAIT_S, 0.5), (
+        counts(),
+        run.prometheus.log_tail(),
+    )
+    assert run.prometheus.targets_health() == ["up"]
+
+
+def test_rollout_duration_quantile_answers(run: Run) -> None:
+    rollouts = OK_ROLLOUTS + FAILING_ROLLOUTS
+    assert wait_for(
+        lambda: (
+            run.prometheus.query("sum(gym_rollout_duration_ms_count)")
+            and float(run.prometheus.query("sum(gym_rollout_duration_ms_count)")[0]["value"][1])
+            == rollouts
+        ),
+        WAIT_S,
+        0.5,
+    )
+    [p90] = run.prometheus.query(
+        "histogram_quantile(0.9, sum by (le) (gym_rollout_duration_ms_bucket))"
+    )
+    value = float(p90["value"][1])
+    assert math.isfinite(value) and value > 0, p90
+
+
+def test_verify_success_rate_is_a_fraction(run: Run) -> None:
+    # the gauge covers the last exported window only, so look back over the run
+    promql = "last_over_time(gym_verify_success_rate[1h])"
+    assert wait_for(lambda: run.prometheus.query(promql), WAIT_S, 0.5)
+    for series in run.prometheus.query(promql):
+        assert 0.0 <= float(series["value"][1]) <= 1.0, series
+
+
+def test_exemplars_lead_from_a_bucket_to_the_rollouts_trace_in_jaeger(run: Run) -> None:
+    by_trace = {t.trace_id: rollout_id for rollout_id, t in run.traces.items()}
+
+    def exemplars() -> list[dict[str, Any]]:
+        found = run.prometheus.query_exemplars("gym_rollout_duration_ms_bucket")
+        return [e for series in found for e in series["exemplars"]]
+
+    assert wait_for(exemplars, WAIT_S, 0.5), run.prometheus.log_tail()
+    for exemplar in exemplars():
+        trace_id = exemplar["labels"]["trace_id"]
+        trace = run.jaeger.trace(trace_id)
+        assert trace is not None, trace_id
+        [rollout_id] = [r for t, r in by_trace.items() if same_trace_id(t, trace_id)]
+        # the exemplar's span is that rollout's rollout span
+        [rollout] = trace.named(semconv.SPAN_ROLLOUT)
+        assert rollout.span_id.lstrip("0") == exemplar["labels"]["span_id"].lstrip("0")
+        assert rollout.tags[semconv.ROLLOUT_ID] == rollout_id
