@@ -56,7 +56,7 @@ EXPORTED = "gym_sidecar_exported_items_total"
 
 TRANSPORTS = {
     "grpc": {"protocol": "grpc", "compression": "none"},
-    "http-gzip": {"protocol": "http", "compression": "gzip"},
+    "http-gzip": {"protocol": "http/protobuf", "compression": "gzip"},
 }
 
 
@@ -253,18 +253,46 @@ def test_span_count_equals_what_the_sidecar_exported(run: Run) -> None:
         assert len(searched.spans) == len(run.traces[rollout_id].spans)
 
 
+#: Why the UI's ``error=true`` search finds nothing in the Jaeger these tests run.
+JAEGER_ERROR_SEARCH_BUG = (
+    "Jaeger 2.13.0 (module v1.76.0, the newest on the Go module proxy here), in-memory "
+    "storage: the query's tags become string attributes (jptrace.PlainMapToPcommonMap) "
+    "and internal/storage/v2/memory/tenant.go validSpan reads `error` with Value.Bool(), "
+    "which is false for a string, so error=true (like error=false) matches only spans "
+    "whose status is OK; a failed rollout's spans are ERROR (or unset)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=JAEGER_ERROR_SEARCH_BUG)
 def test_failed_verifications_are_found_by_error_true(run: Run) -> None:
+    # strict: once a fixed Jaeger is pinned this passes, and the marker must go
     failing = {run.traces[r].trace_id for r in run.failing}
     for name in (FAILING_AGENT, FAILING_RESOURCES):
         found = run.jaeger.find_traces(service(name), {"error": "true"})
         assert {t.trace_id for t in found} == failing, name
-    for name in (AGENT, MODEL, RESOURCES):
-        assert run.jaeger.find_traces(service(name), {"error": "true"}) == [], name
+
+
+def test_failed_verifications_are_marked_as_errors_and_found_by_error_type(run: Run) -> None:
+    """What the UI shows instead: the failed verifications' spans carry ``error=true``
+    (drawn red), no successful rollout's span does, and a tag search on the verify
+    span's ``error.type`` finds exactly the failed rollouts."""
+    failing = {run.traces[r].trace_id for r in run.failing}
     for rollout_id in run.failing:
-        [verify] = run.traces[rollout_id].named(semconv.SPAN_VERIFY)
-        assert verify.tags["error"] is True
+        trace = run.traces[rollout_id]
+        [verify] = trace.named(semconv.SPAN_VERIFY)
+        assert verify.tags["error"] is True and verify.tags["otel.status_code"] == "ERROR"
         assert verify.tags[semconv.VERIFY_SUCCEEDED] is False
         assert verify.service == service(FAILING_RESOURCES)
+        [rollout] = trace.named(semconv.SPAN_ROLLOUT)
+        assert rollout.tags["error"] is True
+    for rollout_id in run.ok:
+        assert True not in run.traces[rollout_id].tag_values("error"), rollout_id
+    # the attribute is on the verify span, so the search names the resources server
+    found = run.jaeger.find_traces(
+        service(FAILING_RESOURCES), {semconv.ERROR_TYPE: "VerifierCrash"}
+    )
+    assert {t.trace_id for t in found} == failing
+    assert run.jaeger.find_traces(service(RESOURCES), {semconv.ERROR_TYPE: "VerifierCrash"}) == []
 
 
 # -- Prometheus, through PromQL and its HTTP API ------------------------------------------
