@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir", type=Path, default=Path(".data/demo"), help="logs and configs (.data/demo)"
     )
     p.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    p.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="also forward the traces to a Jaeger v2 built from source (first run builds it: "
+        "minutes, needs Go) and print the Jaeger API URL of a failed rollout's trace",
+    )
     p.add_argument("--gym-python", type=Path, help="use this Gym environment's python as is")
     p.add_argument(
         "--repo",
@@ -73,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gym_python=args.gym_python,
         wait_s=args.wait_s,
         repo=args.repo,
+        jaeger=args.jaeger,
     )
     console = make_console()
     try:

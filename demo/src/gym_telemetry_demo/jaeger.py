@@ -284,7 +284,13 @@ class JaegerServer:
         return JaegerTrace.parse(data[0]) if data else None
 
     def trace_url(self, trace_id: str) -> str:
+        """The ``GET /api/traces/{id}`` URL of one trace (what the UI's trace page loads)."""
         return f"{self.query_url}/api/traces/{trace_id}"
+
+    def search_url(self, service: str, tags: dict[str, str]) -> str:
+        """The ``GET /api/traces`` URL of a tag search (what the UI's search form calls)."""
+        query = urllib.parse.urlencode({"service": service, "tags": json.dumps(tags)})
+        return f"{self.query_url}/api/traces?{query}"
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

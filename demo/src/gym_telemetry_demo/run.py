@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gym_telemetry_demo.gym_servers import GymServers, load_configs, post_json, repo_root, run_body
+from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
 from gym_telemetry_demo.sidecar import SidecarChild
 
 MODEL: Final = "policy_model"
@@ -34,6 +35,8 @@ FAILING_RESOURCES: Final = "failing_weather"
 FAILING_AGENT: Final = "failing_weather_simple_agent"
 SERVERS: Final = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 METRICS_INTERVAL_S: Final = 2.0
+ROLLOUT_ID: Final = "nemo.gym.rollout.id"
+"""The attribute every span of a rollout carries (the agent's semantic conventions)."""
 ENV_BUILD_TIMEOUT_S: Final = 1800
 
 
@@ -51,6 +54,8 @@ class DemoOptions:
     wait_s: float = 30.0
     repo: Path | None = None
     """The source tree (``--repo``); None: :func:`~gym_telemetry_demo.gym_servers.repo_root`."""
+    jaeger: bool = False
+    """Also forward to a Jaeger v2 built from source (``--jaeger``; needs Go)."""
 
 
 def prepare_gym_env(console: Console, repo: Path) -> Path:
@@ -141,6 +146,59 @@ def _report(console: Console, path: Path, since_ns: int, failing: int) -> None:
         console.print("[yellow]no failed verification reached the store[/yellow]")
 
 
+def start_jaeger(console: Console, repo: Path, workdir: Path) -> JaegerServer:
+    """Build (first run: minutes, needs Go; ``repo``'s ``scripts/jaeger_build.py``) or
+    reuse Jaeger, and start it."""
+    with console.status("Building or reusing Jaeger v2 (first run: several minutes, needs Go)..."):
+        binary = jaeger_binary(
+            repo, lambda line: console.print(f"  [dim]{line}[/dim]", highlight=False)
+        )
+        jaeger = JaegerServer(workdir / "jaeger", binary).start()
+    console.print(
+        f"Jaeger: OTLP gRPC {jaeger.otlp_grpc_endpoint}, query API {jaeger.query_url} "
+        f"(log {jaeger.log_path})"
+    )
+    return jaeger
+
+
+def _jaeger_report(
+    console: Console, jaeger: JaegerServer, store: Path, since_ns: int, wait_s: float
+) -> bool:
+    """Print the Jaeger API URL of a failed rollout's trace (found by its rollout id, as
+    the UI's tag search finds it); False when Jaeger does not have it within ``wait_s``."""
+    window_s = (time.time_ns() - since_ns) / 1e9 + 5
+    with closing(db.connect(store, readonly=True)) as conn:
+        failed = queries.rollouts(conn, since_s=window_s, failed_only=True, limit=1)
+    if not failed:
+        console.print("[yellow]no failed rollout to look up in Jaeger[/yellow]")
+        return False
+    rollout_id = failed[0].rollout_id
+    service = f"nemo-gym/{FAILING_AGENT}"
+    tags = {ROLLOUT_ID: rollout_id}
+    deadline = time.monotonic() + wait_s
+    found = jaeger.find_traces(service, tags)
+    while not found and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = jaeger.find_traces(service, tags)
+    if not found:
+        console.print(f"[yellow]Jaeger has no trace of rollout {rollout_id}[/yellow]")
+        return False
+    trace = found[0]
+    # plain lines, never wrapped: the URLs are meant to be copied
+    console.print(
+        f"\n[bold]Jaeger[/bold]: failed rollout {rollout_id}, {len(trace.spans)} spans from "
+        f"{len(trace.services())} services:"
+    )
+    console.print(f"  {jaeger.trace_url(trace.trace_id)}", soft_wrap=True, highlight=False)
+    console.print("The UI's search by rollout id, as an API call:")
+    console.print(f"  {jaeger.search_url(service, tags)}", soft_wrap=True, highlight=False)
+    console.print(
+        "(A Jaeger built from the Go module serves a placeholder page instead of the UI; "
+        "these are the calls the UI makes.)"
+    )
+    return True
+
+
 def _next_steps(console: Console, store_dir: Path) -> None:
     flag = "" if store_dir == default_data_dir().resolve() else f" --store-dir {store_dir}"
     console.print(
@@ -150,8 +208,10 @@ def _next_steps(console: Console, store_dir: Path) -> None:
             f"  uv run gym-sidecar trace{flag} ROLLOUT_ID\n"
             f"  uv run gym-sidecar stats{flag} --since 1h\n\n"
             "The same traces in Jaeger (needs Docker): docker compose up --build, then open\n"
-            "http://localhost:16686 (docs/deployment.md). A sidecar in front of any OTLP\n"
-            "backend keeps the local store too with: gym-sidecar run --backend URL --local-store",
+            "http://localhost:16686 (docs/deployment.md); without Docker, against Jaeger v2\n"
+            "built from source (needs Go): bash scripts/demo.sh --jaeger.\n"
+            "A sidecar in front of any OTLP backend keeps the local store too with:\n"
+            "  gym-sidecar run --backend URL --local-store",
             title="next",
             title_align="left",
         )
@@ -164,15 +224,17 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
     repo = repo_root(opts.repo)
     python = opts.gym_python or prepare_gym_env(console, repo)
     console.print(f"Gym environment: {python}")
-    sidecar = SidecarChild(
-        opts.store_dir,
-        opts.workdir,
-        {
-            "span_groups": {"spec": "per_rollout"},
-            "metrics": {"interval_s": METRICS_INTERVAL_S},
-            "log_level": "warning",
-        },
-    )
+    jaeger = start_jaeger(console, repo, opts.workdir) if opts.jaeger else None
+    config: dict[str, Any] = {
+        "span_groups": {"spec": "per_rollout"},
+        "metrics": {"interval_s": METRICS_INTERVAL_S},
+        "log_level": "warning",
+    }
+    if jaeger is not None:
+        # the local store is kept (--local-store), so the tables below still print;
+        # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
+        config["backend"] = {"url": jaeger.otlp_grpc_endpoint, "protocol": "grpc"}
+    sidecar = SidecarChild(opts.store_dir, opts.workdir, config)
     store_path = sidecar.store_dir / "traces.db"
     servers: GymServers | None = None
     code = 0
@@ -190,9 +252,9 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             }
-            config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
+            gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = GymServers(
-                python, config, list(SERVERS), env, opts.workdir / "gym", repo=repo
+                python, gym_config, list(SERVERS), env, opts.workdir / "gym", repo=repo
             )
             servers.start()
             console.print(
@@ -214,6 +276,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             console.print(f"[yellow]only {seen[0]} of {opts.rollouts} rollouts stored[/yellow]")
             code = 1
         _report(console, store_path, since_ns, opts.failing)
+        if jaeger is not None and opts.failing:
+            code = code if _jaeger_report(console, jaeger, store_path, since_ns, opts.wait_s) else 1
         _next_steps(console, opts.store_dir)
         if opts.keep:
             console.print("[bold]--keep:[/bold] everything keeps running; Ctrl-C stops it.")
@@ -225,6 +289,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             if servers is not None:
                 servers.stop()
             exit_code = sidecar.stop()
+            if jaeger is not None:
+                jaeger.stop()
         if exit_code not in (0, None):
             console.print(f"[red]sidecar exited with {exit_code}[/red]; log: {sidecar.log_path}")
             code = 1
