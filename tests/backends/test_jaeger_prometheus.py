@@ -175,7 +175,12 @@ def run(
                 traces.clear()
             return total >= exported
 
-        assert wait_for(all_in_jaeger, WAIT_S, 0.5), jaeger.log_tail()
+        if not wait_for(all_in_jaeger, WAIT_S, 0.5):
+            seen = {r: len(t.spans) for r, t in traces.items()}
+            pytest.fail(
+                f"Jaeger never held one trace per rollout with {exported} spans in all: "
+                f"spans by rollout {seen}; answers {ok} {failing}\n{jaeger.log_tail()}"
+            )
         yield Run(jaeger, prometheus, sidecar, ok, failing, exported, traces)
     finally:
         if prometheus is not None:
