@@ -13,7 +13,8 @@ import pytest
 
 from tests.support.prometheus import COMPOSE_CONFIG
 
-pytestmark = [pytest.mark.backends]
+# the first use may install Debian's prometheus package (apt-get update + install)
+pytestmark = [pytest.mark.backends, pytest.mark.timeout(900)]
 
 
 def test_compose_prometheus_config_passes_promtool(prometheus_bin: Path) -> None:
