@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import semconv
 
 from tests.gym.stack import GymStack, load_configs, post_json, run_body
 from tests.support.jaeger import JaegerServer, JaegerTrace, same_trace_id

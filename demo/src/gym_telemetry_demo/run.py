@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import gym_telemetry_semconv as semconv
 from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
 from gym_sidecar.store import db, queries, stats
 from gym_sidecar.store.config import default_data_dir
@@ -35,8 +36,6 @@ FAILING_RESOURCES: Final = "failing_weather"
 FAILING_AGENT: Final = "failing_weather_simple_agent"
 SERVERS: Final = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 METRICS_INTERVAL_S: Final = 2.0
-ROLLOUT_ID: Final = "nemo.gym.rollout.id"
-"""The attribute every span of a rollout carries (the agent's semantic conventions)."""
 ENV_BUILD_TIMEOUT_S: Final = 1800
 
 
@@ -174,7 +173,7 @@ def _jaeger_report(
         return False
     rollout_id = failed[0].rollout_id
     service = f"nemo-gym/{FAILING_AGENT}"
-    tags = {ROLLOUT_ID: rollout_id}
+    tags = {semconv.ROLLOUT_ID: rollout_id}
     deadline = time.monotonic() + wait_s
     found = jaeger.find_traces(service, tags)
     while not found and time.monotonic() < deadline:
