@@ -41,6 +41,14 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     store_dir = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
     env["COLUMNS"] = "200"
+    # the default demo needs no Go (only `--jaeger` builds Jaeger): any `go` it ran would
+    # be this one, which fails
+    no_go = tmp_path / "no-go"
+    no_go.mkdir()
+    (no_go / "go").write_text("#!/bin/sh\necho 'make demo must not need Go' >&2\nexit 97\n")
+    (no_go / "go").chmod(0o755)
+    env["PATH"] = f"{no_go}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("GO", None)
     result = subprocess.run(
         [
             "bash",
