@@ -87,8 +87,10 @@ def _sidecar_config(jaeger: JaegerServer, transport: dict[str, str]) -> dict[str
         },
         # explicit, so a change of the defaults does not change what reaches Jaeger
         "span_groups": {"spec": "per_rollout", "modes": {semconv.GROUP_VERIFY: "on"}},
-        # short windows: exemplars and the success rate move while Prometheus scrapes
-        "metrics": {"interval_s": 2},
+        # The success-rate gauge (and a bucket's exemplar) shows one exported window and is
+        # gone after the next: 5 s windows give a 1 s scrape several chances even when the
+        # machine is loaded and scrapes come late.
+        "metrics": {"interval_s": 5},
     }
 
 
