@@ -3,16 +3,19 @@
 A FastAPI ``/verify`` app, set up the way a Gym resources server is (``install()`` +
 ``start_server_telemetry``), is driven in process through ASGI with a ``traceparent`` and
 the rollout baggage. With the cyclic GC disabled, 500 requests are measured after 200
-warm-up ones; the batch processor's delay is made very long, so every recorded span
-stays queued, as spans do between exports on a busy server.
+warm-up ones; the batch processor's delay and batch size are made very large, so every
+recorded span stays queued, as spans do between exports on a busy server.
 
 Printed per span-group setting (``none`` is the app without the agent):
 
+- ``spans/req``: spans queued for export per request;
 - ``gen0/req``: the net growth of ``gc.get_count()[0]`` per request (what brings the
   next young collection closer; untracked dicts count too);
 - ``survivors/req``: GC-tracked objects alive after the request (``gc.get_objects()``
-  delta); these are what the young collections promote and the full collections of a
-  large heap then traverse -- and their types.
+  delta), and their types;
+- ``promoted/req``: those still tracked after one young collection (which frees young
+  cyclic garbage and untracks tuples of untracked values): what the young collections
+  promote and the full collections of a large heap then traverse.
 
 Each setting runs in a fresh process; ``--before SRC`` also runs another agent source
 tree (e.g. a ``git archive`` of an older commit's ``agent/src``) first on ``PYTHONPATH``.
@@ -35,6 +38,7 @@ os.environ.update(
     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
     GYM_TELEMETRY_SPAN_GROUPS=groups, GYM_TELEMETRY_POLL_INTERVAL_S="0",
     OTEL_BSP_SCHEDULE_DELAY="100000000",
+    OTEL_BSP_MAX_QUEUE_SIZE="100000", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="100000",
 )
 if groups != "none":
     from gym_telemetry.autoinstrument.identity import start_server_telemetry
@@ -77,14 +81,34 @@ loop.run_until_complete(run(200))
 N = 500
 gc.collect()
 gc.disable()
+def queued():
+    if groups == "none":
+        return 0
+    from gym_telemetry.provider import _STATE
+    return len(_STATE.processor._queue)
 before = {id(o) for o in gc.get_objects()}
 count = gc.get_count()[0]
+queued_before = queued()
 loop.run_until_complete(run(N))
+spans = (queued() - queued_before) / N
 grown = gc.get_count()[0] - count
 new = [o for o in gc.get_objects() if id(o) not in before]
+len_new = len(new)
 kinds = collections.Counter(type(o).__name__ for o in new).most_common(4)
 top = ", ".join(f"{name} {n / N:.2f}" for name, n in kinds)
-print(f"{grown / N:6.2f} gen0/req {len(new) / N:6.2f} survivors/req  ({top})", flush=True)
+del new
+# One young collection, as the running GC would do next: it frees young cyclic garbage
+# and untracks the tuples that hold only untracked values. What is still tracked is what
+# gets promoted, and eventually traversed by every full collection of the heap.
+gc.collect(0)
+kept = collections.Counter(type(o).__name__ for o in gc.get_objects() if id(o) not in before)
+promoted = sum(kept.values())
+top_kept = ", ".join(f"{name} {n / N:.2f}" for name, n in kept.most_common(3))
+print(
+    f"{spans:4.2f} spans/req {grown / N:6.2f} gen0/req {len_new / N:6.2f} survivors/req ({top}); "
+    f"{promoted / N:5.2f} promoted/req ({top_kept})",
+    flush=True,
+)
 os._exit(0)  # skip the exporter's shutdown (nothing listens on the endpoint)
 """
 
@@ -108,15 +132,20 @@ def _run(groups: str, src: str | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", help="another agent source tree (src), run first")
+    parser.add_argument(
+        "--groups",
+        default="default;default,verify;all",
+        help="span-group specs to run, separated by ';' (default: %(default)s)",
+    )
     args = parser.parse_args()
     versions: list[tuple[str, str | None]] = [("this tree", None)]
     if args.before:
         versions.insert(0, ("before", args.before))
     print(f"python {sys.version.split()[0]}")
-    print(f"{'none':>8} {'':>10}: {_run('none', None)}")
+    print(f"{'none':>14} {'':>10}: {_run('none', None)}")
     for label, src in versions:
-        for groups in ("default", "all"):
-            print(f"{groups:>8} {label:>10}: {_run(groups, src)}")
+        for groups in args.groups.split(";"):
+            print(f"{groups:>14} {label:>10}: {_run(groups, src)}")
 
 
 if __name__ == "__main__":

@@ -77,20 +77,19 @@ if _path:
 """
 
 
-def _variants(before: Path, gc_freeze: bool) -> dict[str, dict[str, str]]:
+def _variants(before: Path, gc_freeze: bool, specs: list[str]) -> dict[str, dict[str, str]]:
     on = {"GYM_TELEMETRY": "1"}
     old = {"PYTHONPATH": str(before)}
-    variants = {
-        "bare": {},
-        "default_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default", **old},
-        "default_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "default"},
-        "all_before": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all", **old},
-        "all_after": {**on, "GYM_TELEMETRY_SPAN_GROUPS": "all"},
-    }
+    variants: dict[str, dict[str, str]] = {"bare": {}}
+    for spec in specs:
+        label = spec.replace(",", "+")
+        variants[f"{label}_before"] = {**on, "GYM_TELEMETRY_SPAN_GROUPS": spec, **old}
+        variants[f"{label}_after"] = {**on, "GYM_TELEMETRY_SPAN_GROUPS": spec}
     if gc_freeze:
+        last = specs[-1].replace(",", "+")
         frozen = {"BENCH_GC_FREEZE_AFTER_S": str(FREEZE_AFTER_S)}
         variants["bare_gc_frozen"] = frozen
-        variants["all_after_gc_frozen"] = {**variants["all_after"], **frozen}
+        variants[f"{last}_after_gc_frozen"] = {**variants[f"{last}_after"], **frozen}
     return variants
 
 
@@ -112,7 +111,15 @@ def main() -> None:
     parser.add_argument(
         "--gc-freeze",
         action="store_true",
-        help="add bare and all_after variants whose servers call gc.freeze() after start-up",
+        help="add bare and <last spec>_after variants whose servers call gc.freeze() after "
+        "start-up",
+    )
+    parser.add_argument(
+        "--groups",
+        default="default;all",
+        help="span-group specs (GYM_TELEMETRY_SPAN_GROUPS), ';'-separated, each run with the "
+        "before and the after agent (default: %(default)s; 'default,verify' is the default "
+        "preset with the verify spans the sidecar derives metrics from)",
     )
     args = parser.parse_args()
     if not (args.before / "gym_telemetry" / "__init__.py").is_file():
@@ -125,7 +132,8 @@ def main() -> None:
     (probe_dir / "sitecustomize.py").write_text(_GC_PROBE)
     sink, sink_port = start_sink()
     stacks: dict[str, GymStack] = {}
-    variants = _variants(args.before.resolve(), args.gc_freeze)
+    variants = _variants(args.before.resolve(), args.gc_freeze, args.groups.split(";"))
+    load_start = os.getloadavg()
     rows: dict[str, dict[str, list[float]]] = {
         name: {"rps": [], "cpu_us": [], "gc_us": [], "gc_per_kreq": [], "full_per_kreq": []}
         for name in variants
@@ -185,11 +193,14 @@ def main() -> None:
             stack.stop()
         sink.terminate()
         sink.communicate(timeout=30)
+    load_end = os.getloadavg()
     med = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in rows.items()}
     bare = med["bare"]
     print(
         f"\n/verify of {SERVER}, {args.concurrency} connections, "
-        f"{args.rounds} x {args.duration:g}s per variant (medians):"
+        f"{args.rounds} x {args.duration:g}s per variant (medians); load average "
+        f"{load_start[0]:.1f}/{load_start[1]:.1f} at start, {load_end[0]:.1f}/{load_end[1]:.1f} "
+        "at end (1/5 min):"
     )
     for name, m in med.items():
         print(
@@ -197,6 +208,18 @@ def main() -> None:
             f"{m['cpu_us']:6.0f} CPU-us/req (req per CPU-second, ratio to bare "
             f"{bare['cpu_us'] / m['cpu_us']:.3f})  {m['gc_us']:5.0f} GC-us/req, collections "
             f"per 1000 req {m['gc_per_kreq']:5.0f} (full {m['full_per_kreq']:.1f})"
+        )
+    # Per-round ratios: each variant against bare of the same round (interleaved).
+    print("\nper-round ratios to bare of the same round: min / median / max")
+    for name, row in rows.items():
+        if name == "bare":
+            continue
+        rps = [r / b for r, b in zip(row["rps"], rows["bare"]["rps"], strict=True)]
+        cpu = [b / c for c, b in zip(row["cpu_us"], rows["bare"]["cpu_us"], strict=True)]
+        print(
+            f"  {name:>15}: req/s {min(rps):.3f} / {statistics.median(rps):.3f} / "
+            f"{max(rps):.3f}   req per CPU-second {min(cpu):.3f} / "
+            f"{statistics.median(cpu):.3f} / {max(cpu):.3f}"
         )
 
 

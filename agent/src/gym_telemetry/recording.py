@@ -100,6 +100,10 @@ class LeanSpan(trace_api.Span, ReadableSpan):
     after ``end`` are ignored.
     """
 
+    #: ``get_span_context`` returns the ``_context`` field, as ``ReadableSpan``'s does: the
+    #: lean encoder may read the fields directly (``span_encoding._is_plain``).
+    span_context_is_field: Final = True
+
     def __init__(
         self,
         name: str,

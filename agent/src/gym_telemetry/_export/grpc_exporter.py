@@ -19,6 +19,12 @@ A batch the lean encoder refuses (``UnsupportedValue``: a value the stock encode
 and skips, an out-of-range integer) or fails on is encoded by the stock encoder
 instead and counted (``LeanEncodingStats.fallbacks``), so what reaches the sidecar is
 always what the stock exporter would have sent.
+
+This exporter takes span records (``span_encoding.encode_record``: a span already
+encoded when it ended, queued as plain bytes by ``GymSpanProcessor``) in a batch in
+place of spans. They encode to the same message; in a batch that falls back to the
+stock encoder, the records (never refused themselves) follow the stock encoder's
+blocks as their own ResourceSpans blocks.
 """
 
 from __future__ import annotations
@@ -61,10 +67,11 @@ def lean_encoding_requested() -> bool:
     return os.environ.get(ENV_ENCODER, "").strip().lower() != "sdk"
 
 
-def translate(spans: Sequence[ReadableSpan]) -> Any:
-    """``spans`` as an ``ExportTraceServiceRequest``: lean-encoded, or by the stock
-    ``encode_spans`` when the lean encoder refuses the batch. Raises only what the
-    stock encoder raises."""
+def translate(spans: Sequence[ReadableSpan | bytes]) -> Any:
+    """``spans`` (spans, or the span records ``GymSpanProcessor`` queues in their place)
+    as an ``ExportTraceServiceRequest``: lean-encoded, or by the stock ``encode_spans``
+    when the lean encoder refuses the batch. Raises only what the stock encoder
+    raises."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -80,8 +87,19 @@ def translate(spans: Sequence[ReadableSpan]) -> Any:
                 exc,
                 STATS.fallbacks,
             )
-        return encode_spans(spans)
+        return _stock_request(spans, encode_spans)
     STATS.batches += 1
+    return request
+
+
+def _stock_request(batch: Sequence[ReadableSpan | bytes], encode_spans: Any) -> Any:
+    """The stock encoder's message for the spans of ``batch``; its span records (already
+    lean-encoded, so never refused) follow as their own ResourceSpans blocks."""
+    records = [item for item in batch if span_encoding.is_record(item)]
+    if not records:
+        return encode_spans(batch)
+    request = encode_spans([item for item in batch if not span_encoding.is_record(item)])
+    request.MergeFromString(span_encoding.encode_request(records))
     return request
 
 
@@ -107,6 +125,11 @@ def _run_self_check() -> bool:
         lean = ExportTraceServiceRequest.FromString(span_encoding.encode_request(spans))
         if lean != encode_spans(spans):
             _log.info("gym_telemetry: lean span encoder differs here; using the stock one")
+            return False
+        records = [span_encoding.encode_record(span) or span for span in spans]
+        as_records = span_encoding.encode_request(records)
+        if ExportTraceServiceRequest.FromString(as_records) != lean:
+            _log.info("gym_telemetry: span records encode differently here; stock encoder")
             return False
         # The step the lean exporter overrides must still be "spans in, the stock
         # encoder's message out" on this SDK; anything else (renamed, another signature,
@@ -136,7 +159,10 @@ def _lean_exporter_class() -> type[SpanExporter] | None:
     if not _lean_class:
 
         class LeanOTLPSpanExporter(OTLPSpanExporter):
-            """``OTLPSpanExporter`` encoding its batches with ``translate``."""
+            """``OTLPSpanExporter`` encoding its batches with ``translate``; its batches
+            may hold span records (``GymSpanProcessor``)."""
+
+            accepts_span_records = True
 
             def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
                 return translate(data)

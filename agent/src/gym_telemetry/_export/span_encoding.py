@@ -12,6 +12,12 @@ byte-string joins; the resource and instrumentation-scope blocks and the attribu
 prefixes are encoded once and reused; spans of a class that does not override
 ``ReadableSpan``'s properties are read from its fields.
 
+``encode_record(span)`` encodes one ended span into a *record*: plain ``bytes`` that
+``encode_request`` accepts in the span's place and turns into the same message.
+``processor.GymSpanProcessor`` queues records instead of spans when its exporter is the
+lean one, so a span waiting for export keeps no GC-tracked object alive (see the
+records section below for why that matters on a NeMo Gym server).
+
 Contract:
 
 - Same message as ``encode_spans`` (same grouping by resource then scope, in first-seen
@@ -22,13 +28,17 @@ Contract:
   int64, a string that is not valid UTF-8) makes ``encode_request`` raise
   ``UnsupportedValue``; the caller encodes that batch with ``encode_spans`` instead.
 - Pure function of its input apart from bounded caches (``otlp_wire.MAX_CACHED_KEYS``
-  attribute keys, ``MAX_CACHED_BLOCKS`` resource/scope blocks; cleared when full).
+  attribute keys, ``MAX_CACHED_BLOCKS`` resource/scope blocks; cleared when full) and
+  the records' (resource, scope) registry (``MAX_RECORD_SOURCES`` pairs, never cleared
+  because queued records refer to it; past the bound ``encode_record`` returns None and
+  the span is queued as itself).
   Thread-safe (the caches are dicts written with single assignments).
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -221,13 +231,22 @@ _plain_types: dict[type, bool] = {}
 
 def _is_plain(cls: type) -> bool:
     """Whether ``cls`` reads its span data from ``ReadableSpan``'s own fields (it
-    overrides none of its properties nor ``get_span_context``), so the fields can be
-    read directly."""
+    overrides none of its properties, and either not ``get_span_context`` or with one
+    its class marks ``span_context_is_field = True``), so the fields can be read
+    directly."""
     plain = _plain_types.get(cls)
     if plain is None:
-        plain = issubclass(cls, ReadableSpan) and all(
-            getattr(cls, name, None) is getattr(ReadableSpan, name)
-            for name in (*_SPAN_PROPERTIES, "get_span_context")
+        plain = (
+            issubclass(cls, ReadableSpan)
+            and all(
+                getattr(cls, name, None) is getattr(ReadableSpan, name) for name in _SPAN_PROPERTIES
+            )
+            and (
+                getattr(cls, "get_span_context", None) is ReadableSpan.get_span_context
+                # a class that says its own get_span_context returns the field
+                # (``recording.LeanSpan``; covered by the self-check's probes)
+                or cls.__dict__.get("span_context_is_field") is True
+            )
         )
         _plain_types[cls] = plain
     return plain
@@ -368,32 +387,95 @@ def _group(key: Any, ids: dict[int, int], keys: list[Any]) -> int:
     return index
 
 
-def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
-    """A serialized ``ExportTraceServiceRequest`` of ``spans`` (module docstring).
+# --- span records: an ended span as plain bytes until export ---------------------------------
+#
+# A span waiting in the batch queue keeps its objects alive until the next export (up to
+# the schedule delay): on a server whose cyclic GC is its main cost (a NeMo Gym server),
+# every GC-tracked object among them is promoted to the old generation and adds to what
+# triggers, and is traversed by, the next full collection. A record is a plain ``bytes``,
+# which the GC never tracks: a 2-byte index of the span's (resource, scope) pair in a
+# registry, then the span's ``ScopeSpans.spans`` field (tag, length, ``Span`` message),
+# exactly as ``encode_request`` writes it.
+
+#: Bound of the (resource, scope) registry of records: past it, spans stay spans.
+MAX_RECORD_SOURCES: Final = 4096
+
+_sources: list[tuple[Any, Any]] = []
+_source_index: dict[tuple[int, int], int] = {}
+_sources_lock = threading.Lock()
+
+
+def _source(resource: Any, scope: Any) -> int | None:
+    """The registry index of ``(resource, scope)`` (registered on first use; the registry
+    holds them, so their ids stay theirs), or None when the registry is full."""
+    index = _source_index.get((id(resource), id(scope)))
+    if index is not None:
+        return index
+    with _sources_lock:
+        key = (id(resource), id(scope))
+        index = _source_index.get(key)
+        if index is None:
+            if len(_sources) >= MAX_RECORD_SOURCES:
+                return None
+            index = len(_sources)
+            _sources.append((resource, scope))
+            _source_index[key] = index
+        return index
+
+
+def encode_record(span: ReadableSpan) -> bytes | None:
+    """``span`` as a record (see above) that ``encode_request`` accepts in its place, or
+    None when the (resource, scope) registry is full. Raises what ``encode_span`` raises
+    (``UnsupportedValue`` for a span the stock encoder must handle)."""
+    index = _source(span.resource, span.instrumentation_scope or None)
+    if index is None:
+        return None
+    return _pack_index(index) + len_prefixed(_T_SS_SPANS, encode_span(span))
+
+
+_pack_index = struct.Struct("<H").pack
+_unpack_index = struct.Struct("<H").unpack_from
+
+
+def is_record(item: object) -> bool:
+    """Whether a queued item is a record (``encode_record``) rather than a span."""
+    return item.__class__ is bytes
+
+
+def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
+    """A serialized ``ExportTraceServiceRequest`` of ``spans`` (module docstring), where
+    any item may be a record of ``encode_record`` instead of the span itself: the
+    message is the same either way.
 
     Raises ``UnsupportedValue`` for a batch the stock encoder must handle.
     """
     resources: list[Any] = []
     resource_ids: dict[int, int] = {}
     # per resource: (scopes in first-seen order, their identity map, encoded spans)
-    groups: list[tuple[list[Any], dict[int, int], list[list[bytes]]]] = []
+    groups: list[tuple[list[Any], dict[int, int], list[list[Any]]]] = []
     for span in spans:
-        resource = span.resource
+        if span.__class__ is bytes:
+            resource, scope = _sources[_unpack_index(span)[0]]
+            encoded: Any = memoryview(span)[2:]
+        else:
+            resource = span.resource  # type: ignore[union-attr]
+            scope = span.instrumentation_scope or None  # type: ignore[union-attr]
+            encoded = len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
         r = _group(resource, resource_ids, resources)
         if r == len(groups):
             groups.append(([], {}, []))
         scopes, scope_ids, scope_spans = groups[r]
-        s = _group(span.instrumentation_scope or None, scope_ids, scopes)
+        s = _group(scope, scope_ids, scopes)
         if s == len(scope_spans):
             scope_spans.append([])
-        scope_spans[s].append(len_prefixed(_T_SS_SPANS, encode_span(span)))
+        scope_spans[s].append(encoded)
     out = []
     for resource, (scopes, _ids, scope_spans) in zip(resources, groups, strict=True):
         body = [_cached_block(resource, _resource_block)]
-        for scope, encoded in zip(scopes, scope_spans, strict=True):
+        for scope, encoded_spans in zip(scopes, scope_spans, strict=True):
             scope_payload = (
                 (_cached_block(scope, _scope_block) if scope is not None else _scope_block(None))
-                + b"".join(encoded)
+                + b"".join(encoded_spans)
                 + _scope_schema(scope)
             )
             body.append(len_prefixed(_T_RS_SCOPE_SPANS, scope_payload))
