@@ -121,6 +121,12 @@ def main() -> None:
         "before and the after agent (default: %(default)s; 'default,verify' is the default "
         "preset with the verify spans the sidecar derives metrics from)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="after the rounds, sample each variant's server with py-spy (bench.pyspy) "
+        "during one more measurement and print the share of gym_telemetry frames",
+    )
     args = parser.parse_args()
     if not (args.before / "gym_telemetry" / "__init__.py").is_file():
         raise SystemExit(f"{args.before}: no gym_telemetry package there")
@@ -188,6 +194,8 @@ def main() -> None:
                     f"(load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
+        if args.profile:
+            _profile(args.profile, urls, pids, args.duration, args.concurrency)
     finally:
         for stack in stacks.values():
             stack.stop()
@@ -221,6 +229,49 @@ def main() -> None:
             f"{max(rps):.3f}   req per CPU-second {min(cpu):.3f} / "
             f"{statistics.median(cpu):.3f} / {max(cpu):.3f}"
         )
+
+
+#: Frames of the agent's own work (not the layers that only wrap Gym's handling).
+_AGENT_WORK = (
+    "gym_telemetry/recording.py",
+    "gym_telemetry/_export/",
+    "gym_telemetry/autoinstrument/propagation.py",
+    "_finish (gym_telemetry/autoinstrument/server_span.py",
+    "start (gym_telemetry/endpoints.py",
+    "finish (gym_telemetry/endpoints.py",
+    "_end (gym_telemetry/endpoints.py",
+)
+
+
+def _profile(
+    out: Path, urls: dict[str, str], pids: dict[str, int], duration: float, concurrency: int
+) -> None:
+    """One more measurement per variant under py-spy (Python frames, not pausing the
+    server): the share of samples in the agent's own work (``_AGENT_WORK``: recording,
+    encoding, export, header parsing; not the wrappers' frames around Gym's handling)
+    and its top frames."""
+    from bench import pyspy
+
+    print("\npy-spy, one more measurement per variant (share of samples):")
+    for name, url in urls.items():
+        path = out / f"{name}.folded"
+        spy = pyspy.start(pids[name], duration, path)
+        measure(url, duration, concurrency)
+        spy.wait(timeout=60)
+        if not path.is_file():
+            print(f"  {name}: no profile (py-spy needs ptrace rights)")
+            continue
+        total = agent = 0
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if count.isdigit():
+                total += int(count)
+                if any(m in stack for m in _AGENT_WORK):
+                    agent += int(count)
+        _, frames = pyspy.top_frames(path, top=5, match=_AGENT_WORK)
+        print(f"  {name}: {total} samples, agent's own work {100.0 * agent / max(total, 1):.1f}%")
+        for pct, frame in frames:
+            print(f"      {pct:5.1f}%  {frame}")
 
 
 if __name__ == "__main__":
