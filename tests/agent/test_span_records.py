@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from tests.support.sink import RecordingSink
 
@@ -178,6 +178,34 @@ def test_records_are_not_used_for_an_exporter_that_does_not_take_them(
     assert switch.records == 0
     assert batch.force_flush()
     assert [s.name for s in memory.get_finished_spans()] == ["s"]
+
+
+def test_a_span_the_encoder_refuses_is_queued_as_itself(provider: TracerProvider) -> None:
+    memory = _Memory()
+    switch, batch = _switch(memory, provider)
+    refused = ReadableSpan(
+        "refused",
+        context=SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+        resource=Resource({"service.name": "t"}),
+        attributes={"bad": 2**64},
+        start_time=1,
+        end_time=2,
+    )
+    switch.on_end(refused)
+    assert (switch.records, switch.record_failures) == (0, 1)
+    assert batch.force_flush()
+    assert memory.batches == [[refused]]
+
+
+def test_a_failing_queue_step_never_reaches_the_span(provider: TracerProvider) -> None:
+    switch, _batch = _switch(_Memory(), provider)
+
+    def broken(item: object) -> None:
+        raise RuntimeError("queue changed")
+
+    switch._emit = broken
+    provider.get_tracer("t").start_span("s").end()  # does not raise
+    assert switch.records == 0
 
 
 def test_an_unsampled_recording_span_is_not_queued() -> None:
