@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +123,13 @@ def main() -> None:
         "preset with the verify spans the sidecar derives metrics from)",
     )
     parser.add_argument(
+        "--simultaneous",
+        action="store_true",
+        help="measure all variants at the same time in each round (one client each), so "
+        "that other load on the machine hits them alike; CPU per request is then the "
+        "figure to read",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="after the rounds, sample each variant's server with py-spy (bench.pyspy) "
@@ -167,33 +175,41 @@ def main() -> None:
         # first GC probe files written (and, with --gc-freeze, the heap frozen)
         time.sleep(FREEZE_AFTER_S + 1.0 if args.gc_freeze else 1.0)
         for round_no in range(args.rounds):
-            for name, url in urls.items():
-                gc_file = workdir / f"gc-{name}.json"
-                gc_before = _gc_state(gc_file)
-                cpu_before = cpu_seconds(pids[name])
-                result = measure(url, args.duration, args.concurrency)
-                cpu_used = cpu_seconds(pids[name]) - cpu_before
+            groups = [list(urls)] if args.simultaneous else [[name] for name in urls]
+            for group in groups:
+                gc_before = {n: _gc_state(workdir / f"gc-{n}.json") for n in group}
+                cpu_before = {n: cpu_seconds(pids[n]) for n in group}
+                with ThreadPoolExecutor(len(group)) as pool:
+                    futures = {
+                        n: pool.submit(measure, urls[n], args.duration, args.concurrency)
+                        for n in group
+                    }
+                    results = {n: f.result() for n, f in futures.items()}
+                cpu_used = {n: cpu_seconds(pids[n]) - cpu_before[n] for n in group}
                 time.sleep(0.6)  # the probe's next dump covers the whole measurement
-                gc_after = _gc_state(gc_file)
-                gc_used = gc_after["gc_s"] - gc_before["gc_s"]
-                if result["errors"]:
-                    raise SystemExit(f"{name}: {result['errors']} failed requests")
-                requests = result["rps"] * (args.duration + 0.5)  # + the client's warm-up
-                row = rows[name]
-                row["rps"].append(result["rps"])
-                row["cpu_us"].append(1e6 * cpu_used / requests)
-                row["gc_us"].append(1e6 * gc_used / requests)
-                collections = gc_after["collections"] - gc_before["collections"]
-                row["gc_per_kreq"].append(1e3 * collections / requests)
-                row["full_per_kreq"].append(
-                    1e3 * (gc_after["full_gc"] - gc_before["full_gc"]) / requests
-                )
-                print(
-                    f"round {round_no + 1} {name:>15}: {result['rps']:7.1f} req/s "
-                    f"{row['cpu_us'][-1]:6.0f} CPU-us/req {row['gc_us'][-1]:5.0f} GC-us/req "
-                    f"(load {os.getloadavg()[0]:.1f})",
-                    flush=True,
-                )
+                for name in group:
+                    result = results[name]
+                    gc_after = _gc_state(workdir / f"gc-{name}.json")
+                    gc_used = gc_after["gc_s"] - gc_before[name]["gc_s"]
+                    if result["errors"]:
+                        raise SystemExit(f"{name}: {result['errors']} failed requests")
+                    # every request the server answered during the CPU window
+                    requests = result.get("total") or result["rps"] * (args.duration + 0.5)
+                    row = rows[name]
+                    row["rps"].append(result["rps"])
+                    row["cpu_us"].append(1e6 * cpu_used[name] / requests)
+                    row["gc_us"].append(1e6 * gc_used / requests)
+                    collections = gc_after["collections"] - gc_before[name]["collections"]
+                    row["gc_per_kreq"].append(1e3 * collections / requests)
+                    row["full_per_kreq"].append(
+                        1e3 * (gc_after["full_gc"] - gc_before[name]["full_gc"]) / requests
+                    )
+                    print(
+                        f"round {round_no + 1} {name:>15}: {result['rps']:7.1f} req/s "
+                        f"{row['cpu_us'][-1]:6.0f} CPU-us/req {row['gc_us'][-1]:5.0f} GC-us/req "
+                        f"(load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
         if args.profile:
             _profile(args.profile, urls, pids, args.duration, args.concurrency)
     finally:
