@@ -232,7 +232,7 @@ def main() -> None:
                 cpu_used = cpu_seconds(pids[name]) - cpu_before
                 if result["errors"]:
                     raise SystemExit(f"{name}: {result['errors']} failed requests")
-                # the client's 0.5 s warm-up ran too: count its requests at the same rate
+                # every request the server answered during the CPU window (warm-up included)
                 requests = result.get("total") or result["rps"] * (args.duration + 0.5)
                 rates[name].append(result["rps"])
                 cpu_us[name].append(1e6 * cpu_used / requests)
