@@ -130,6 +130,13 @@ def main() -> None:
         "figure to read",
     )
     parser.add_argument(
+        "--idle",
+        type=float,
+        default=5.0,
+        help="seconds of no load before and after the rounds over which each server's idle "
+        "CPU is measured (0: skip)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="after the rounds, sample each variant's server with py-spy (bench.pyspy) "
@@ -174,6 +181,7 @@ def main() -> None:
             pids[name] = proc.pid
         # first GC probe files written (and, with --gc-freeze, the heap frozen)
         time.sleep(FREEZE_AFTER_S + 1.0 if args.gc_freeze else 1.0)
+        idle_start = _idle_cpu(pids, args.idle)
         for round_no in range(args.rounds):
             groups = [list(urls)] if args.simultaneous else [[name] for name in urls]
             for group in groups:
@@ -210,6 +218,7 @@ def main() -> None:
                         f"(load {os.getloadavg()[0]:.1f})",
                         flush=True,
                     )
+        idle_end = _idle_cpu(pids, args.idle)
         if args.profile:
             _profile(args.profile, urls, pids, args.duration, args.concurrency)
     finally:
@@ -233,6 +242,10 @@ def main() -> None:
             f"{bare['cpu_us'] / m['cpu_us']:.3f})  {m['gc_us']:5.0f} GC-us/req, collections "
             f"per 1000 req {m['gc_per_kreq']:5.0f} (full {m['full_per_kreq']:.1f})"
         )
+    if args.idle:
+        print(f"\nserver CPU while idle (no requests, {args.idle:g} s, all at once), ms per s:")
+        for name in variants:
+            print(f"  {name:>15}: {idle_start[name]:6.2f} at start, {idle_end[name]:6.2f} at end")
     # Per-round ratios: each variant against bare of the same round (interleaved).
     print("\nper-round ratios to bare of the same round: min / median / max")
     for name, row in rows.items():
@@ -245,6 +258,16 @@ def main() -> None:
             f"{max(rps):.3f}   req per CPU-second {min(cpu):.3f} / "
             f"{statistics.median(cpu):.3f} / {max(cpu):.3f}"
         )
+
+
+def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each server's CPU ms per second over ``seconds`` with no requests, all measured
+    over the same window (background threads: export worker, gRPC, Gym's own)."""
+    if not seconds:
+        return {name: 0.0 for name in pids}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {name: 1e3 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
 #: Frames of the agent's own work (not the layers that only wrap Gym's handling).
