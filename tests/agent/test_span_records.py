@@ -271,3 +271,23 @@ def test_a_gym_style_request_leaves_no_span_alive() -> None:
     assert spans == 2.0, result.stdout  # the SERVER span and gym.verify, both queued
     assert survivors <= 1.0, result.stdout
     assert promoted <= 1.0, result.stdout
+
+
+def test_a_forked_child_registers_sources_with_a_fresh_lock() -> None:
+    import os
+    import signal
+
+    span = ReadableSpan(
+        "s",
+        context=SpanContext(1, 2, is_remote=False),
+        resource=Resource({"service.name": "forked-child"}),
+        start_time=1,
+        end_time=2,
+    )
+    with span_encoding._sources_lock[0]:  # held while forking, as another thread might
+        pid = os.fork()
+        if pid == 0:  # child: registering must not wait for the parent's lock
+            signal.alarm(60)  # a deadlocked child dies instead of hanging the test
+            os._exit(0 if span_encoding.encode_record(span) is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

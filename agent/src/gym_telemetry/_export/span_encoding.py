@@ -37,6 +37,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
@@ -402,7 +403,10 @@ MAX_RECORD_SOURCES: Final = 4096
 
 _sources: list[tuple[Any, Any]] = []
 _source_index: dict[tuple[int, int], int] = {}
-_sources_lock = threading.Lock()
+#: The registry's lock, in a list so a forked child can replace it (a thread holding
+#: it at fork time does not exist in the child).
+_sources_lock = [threading.Lock()]
+os.register_at_fork(after_in_child=lambda: _sources_lock.__setitem__(0, threading.Lock()))
 
 
 def _source(resource: Any, scope: Any) -> int | None:
@@ -411,7 +415,7 @@ def _source(resource: Any, scope: Any) -> int | None:
     index = _source_index.get((id(resource), id(scope)))
     if index is not None:
         return index
-    with _sources_lock:
+    with _sources_lock[0]:
         key = (id(resource), id(scope))
         index = _source_index.get(key)
         if index is None:
