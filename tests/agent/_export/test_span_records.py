@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from tests.support.sink import RecordingSink
 
-REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _parse(data: bytes) -> ExportTraceServiceRequest:
