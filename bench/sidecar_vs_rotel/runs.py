@@ -42,6 +42,8 @@ class LoadSpec:
     concurrency: int = 8
     rate: float = 0.0
     seconds: float = 0.0
+    load: str = "varied"
+    seed: int = 1
 
     def args(self, target: str) -> list[str]:
         out = [
@@ -58,6 +60,10 @@ class LoadSpec:
             str(self.concurrency),
             "--progress-s",
             "0.2",
+            "--load",
+            self.load,
+            "--seed",
+            str(self.seed),
         ]
         if self.rate:
             return [*out, "--rate", str(self.rate), "--seconds", str(self.seconds)]
@@ -69,6 +75,8 @@ class RunResult:
     path: str
     protocol: str
     repeat: int
+    load: str
+    pinned: bool
     spans_sent: int
     spans_delivered: int
     seconds: float
@@ -90,6 +98,7 @@ class _Generator:
     def __init__(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.started_at: float | None = None
+        self.start_event: dict[str, Any] = {}
         self.done: dict[str, Any] | None = None
         self.done_at: float | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -100,6 +109,7 @@ class _Generator:
         for line in self.proc.stdout:
             event = json.loads(line)
             if event["event"] == "start":
+                self.start_event = event
                 self.started_at = time.monotonic()
             elif event["event"] == "done":
                 self.done_at = time.monotonic()
@@ -113,6 +123,11 @@ class _Generator:
             self.proc.kill()
         self.proc.wait()
         self._thread.join(timeout=5)
+
+
+def _loadavg() -> float:
+    with open("/proc/loadavg", encoding="ascii") as f:
+        return float(f.read().split()[0])
 
 
 def run(
@@ -136,15 +151,12 @@ def run(
         base = sink.span_count
         bytes0 = relay.sent if relay is not None else 0
         pid = collector.pid
-        expected = (
-            load.spans * load.requests
-            if not load.rate
-            else load.spans * int(load.seconds * load.rate / load.spans)
-        )
+        loadavg = _loadavg()
         gen = _Generator(load.args(target))
         try:
             while gen.started_at is None and not gen.finished():
                 time.sleep(POLL_S)
+            expected = int(gen.start_event.get("expected_spans", 0))
             cpu0 = cpu_seconds(pid) if pid else None
             t0 = gen.started_at or time.monotonic()
             spy = None
@@ -180,6 +192,8 @@ def run(
             path=collector.name,
             protocol=load.protocol,
             repeat=repeat,
+            load=load.load,
+            pinned=pin_cores is not None,
             spans_sent=int(done.get("spans", 0)),
             spans_delivered=got,
             seconds=seconds,
@@ -192,7 +206,12 @@ def run(
             retries=int(done.get("retries", 0)),
             errors=int(done.get("errors", 0)),
             out_bytes_per_span=out_bytes / got if relay is not None and got else None,
-            extra={"generator_seconds": done.get("seconds"), "rate": load.rate},
+            extra={
+                "generator_seconds": done.get("seconds"),
+                "rate": load.rate,
+                "loadavg_at_start": loadavg,
+                "spread": gen.start_event.get("spread"),
+            },
         )
     finally:
         collector.stop()
