@@ -14,10 +14,10 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from gym_sidecar.export.base import Outcome
+from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter, _Call, _outcome
-from gym_sidecar.pipeline.stage import Signal
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tests.sidecar.export.helpers import run, trace_request

@@ -75,9 +75,7 @@ def test_headers_go_as_metadata_and_partial_success_is_read(make: Make) -> None:
 
     async def body() -> None:
         async with server({TRACES: traces, LOGS: logs}) as url:
-            exporter = make(
-                BackendConfig(url=url, headers={"X-Tenant": "t1"}, compression="gzip")
-            )
+            exporter = make(BackendConfig(url=url, headers={"X-Tenant": "t1"}, compression="gzip"))
             payload = trace_request("m", 3).SerializeToString()
             result = await exporter.export(Signal.TRACES, payload, 3)
             logs_result = await exporter.export(Signal.LOGS, b"", 5)
