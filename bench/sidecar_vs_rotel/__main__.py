@@ -5,7 +5,8 @@
     uv run --frozen python -m bench.sidecar_vs_rotel --pin-modes off,on   # both, interleaved
 
 Paths (``procs``) are ``collector:export/compression``: the collector (``sidecar``,
-``sidecar-grpcio``, ``rotel``, ``jaeger``) receives the generator's load and exports with
+``sidecar-h2`` and ``sidecar-grpcio`` (``backend.grpc_client`` forced), ``rotel``,
+``jaeger``) receives the generator's load and exports with
 that protocol and compression into a counting sink (gRPC or OTLP/HTTP); ``direct`` is the
 generator sending straight to the gRPC sink. Every round runs every path once, with a
 fresh collector, in a shuffled order; with ``--pin-modes off,on`` every round runs each
@@ -38,12 +39,13 @@ from tests.support.http_sink import HttpSink
 from tests.support.rotel import ROTEL_VERSION
 from tests.support.sink import RecordingSink
 
-COLLECTORS = ("sidecar", "sidecar-grpcio", "rotel", "jaeger")
+COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
 EXPORTS = ("grpc/none", "grpc/gzip", "http/gzip", "http/none")
 DEFAULT_PATHS = (
     "direct",
     *(f"{c}:{e}" for e in EXPORTS[:3] for c in ("sidecar", "rotel", "jaeger")),
     "sidecar-grpcio:grpc/gzip",
+    "sidecar-h2:grpc/none",
 )
 DEFAULT_RATE_PATHS = ("sidecar:grpc/none", "rotel:grpc/none", "jaeger:grpc/none")
 
@@ -57,8 +59,8 @@ def check_path(path: str) -> None:
             f"unknown path {path!r}: use direct or COLLECTOR:EXPORT with COLLECTOR in "
             f"{COLLECTORS} and EXPORT in {EXPORTS}"
         )
-    if collector == "sidecar-grpcio" and not export.startswith("grpc"):
-        raise SystemExit(f"{path}: sidecar-grpcio only differs in gRPC export")
+    if collector in ("sidecar-h2", "sidecar-grpcio") and not export.startswith("grpc"):
+        raise SystemExit(f"{path}: {collector} only differs in gRPC export")
 
 
 def make(
@@ -72,7 +74,7 @@ def make(
         return Rotel(sink, workdir, export=protocol, compression=compression)
     if collector == "jaeger":
         return Jaeger(sink, workdir, export=protocol, compression=compression)
-    client = "grpcio" if collector == "sidecar-grpcio" else "h2"
+    client = collector.partition("-")[2] or "auto"
     return Sidecar(sink, compression, workdir, protocol, gzip_level, client, env or None)
 
 

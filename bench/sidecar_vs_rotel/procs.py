@@ -10,8 +10,8 @@ OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rot
   its full pipeline (enrich, derive, gate, queue, export), span groups ``all`` so every
   span is forwarded, ``--backend-compression`` gzip or none, exporting over gRPC or
   OTLP/HTTP (``--backend-protocol``; gzip at the default ``compression_level``).
-  ``sidecar-grpcio`` is the same with ``backend.grpc_client: grpcio`` (grpc.aio, grpc
-  core's own gzip) instead of the default ``h2`` gRPC client.
+  ``sidecar-h2`` and ``sidecar-grpcio`` force ``backend.grpc_client`` (the default,
+  ``auto``, uses h2 with gzip and grpc.aio without).
 - ``rotel``: rotel from PyPI (``tests.support.rotel.rotel_binary``, installed into a
   cached venv), OTLP exporter over gRPC or HTTP (``--otlp-exporter-protocol``), gzip or
   none (``--otlp-exporter-compression``).
@@ -115,10 +115,10 @@ class Sidecar:
         workdir: Path,
         export: str = "grpc",
         gzip_level: int | None = None,
-        grpc_client: str = "h2",
+        grpc_client: str = "auto",
         env: dict[str, str] | None = None,
     ) -> None:
-        kind = "sidecar" if grpc_client == "h2" else f"sidecar-{grpc_client}"
+        kind = "sidecar" if grpc_client == "auto" else f"sidecar-{grpc_client}"
         self.name = f"{kind}:{export}/{compression}"
         protocol = "grpc" if export == "grpc" else "http/protobuf"
         self.proc = SidecarProcess(

@@ -50,7 +50,7 @@ def _key(r: RunResult) -> tuple[str, str, str, bool]:
 
 def _order(path: str) -> tuple[str, int]:
     collector, _, export = path.partition(":")
-    rank = ("direct", "sidecar", "sidecar-grpcio", "rotel", "jaeger")
+    rank = ("direct", "sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
     return (export, rank.index(collector) if collector in rank else 9)
 
 

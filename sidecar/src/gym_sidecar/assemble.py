@@ -105,7 +105,8 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
 def build_exporter(backend: BackendConfig) -> Exporter:
     """The OTLP exporter ``backend.protocol`` names. Call on the running event loop."""
     if backend.protocol == "grpc":
-        if backend.grpc_client == "h2":
+        client = backend.grpc_client
+        if client == "h2" or (client == "auto" and backend.compression == "gzip"):
             from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
 
             return GrpcH2Exporter(backend)
