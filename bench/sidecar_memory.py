@@ -7,7 +7,8 @@ A benchmark harness, not a test. Per round and variant (interleaved, order shuff
 a fresh ``gym-sidecar run`` with no config file and only ``--backend`` set (gRPC export,
 no compression: the defaults) pointing at a counting gRPC sink; its ``VmRSS`` once
 ``/readyz`` answers and after 2 s more (idle); then ``bench.loadgen`` paces ``--rate``
-spans/s (``varied`` load) into it over gRPC for ``--seconds``, and the figures are the
+spans/s (``varied`` load) into it over gRPC for ``--seconds`` (the default span gating
+forwards part of it), and the figures are the
 RSS at the end, the peak (``VmHWM``) and the CPU share. ``--variant`` adds a variant
 whose sidecar gets extra environment variables (e.g. ``arena2:MALLOC_ARENA_MAX=2``);
 ``default`` (no extra environment) always runs. Prints medians and ranges and, with
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 col = DefaultSidecar(sink.endpoint, variants[name], workdir)
                 spec = LoadSpec("grpc", 512, 0, 4, args.rate, args.seconds, "varied")
-                res = run(col, sink, spec, rnd, lambda got, expected: None)
+                res = run(col, sink, spec, rnd, lambda got, expected: None, settle_s=1.0)
                 figs = figures[name]
                 if col.idle_mib is not None:
                     figs["idle"].append(col.idle_mib)

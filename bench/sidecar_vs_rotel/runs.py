@@ -139,8 +139,14 @@ def run(
     pin_cores: tuple[set[int], set[int]] | None = None,
     profile: Path | None = None,
     relay: ByteCountingRelay | None = None,
+    settle_s: float | None = None,
 ) -> RunResult:
-    """One run on a freshly started collector (stopped afterwards); see module doc."""
+    """One run on a freshly started collector (stopped afterwards); see module doc.
+
+    ``settle_s``: the collector forwards only part of what it gets (its default span
+    gating), so the run ends once the generator is done and the sink's count has not
+    moved for this long, instead of waiting for every span.
+    """
     collector.start()
     try:
         if pin_cores is not None and collector.pid is not None:
@@ -163,10 +169,20 @@ def run(
             if profile is not None and pid is not None:
                 spy = pyspy.start(pid, max(2.0, load.seconds), profile)
             delivered_at = None
+            last_count, last_change = -1, time.monotonic()
             while True:
                 got = sink.span_count - base
                 progress(got, expected)
-                if got >= expected and delivered_at is None:
+                if got != last_count:
+                    last_count, last_change = got, time.monotonic()
+                elif (
+                    settle_s is not None
+                    and gen.finished()
+                    and delivered_at is None
+                    and time.monotonic() - last_change >= settle_s
+                ):
+                    delivered_at = last_change
+                if got >= expected and delivered_at is None and settle_s is None:
                     delivered_at = time.monotonic()
                 if gen.finished() and (delivered_at or time.monotonic() - t0 > DELIVERY_TIMEOUT_S):
                     break
