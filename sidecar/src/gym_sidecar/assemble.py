@@ -46,8 +46,6 @@ from gym_sidecar.gating.stage import build_gate_stage, live_reconfiguration
 from gym_sidecar.metrics.stage import build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.store.config import LocalStoreConfig
-from gym_sidecar.store.exporter import LocalStoreExporter
-from gym_sidecar.store.writer import StoreMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +132,11 @@ def build_export_stage(
     if backend.url is not None:
         exporters.append(build_exporter(backend))
     if local_store is not None and local_store.active(backend.url is not None):
+        # Imported only when the store is on: a sidecar with a backend never loads
+        # sqlite3 and the store's modules (~1.5 MiB resident).
+        from gym_sidecar.store.exporter import LocalStoreExporter
+        from gym_sidecar.store.writer import StoreMetrics
+
         store_metrics = StoreMetrics(metrics.registry)
         exporters.append(LocalStoreExporter(local_store.db_path(), local_store, store_metrics))
     if not exporters:
