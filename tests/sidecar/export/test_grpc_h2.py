@@ -14,10 +14,12 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.assemble import build_exporter
+from gym_sidecar.core.exporter import Exporter, Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter, _Call, _outcome
+from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tests.sidecar.export.helpers import run, trace_request
@@ -208,3 +210,25 @@ def test_a_gzip_compressed_response_is_read_for_partial_success() -> None:
         2,
         "too old",
     )
+
+
+@pytest.mark.parametrize(
+    ("client", "compression", "expected"),
+    [
+        ("auto", "gzip", GrpcH2Exporter),
+        ("auto", "none", OtlpGrpcExporter),
+        ("h2", "none", GrpcH2Exporter),
+        ("grpcio", "gzip", OtlpGrpcExporter),
+    ],
+)
+def test_grpc_client_auto_uses_h2_for_gzip_only(
+    client: str, compression: str, expected: type[Exporter]
+) -> None:
+    async def body() -> None:
+        exporter = build_exporter(
+            BackendConfig(url="http://127.0.0.1:4317", compression=compression, grpc_client=client)  # type: ignore[arg-type]
+        )
+        await exporter.close()
+        assert type(exporter) is expected
+
+    run(body())
