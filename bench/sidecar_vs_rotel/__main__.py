@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue  # the sink speaks gRPC only
                     spec = LoadSpec(proto, args.spans, args.requests, args.concurrency, load=load)
                     plan.append(("throughput", path, spec, pinned))
+            if pinned and "off" in pin_modes:
+                continue  # memory and CPU share at a fixed rate: unpinned is enough
             for path in rate_paths:
                 spec = LoadSpec("grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds, load)
                 plan.append(("fixed_rate", path, spec, pinned))
