@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name + ("_quick" if args.quick else "")
     report.write_json(args.out / f"{name}.json", doc, results)
     report.chart(args.out / f"{name}.png", thr, paced)
-    console.print(f"wrote {args.out / name}.json and .png")
+    (args.out / f"{name}.md").write_text(report.markdown(doc), encoding="utf-8")
+    console.print(f"wrote {args.out / name}.json, .md and .png")
     return 0
 
 

@@ -216,3 +216,54 @@ def chart(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _md(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if stat is None:
+        return "-"
+    med, lo, hi = (stat[k] / scale for k in ("median", "min", "max"))
+    return f"{med:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The run as Markdown tables (docs/benchmarks.md quotes them)."""
+    lines = [
+        f"Load average at start {doc['machine_start']['loadavg_1_5_15']}, "
+        f"at end {doc['machine_end']['loadavg_1_5_15']} (1, 5, 15 min).",
+        "",
+        "| path | load | pinned | runs | k spans/s delivered | collector CPU s "
+        "| k spans per CPU-s | peak RSS MiB | out B/span | load avg at run start |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["throughput"]:
+        lines.append(
+            f"| {r['path']} | {r['load']} | {'yes' if r['pinned'] else 'no'} | {r['runs']} "
+            f"| {_md(r['spans_per_s'], 1e3, 0)} | {_md(r['cpu_s'], 1, 2)} "
+            f"| {_md(r['spans_per_cpu_s'], 1e3, 0)} | {_md(r['peak_rss_mib'])} "
+            f"| {_md(r['out_bytes_per_span'])} | {_md(r['loadavg_at_start'], 1, 1)} |"
+        )
+    if doc["fixed_rate"]:
+        lines += [
+            "",
+            "| path (fixed rate) | runs | spans/s delivered | CPU % of one core "
+            "| RSS at end MiB | peak RSS MiB |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in doc["fixed_rate"]:
+            lines.append(
+                f"| {r['path']} | {r['runs']} | {_md(r['spans_per_s'])} "
+                f"| {_md(r['cpu_pct'], 1, 1)} | {_md(r['rss_end_mib'], 1, 1)} "
+                f"| {_md(r['peak_rss_mib'], 1, 1)} |"
+            )
+    lines += [
+        "",
+        "| sidecar path | peer | load | pinned | rounds | spans per CPU-s, sidecar ÷ peer |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["ratios"]:
+        lines.append(
+            f"| {r['path']} | {r['vs']} | {r['load']} | {'yes' if r['pinned'] else 'no'} "
+            f"| {r['rounds']} "
+            f"| {_md(r['spans_per_cpu_s_ratio'], 1, 2)} |"
+        )
+    return "\n".join(lines) + "\n"
