@@ -32,7 +32,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.loadgen import LOADS
 from bench.sidecar_vs_rotel import report
-from bench.sidecar_vs_rotel.procs import Collector, Direct, Jaeger, Rotel, Sidecar, pin
+from bench.sidecar_vs_rotel.procs import (
+    Collector,
+    Direct,
+    Jaeger,
+    Rotel,
+    Sidecar,
+    jaeger_binary,
+    pin,
+)
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from bench.sidecar_vs_rotel.runs import LoadSpec, RunResult, run
 from tests.support.http_sink import HttpSink
@@ -135,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     rate_paths = [p for p in args.rate_paths.split(",") if p] if args.rate else []
     for path in {*paths, *rate_paths}:
         check_path(path)
+    if any(p.startswith("jaeger:") for p in (*paths, *rate_paths)):
+        try:
+            jaeger_binary()
+        except RuntimeError as err:
+            console.print(f"[yellow]{err}: the jaeger paths are left out[/]")
+            paths = [p for p in paths if not p.startswith("jaeger:")]
+            rate_paths = [p for p in rate_paths if not p.startswith("jaeger:")]
     loads = [x for x in args.loads.split(",") if x]
     if set(loads) - set(LOADS):
         raise SystemExit(f"unknown load(s) {sorted(set(loads) - set(LOADS))}; loads: {LOADS}")
