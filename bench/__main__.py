@@ -11,8 +11,8 @@ Runs, in order, each in its own processes:
    stock instrumentor, with both (``server_throughput.json``), once with a trivial
    handler and once with a handler that burns 1 ms of CPU
    (``server_throughput_handler1000.json``);
-3. ``bench.sidecar_vs_rotel``: the sidecar against rotel and the bare transport
-   (``sidecar_vs_rotel.json`` and ``.png``).
+3. ``bench.sidecar_vs_rotel``: the sidecar against rotel, Jaeger as a collector and the
+   bare transport (``sidecar_vs_rotel.json``, ``.md`` and ``.png``).
 
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.

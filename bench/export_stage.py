@@ -8,8 +8,10 @@ process the export stage built by ``build_export_stage`` takes pre-built
 (serialize, enqueue) as fast as the queue admits them (a Backpressure waits for its
 hint), while the sender batches and exports them. Timed from the first consume to the
 end of ``shutdown`` (queue drained). Variants: OTLP/gRPC with and without gzip (the
-sink speaks gRPC only). CPU is this process's (stage, sender, gRPC client) only; the
-copy of the template message per request is included.
+sink speaks gRPC only), through each gRPC client (``backend.grpc_client``: ``h2``, the
+sidecar's own gRPC framing over HTTP/2, and ``grpcio``), interleaved. CPU is this
+process's (stage, sender, gRPC client) only; the copy of the template message per
+request is included.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ def make_request() -> ExportTraceServiceRequest:
     return req
 
 
-async def one_run(endpoint: str, compression: str, requests: int) -> tuple[float, float]:
+async def one_run(
+    endpoint: str, compression: str, client: str, requests: int
+) -> tuple[float, float]:
     metrics = SelfMetrics()
     stage = build_export_stage(
-        BackendConfig(url=f"http://{endpoint}", compression=compression),  # type: ignore[arg-type]
+        BackendConfig(url=f"http://{endpoint}", compression=compression, grpc_client=client),  # type: ignore[arg-type]
         QueueConfig(max_bytes=16 * 1024 * 1024),
         metrics,
     )
@@ -96,16 +100,19 @@ def main() -> None:
         wait_listening(port)
         size = len(make_request().SerializeToString())
         print(f"request: {SPANS_PER_REQUEST} spans, {size} bytes; {args.requests} requests")
-        results: dict[str, list[tuple[float, float]]] = {"none": [], "gzip": []}
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {
+            (c, client): [] for c in ("none", "gzip") for client in ("h2", "grpcio")
+        }
         for _ in range(args.repeats):
-            for compression, runs in results.items():
-                runs.append(asyncio.run(one_run(f"127.0.0.1:{port}", compression, args.requests)))
+            for (compression, client), runs in results.items():
+                endpoint = f"127.0.0.1:{port}"
+                runs.append(asyncio.run(one_run(endpoint, compression, client, args.requests)))
         spans = args.requests * SPANS_PER_REQUEST
-        for compression, runs in results.items():
+        for (compression, client), runs in results.items():
             rate = statistics.median(spans / w for w, _ in runs)
             per_cpu = statistics.median(spans / c for _, c in runs)
             print(
-                f"grpc compression={compression:5s} spans/s={rate:10.0f} "
+                f"grpc {client:6s} compression={compression:5s} spans/s={rate:10.0f} "
                 f"spans per CPU-second (this process)={per_cpu:10.0f}"
             )
     finally:

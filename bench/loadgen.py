@@ -22,6 +22,23 @@ the ScopeSpans of the span groups that server type records, each in its
 The roles follow the span mix of a rollout (``ROLE_CYCLE``: 3 agent, 3 model and 1
 resources request in every 7), and ``--distinct`` requests (different ids) cycle.
 
+``--load`` chooses how much the requests vary, the way real traffic does:
+
+- ``uniform`` (the first harness's load): every span of a rollout shares one trace id
+  whose high bits are fixed per request, rollout ids are short counters, every span of
+  a kind carries the same attribute set, and every request has exactly ``--spans``
+  spans. Its bytes repeat a lot, so gzip has an easy job.
+- ``random-ids`` (the independent harness's load): the same, but every span gets
+  random trace, span and parent ids (32 incompressible bytes per span).
+- ``varied`` (the default): random ids, random UUID rollout ids, an attribute mix that
+  varies per span (routes, status codes, models, response ids, peer addresses, error
+  types with an exception event, 0-3 extra attributes), and request sizes that vary:
+  60% full (``--spans``), the rest uniform between ``--spans``/16 and ``--spans``, as an
+  SDK's batch processor exports full batches under load and partial ones on its timer.
+
+The ``start`` event reports the load's spread: spans, bytes and bytes per span per
+request (min/median/max), and how well it compresses (zlib level 6, per request).
+
 Sending: ``--concurrency`` calls in flight on one event loop (gRPC: ``grpc.aio`` unary
 calls spread over ``--channels`` channels; HTTP: one aiohttp session with that many
 keep-alive connections, ``application/x-protobuf``). A refused call
@@ -73,6 +90,24 @@ def _kv(key: str, value: str | int | float | bool) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
+LOADS = ("uniform", "random-ids", "varied")
+_ROUTES = {
+    "simple_agent": ("/run", "/run", "/run", "/v1/responses"),
+    "policy_model": ("/v1/chat/completions", "/v1/chat/completions", "/v1/responses"),
+    "math_verify": ("/verify", "/verify", "/verify", "/seed_session"),
+}
+_MODELS = (_MODEL_NAME, "Qwen/Qwen3-8B", "meta-llama/Llama-3.1-70B-Instruct", "gpt-4.1-mini")
+_ERRORS = ("TimeoutError", "ValueError", "httpx.ReadTimeout", "KeyError", "AssertionError")
+_EXTRA = (
+    ("gym.task.index", "int"),
+    ("gym.env.seed", "int"),
+    ("gym.dataset.name", "str"),
+    ("http.request.body.size", "int"),
+    ("http.response.body.size", "int"),
+    ("user_agent.original", "str"),
+)
+
+
 def _resource(rs: ResourceSpans, role: str, index: int) -> None:
     server = {"agent": "simple_agent", "model": "policy_model", "resources": "math_verify"}[role]
     attrs: dict[str, str | int] = {
@@ -94,40 +129,76 @@ def _resource(rs: ResourceSpans, role: str, index: int) -> None:
 class _SpanFactory:
     """Fills spans with ids, times and the attributes a Gym server records."""
 
-    def __init__(self, rng: random.Random, base_ns: int) -> None:
+    def __init__(self, rng: random.Random, base_ns: int, load: str = "uniform") -> None:
         self.rng = rng
         self.base_ns = base_ns
+        self.random_ids = load != "uniform"
+        self.varied = load == "varied"
 
     def span(self, ss: ScopeSpans, name: str, kind: int, rollout: int, ms: float) -> Span:
+        r = self.rng
         sp = ss.spans.add()
-        sp.trace_id = rollout.to_bytes(16, "big")
-        sp.span_id = self.rng.getrandbits(64).to_bytes(8, "big")
-        sp.parent_span_id = self.rng.getrandbits(64).to_bytes(8, "big")
+        sp.trace_id = (r.getrandbits(128) if self.random_ids else rollout).to_bytes(16, "big")
+        sp.span_id = r.getrandbits(64).to_bytes(8, "big")
+        sp.parent_span_id = r.getrandbits(64).to_bytes(8, "big")
         sp.name = name
         sp.kind = kind  # type: ignore[assignment]
-        start = self.base_ns + self.rng.randrange(10**9)
+        start = self.base_ns + r.randrange(10**9)
         sp.start_time_unix_nano = start
         sp.end_time_unix_nano = start + int(ms * 1e6)
         sp.status.code = Status.STATUS_CODE_UNSET
-        sp.attributes.append(_kv(semconv.ROLLOUT_ID, f"rollout-{rollout:012x}"))
+        rid = f"{r.getrandbits(128):032x}" if self.varied else f"rollout-{rollout:012x}"
+        sp.attributes.append(_kv(semconv.ROLLOUT_ID, rid))
         return sp
+
+    def _extras(self, sp: Span) -> None:
+        r = self.rng
+        for key, kind in r.sample(_EXTRA, r.randrange(4)):
+            if kind == "int":
+                sp.attributes.append(_kv(key, r.randrange(10**6)))
+            elif key == "user_agent.original":
+                sp.attributes.append(
+                    _kv(key, f"python-httpx/0.{r.randrange(20, 29)}.{r.randrange(9)}")
+                )
+            else:
+                sp.attributes.append(_kv(key, r.choice(("gsm8k", "math500", "aime24", "mbpp"))))
+
+    def _error(self, sp: Span) -> None:
+        r = self.rng
+        err = r.choice(_ERRORS)
+        sp.status.code = Status.STATUS_CODE_ERROR
+        sp.status.message = f"{err}: request {r.getrandbits(48):012x} failed"
+        sp.attributes.append(_kv(semconv.ERROR_TYPE, err))
+        ev = sp.events.add()
+        ev.name = "exception"
+        ev.time_unix_nano = sp.end_time_unix_nano
+        ev.attributes.append(_kv("exception.type", err))
+        ev.attributes.append(_kv("exception.message", sp.status.message))
 
     def fill(self, ss: ScopeSpans, group: str, server: str, rollout: int) -> None:
         r = self.rng
         if group == semconv.GROUP_SERVER:
-            route = {"simple_agent": "/run", "policy_model": "/v1/chat/completions"}.get(
-                server, "/verify"
-            )
+            routes = _ROUTES.get(server, ("/verify",))
+            route = r.choice(routes) if self.varied else routes[0]
             sp = self.span(ss, f"POST {route}", Span.SPAN_KIND_SERVER, rollout, r.uniform(5, 900))
+            status = 200
+            if self.varied and r.random() < 0.02:
+                status = r.choice((422, 500, 503))
+            peer = f"10.0.{r.randrange(8)}.{r.randrange(2, 250)}" if self.varied else "10.0.3.17"
             for k, v in (
                 ("http.request.method", "POST"),
                 ("http.route", route),
-                ("http.response.status_code", 200),
+                ("http.response.status_code", status),
                 ("url.scheme", "http"),
-                ("network.peer.address", "10.0.3.17"),
+                ("network.peer.address", peer),
                 (semconv.SERVER_NAME, server),
             ):
                 sp.attributes.append(_kv(k, v))
+            if self.varied:
+                sp.attributes.append(_kv("network.peer.port", r.randrange(30000, 61000)))
+                if status >= 500:
+                    self._error(sp)
+                self._extras(sp)
         elif group == semconv.GROUP_ROLLOUT:
             sp = self.span(
                 ss, semconv.SPAN_ROLLOUT, Span.SPAN_KIND_INTERNAL, rollout, r.uniform(2e3, 6e4)
@@ -144,6 +215,8 @@ class _SpanFactory:
                 ("http.response.status_code", 200),
             ):
                 sp.attributes.append(_kv(k, v))
+            if self.varied:
+                self._extras(sp)
         elif group == semconv.GROUP_MODEL_CALL:
             sp = self.span(
                 ss,
@@ -153,12 +226,18 @@ class _SpanFactory:
                 r.uniform(80, 900),
             )
             for k, v in (
-                ("gen_ai.request.model", _MODEL_NAME),
+                ("gen_ai.request.model", r.choice(_MODELS) if self.varied else _MODEL_NAME),
                 ("gen_ai.usage.input_tokens", r.randrange(200, 6000)),
                 ("gen_ai.usage.output_tokens", r.randrange(20, 2000)),
                 (semconv.SERVER_NAME, server),
             ):
                 sp.attributes.append(_kv(k, v))
+            if self.varied:
+                sp.attributes.append(
+                    _kv("gen_ai.response.id", f"chatcmpl-{r.getrandbits(96):024x}")
+                )
+                reason = r.choice(("stop", "stop", "stop", "length", "tool_calls"))
+                sp.attributes.append(_kv("gen_ai.response.finish_reasons", reason))
         elif group == semconv.GROUP_VERIFY:
             sp = self.span(
                 ss, semconv.SPAN_VERIFY, Span.SPAN_KIND_INTERNAL, rollout, r.uniform(2, 400)
@@ -166,7 +245,9 @@ class _SpanFactory:
             ok = r.random() > 0.03
             sp.attributes.append(_kv(semconv.VERIFY_SUCCEEDED, ok))
             sp.attributes.append(_kv(semconv.SERVER_NAME, server))
-            if not ok:
+            if not ok and self.varied:
+                self._error(sp)
+            elif not ok:
                 sp.status.code = Status.STATUS_CODE_ERROR
                 sp.attributes.append(_kv(semconv.ERROR_TYPE, "TimeoutError"))
 
@@ -183,14 +264,18 @@ _MIX: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
-def build_request(role: str, spans: int, index: int, seed: int = 1) -> ExportTraceServiceRequest:
+def build_request(
+    role: str, spans: int, index: int, seed: int = 1, load: str = "uniform"
+) -> ExportTraceServiceRequest:
     """One request of exactly ``spans`` spans from a Gym server of ``role`` (module doc)."""
     if role not in _MIX:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    if load not in LOADS:
+        raise ValueError(f"unknown load {load!r}; loads: {', '.join(LOADS)}")
     if spans < 1:
         raise ValueError("spans must be at least 1")
     rng = random.Random(seed * 1_000_003 + index)
-    factory = _SpanFactory(rng, base_ns=time.time_ns() - 120 * 10**9)
+    factory = _SpanFactory(rng, base_ns=time.time_ns() - 120 * 10**9, load=load)
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     _resource(rs, role, index)
@@ -213,12 +298,50 @@ def build_request(role: str, spans: int, index: int, seed: int = 1) -> ExportTra
     return req
 
 
-def build_requests(spans: int, distinct: int = 14, seed: int = 1) -> list[bytes]:
-    """``distinct`` serialised requests of ``spans`` spans, roles in ``ROLE_CYCLE`` order."""
+def request_sizes(spans: int, distinct: int, seed: int, load: str) -> list[int]:
+    """Spans per request: all ``spans``, or for ``varied`` 60% full and the rest partial."""
+    if load != "varied":
+        return [spans] * distinct
+    rng = random.Random(seed * 7919 + 17)
+    low = max(1, spans // 16)
+    return [spans if rng.random() < 0.6 else rng.randint(low, spans) for _ in range(distinct)]
+
+
+def build_requests(
+    spans: int, distinct: int = 14, seed: int = 1, load: str = "uniform"
+) -> list[tuple[bytes, int]]:
+    """``distinct`` serialised requests (bytes, span count), roles in ``ROLE_CYCLE`` order."""
+    sizes = request_sizes(spans, distinct, seed, load)
     return [
-        build_request(ROLE_CYCLE[i % len(ROLE_CYCLE)], spans, i, seed).SerializeToString()
-        for i in range(distinct)
+        (
+            build_request(ROLE_CYCLE[i % len(ROLE_CYCLE)], n, i, seed, load).SerializeToString(),
+            n,
+        )
+        for i, n in enumerate(sizes)
     ]
+
+
+def spread(bodies: list[tuple[bytes, int]]) -> dict[str, object]:
+    """The load's spread (module doc): min/median/max per request, and its compressibility."""
+    import statistics
+    import zlib
+
+    def stats(values: list[float]) -> list[float]:
+        return [min(values), statistics.median(values), max(values)]
+
+    sizes = [float(len(b)) for b, _ in bodies]
+    spans = [float(n) for _, n in bodies]
+    gz = [len(zlib.compress(b, 6)) / len(b) for b, _ in bodies]
+    return {
+        "requests": len(bodies),
+        "spans_per_request": stats(spans),
+        "bytes_per_request": stats(sizes),
+        "bytes_per_span": stats([b / n for b, n in zip(sizes, spans, strict=True)]),
+        "zlib6_ratio": stats(gz),
+        "mean_bytes_per_span": sum(sizes) / sum(spans),
+        "mean_zlib6_bytes_per_span": sum(g * b for g, b in zip(gz, sizes, strict=True))
+        / sum(spans),
+    }
 
 
 @dataclass
@@ -292,14 +415,22 @@ def _emit(event: str, **fields: object) -> None:
 
 async def run(args: argparse.Namespace) -> Tally:
     """Send as the arguments say (module doc); returns the tally."""
-    bodies = build_requests(args.spans, args.distinct)
+    bodies = build_requests(args.spans, args.distinct, args.seed, args.load)
     if args.protocol == "grpc":
         send, close = await _grpc_sender(args.target, args.channels)
     else:
         send, close = await _http_sender(args.target, args.concurrency)
     tally = Tally()
-    interval = args.spans / args.rate if args.rate else 0.0
-    total = args.requests if not args.rate else int(args.seconds * args.rate / args.spans)
+    mean_spans = sum(n for _, n in bodies) / len(bodies)
+    total = args.requests if not args.rate else int(args.seconds * args.rate / mean_spans)
+    expected = sum(bodies[i % len(bodies)][1] for i in range(total))
+    # Paced mode: request i leaves when the spans before it are due at ``--rate``.
+    due: list[float] = []
+    if args.rate:
+        sent = 0
+        for i in range(total):
+            due.append(sent / args.rate)
+            sent += bodies[i % len(bodies)][1]
     next_index = [0]
     t0 = time.monotonic()
 
@@ -307,11 +438,11 @@ async def run(args: argparse.Namespace) -> Tally:
         while next_index[0] < total:
             i = next_index[0]
             next_index[0] += 1
-            if interval:
-                delay = t0 + i * interval - time.monotonic()
+            body, n = bodies[i % len(bodies)]
+            if due:
+                delay = t0 + due[i] - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            body = bodies[i % len(bodies)]
             while True:
                 outcome = await send(body)
                 if outcome != "retry":
@@ -320,7 +451,7 @@ async def run(args: argparse.Namespace) -> Tally:
                 await asyncio.sleep(RETRY_PAUSE_S)
             if outcome == "ok":
                 tally.requests += 1
-                tally.spans += args.spans
+                tally.spans += n
             else:
                 tally.errors += 1
 
@@ -329,7 +460,7 @@ async def run(args: argparse.Namespace) -> Tally:
             await asyncio.sleep(args.progress_s)
             _emit("progress", **asdict(tally), total_requests=total)
 
-    _emit("start", spans_per_request=args.spans, bytes=[len(b) for b in bodies[:3]])
+    _emit("start", expected_spans=expected, load=args.load, spread=spread(bodies))
     report = asyncio.create_task(reporter())
     try:
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -345,7 +476,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="gRPC HOST:PORT, or HTTP base URL")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--spans", type=int, default=512, help="spans per request")
-    p.add_argument("--distinct", type=int, default=14, help="distinct pre-encoded requests")
+    p.add_argument("--distinct", type=int, default=56, help="distinct pre-encoded requests")
+    p.add_argument("--load", choices=LOADS, default="varied", help="how requests vary")
+    p.add_argument("--seed", type=int, default=1, help="seeds ids, attributes and sizes")
     p.add_argument("--requests", type=int, default=200, help="requests to send (no --rate)")
     p.add_argument("--rate", type=float, default=0.0, help="spans per second (paced mode)")
     p.add_argument("--seconds", type=float, default=10.0, help="duration of the paced mode")

@@ -1,17 +1,21 @@
-"""gym-sidecar vs rotel vs the bare transport (a benchmark harness, not a test).
+"""gym-sidecar vs rotel vs Jaeger-as-a-collector vs the bare transport (a harness, not a test).
 
-    uv run --frozen python -m bench.sidecar_vs_rotel              # full run, ~5 min
-    uv run --frozen python -m bench.sidecar_vs_rotel --quick      # ~1 min, rough
-    uv run --frozen python -m bench.sidecar_vs_rotel --pin        # collector on core 1
+    uv run --frozen python -m bench.sidecar_vs_rotel                  # full run
+    uv run --frozen python -m bench.sidecar_vs_rotel --quick          # 1 round, short runs
+    uv run --frozen python -m bench.sidecar_vs_rotel --pin-modes off,on   # both, interleaved
 
-Paths (``procs``): ``direct`` (generator -> sink), ``sidecar-gzip`` and ``sidecar-none``
-(full pipeline, gRPC export compressed or not), ``rotel`` (gRPC export, gzip), and the
-OTLP/HTTP export twins ``sidecar-http-gzip`` and ``rotel-http`` (into an HTTP sink).
-Each repeat starts a fresh collector per path, in a shuffled order. Throughput runs send
-``--requests`` x ``--spans`` Gym-shaped spans (``bench.loadgen``) over gRPC and over
-HTTP protobuf; the fixed-rate runs pace ``--rate`` spans/s for ``--rate-seconds``
-through the sidecar (gzip) and rotel. It prints a table and writes
-``<out>/sidecar_vs_rotel.json`` and ``.png`` (default ``docs/benchmarks/``).
+Paths (``procs``) are ``collector:export/compression``: the collector (``sidecar``,
+``sidecar-h2`` and ``sidecar-grpcio`` (``backend.grpc_client`` forced), ``rotel``,
+``jaeger``) receives the generator's load and exports with
+that protocol and compression into a counting sink (gRPC or OTLP/HTTP); ``direct`` is the
+generator sending straight to the gRPC sink. Every round runs every path once, with a
+fresh collector, in a shuffled order; with ``--pin-modes off,on`` every round runs each
+path unpinned and pinned (collector on core 1, everything else on core 0). Throughput
+runs send ``--requests`` Gym-shaped requests (``bench.loadgen``, ``--loads``) over
+``--protocols``; the fixed-rate runs pace ``--rate`` spans/s for ``--rate-seconds``
+through ``--rate-paths``. It prints medians and ranges, each sidecar path's spans per
+CPU-second over each peer's at the same export protocol and compression, the load
+average at start and end, and writes ``<out>/sidecar_vs_rotel.json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -26,64 +30,105 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench.loadgen import LOADS
 from bench.sidecar_vs_rotel import report
-from bench.sidecar_vs_rotel.procs import Collector, Direct, Rotel, Sidecar, pin
+from bench.sidecar_vs_rotel.procs import (
+    Collector,
+    Direct,
+    Jaeger,
+    Rotel,
+    Sidecar,
+    jaeger_binary,
+    pin,
+)
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from bench.sidecar_vs_rotel.runs import LoadSpec, RunResult, run
 from tests.support.http_sink import HttpSink
 from tests.support.rotel import ROTEL_VERSION
 from tests.support.sink import RecordingSink
 
-PATHS = ("direct", "sidecar-gzip", "sidecar-none", "rotel", "sidecar-http-gzip", "rotel-http")
-HTTP_EXPORT_PATHS = ("sidecar-http-gzip", "rotel-http")
-"""Paths whose collector exports over OTLP/HTTP (into the HTTP sink)."""
+COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
+EXPORTS = ("grpc/none", "grpc/gzip", "http/gzip", "http/none")
+DEFAULT_PATHS = (
+    "direct",
+    *(f"{c}:{e}" for e in EXPORTS[:3] for c in ("sidecar", "rotel", "jaeger")),
+    "sidecar-grpcio:grpc/gzip",
+    "sidecar-h2:grpc/none",
+)
+DEFAULT_RATE_PATHS = ("sidecar:grpc/none", "rotel:grpc/none", "jaeger:grpc/none")
 
 
-def make(path: str, sink: str, workdir: Path, gzip_level: int | None = None) -> Collector:
+def check_path(path: str) -> None:
+    if path == "direct":
+        return
+    collector, _, export = path.partition(":")
+    if collector not in COLLECTORS or export not in EXPORTS:
+        raise SystemExit(
+            f"unknown path {path!r}: use direct or COLLECTOR:EXPORT with COLLECTOR in "
+            f"{COLLECTORS} and EXPORT in {EXPORTS}"
+        )
+    if collector in ("sidecar-h2", "sidecar-grpcio") and not export.startswith("grpc"):
+        raise SystemExit(f"{path}: {collector} only differs in gRPC export")
+
+
+def make(
+    path: str, sink: str, workdir: Path, gzip_level: int | None, env: dict[str, str]
+) -> Collector:
     if path == "direct":
         return Direct(sink)
-    if path == "rotel":
-        return Rotel(sink, workdir)
-    if path == "rotel-http":
-        return Rotel(sink, workdir, export="http")
-    if path == "sidecar-http-gzip":
-        return Sidecar(sink, "gzip", workdir, export="http", gzip_level=gzip_level)
-    return Sidecar(sink, path.removeprefix("sidecar-"), workdir)
+    collector, _, export = path.partition(":")
+    protocol, _, compression = export.partition("/")
+    if collector == "rotel":
+        return Rotel(sink, workdir, export=protocol, compression=compression)
+    if collector == "jaeger":
+        return Jaeger(sink, workdir, export=protocol, compression=compression)
+    client = collector.partition("-")[2] or "auto"
+    return Sidecar(sink, compression, workdir, protocol, gzip_level, client, env or None)
 
 
 def print_profiles(console: Console, directory: Path) -> None:
-    """Where the sidecar spent its samples in the first gRPC throughput run of each path."""
+    """Where the sidecar spent its samples in its first gRPC-received throughput runs."""
     from bench import pyspy
 
-    for path in ("sidecar-gzip", "sidecar-none"):
-        out = directory / f"throughput-{path}-grpc-0.txt"
-        if not out.exists():
-            continue
-        total, frames = pyspy.top_frames(out, top=20, match=("gym_sidecar", "grpc/aio"))
-        console.print(f"[bold]{path}[/] (gRPC): % of {total} samples, inclusive")
+    for out in sorted(directory.glob("throughput-sidecar*-0-*.txt")):
+        total, frames = pyspy.top_frames(
+            out, top=20, match=("gym_sidecar", "grpc/aio", "h2/", "zlib")
+        )
+        console.print(f"[bold]{out.name}[/]: % of {total} samples, inclusive")
         for pct, frame in frames:
             console.print(f"  {pct:5.1f}%  {frame}")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--spans", type=int, default=512, help="spans per request")
+    p.add_argument("--rounds", "--repeats", type=int, default=5, dest="rounds")
+    p.add_argument("--spans", type=int, default=512, help="spans per (full) request")
     p.add_argument("--requests", type=int, default=800, help="requests per throughput run")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
-    p.add_argument("--protocols", default="grpc,http")
-    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--protocols", default="grpc", help="how the generator sends: grpc,http")
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS))
+    p.add_argument("--loads", default="varied", help=f"generator loads: {','.join(LOADS)}")
     p.add_argument("--rate", type=float, default=10_000.0, help="fixed-rate spans/s (0: skip)")
     p.add_argument("--rate-seconds", type=float, default=20.0)
     p.add_argument("--rate-spans", type=int, default=512, help="spans per request when paced")
-    p.add_argument("--pin", action="store_true", help="collector on core 1, the rest on core 0")
-    p.add_argument("--quick", action="store_true", help="1 repeat, short runs")
+    p.add_argument("--rate-paths", default=",".join(DEFAULT_RATE_PATHS))
+    p.add_argument("--pin", action="store_true", help="same as --pin-modes on")
+    p.add_argument("--pin-modes", default="off", help="off, on, or off,on (interleaved)")
+    p.add_argument("--quick", action="store_true", help="1 round, short runs")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    p.add_argument("--name", default="sidecar_vs_rotel", help="output file name (no suffix)")
     p.add_argument("--seed", type=int, default=11, help="shuffles the path order")
     p.add_argument(
         "--gzip-level",
         type=int,
-        help="the sidecar's backend.compression_level for HTTP export (default: its own)",
+        help="the sidecar's backend.compression_level (default: its own, 5)",
+    )
+    p.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="environment for the sidecar process (e.g. MALLOC_ARENA_MAX=2)",
     )
     p.add_argument("--profile", type=Path, help="py-spy the sidecar's runs into this directory")
     return p
@@ -92,33 +137,42 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.quick:
-        args.repeats, args.requests, args.rate_seconds = 1, 150, 8.0
-    console = Console(width=150)
+        args.rounds, args.requests, args.rate_seconds = 1, 150, 8.0
+    console = Console(width=160)
     paths = [p for p in args.paths.split(",") if p]
-    unknown = set(paths) - set(PATHS)
-    if unknown:
-        raise SystemExit(f"unknown path(s) {sorted(unknown)}; paths: {', '.join(PATHS)}")
+    rate_paths = [p for p in args.rate_paths.split(",") if p] if args.rate else []
+    for path in {*paths, *rate_paths}:
+        check_path(path)
+    if any(p.startswith("jaeger:") for p in (*paths, *rate_paths)):
+        try:
+            jaeger_binary()
+        except RuntimeError as err:
+            console.print(f"[yellow]{err}: the jaeger paths are left out[/]")
+            paths = [p for p in paths if not p.startswith("jaeger:")]
+            rate_paths = [p for p in rate_paths if not p.startswith("jaeger:")]
+    loads = [x for x in args.loads.split(",") if x]
+    if set(loads) - set(LOADS):
+        raise SystemExit(f"unknown load(s) {sorted(set(loads) - set(LOADS))}; loads: {LOADS}")
     protocols = [p for p in args.protocols.split(",") if p]
-    pin_cores = None
-    if args.pin:
-        if (os.cpu_count() or 1) < 2:
-            raise SystemExit("--pin needs at least 2 cores")
-        pin_cores = ({1}, {0})
-        pin(os.getpid(), {0})  # the harness, its sink threads and (inherited) the generator
+    pin_modes = ["on"] if args.pin else [m for m in args.pin_modes.split(",") if m]
+    if "on" in pin_modes and (os.cpu_count() or 1) < 2:
+        raise SystemExit("pinning needs at least 2 cores")
+    env = dict(kv.split("=", 1) for kv in args.sidecar_env)
 
-    plan: list[tuple[str, str, LoadSpec]] = []
-    for proto in protocols:
-        for path in paths:
-            if path == "direct" and proto != "grpc":
-                continue  # the sink speaks gRPC only
-            plan.append(
-                ("throughput", path, LoadSpec(proto, args.spans, args.requests, args.concurrency))
-            )
-    if args.rate:
-        for path in ("sidecar-gzip", "rotel", *HTTP_EXPORT_PATHS):
-            if path in paths:
-                spec = LoadSpec("grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds)
-                plan.append(("fixed_rate", path, spec))
+    plan: list[tuple[str, str, LoadSpec, bool]] = []
+    for pinned in (m == "on" for m in pin_modes):
+        for load in loads:
+            for proto in protocols:
+                for path in paths:
+                    if path == "direct" and proto != "grpc":
+                        continue  # the sink speaks gRPC only
+                    spec = LoadSpec(proto, args.spans, args.requests, args.concurrency, load=load)
+                    plan.append(("throughput", path, spec, pinned))
+            if pinned and "off" in pin_modes:
+                continue  # memory and CPU share at a fixed rate: unpinned is enough
+            for path in rate_paths:
+                spec = LoadSpec("grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds, load)
+                plan.append(("fixed_rate", path, spec, pinned))
 
     start_machine = report.machine()
     console.print(f"machine at start: {start_machine}")
@@ -138,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             console=console,
         ) as progress,
     ):
-        overall = progress.add_task("all runs", total=len(plan) * args.repeats)
-        for repeat in range(args.repeats):
+        overall = progress.add_task("all runs", total=len(plan) * args.rounds)
+        for rnd in range(args.rounds):
             order = plan[:]
             rng.shuffle(order)
-            for kind, path, spec in order:
-                label = f"{kind} {path} {spec.protocol} #{repeat + 1}"
+            for kind, path, spec, pinned in order:
+                pin_label = " pinned" if pinned else ""
+                label = f"{kind} {path} {spec.protocol} {spec.load}{pin_label} #{rnd + 1}"
                 task = progress.add_task(label, total=None)
 
                 def update(got: int, expected: int, task: Any = task) -> None:
@@ -151,15 +206,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 spy = None
                 if args.profile is not None and path.startswith("sidecar"):
-                    spy = args.profile / f"{kind}-{path}-{spec.protocol}-{repeat}.txt"
-                if path in HTTP_EXPORT_PATHS:
-                    collector = make(path, http_relay.endpoint, workdir, args.gzip_level)
-                    res = run(
-                        collector, http_sink, spec, repeat, update, pin_cores, spy, http_relay
-                    )
-                else:
-                    collector = make(path, relay.endpoint, workdir)
-                    res = run(collector, sink, spec, repeat, update, pin_cores, spy, relay)
+                    name = path.replace(":", "-").replace("/", "-")
+                    spy = args.profile / f"{kind}-{name}-{spec.protocol}-{rnd}-{pinned}.txt"
+                pin_cores = ({1}, {0}) if pinned else None
+                pin(os.getpid(), {0} if pinned else set(range(os.cpu_count() or 1)))
+                over_http = path.partition(":")[2].startswith("http")
+                the_sink, the_relay = (http_sink, http_relay) if over_http else (sink, relay)
+                collector = make(path, the_relay.endpoint, workdir, args.gzip_level, env)
+                res = run(collector, the_sink, spec, rnd, update, pin_cores, spy, the_relay)
                 progress.update(task, description=label + f"  {res.spans_per_s:,.0f}/s")
                 progress.remove_task(task)
                 results[kind].append(res)
@@ -170,12 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(report.table("throughput", thr, paced=False))
     if paced:
         console.print(report.table(f"fixed rate {args.rate:,.0f} spans/s", paced, paced=True))
-    rat = report.ratios(thr)
-    for r in rat:
-        console.print(
-            f"{r['path']} {r['protocol']}: spans per CPU-second = "
-            f"{r['spans_per_cpu_s_vs_rotel']:.2f}x {r['vs']}'s"
-        )
+    rat = report.ratios(results["throughput"])
+    console.print(report.ratio_table(rat))
     if args.profile is not None:
         print_profiles(console, args.profile)
     console.print(f"machine at end: {end_machine}")
@@ -186,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine_end": end_machine,
         "throughput": thr,
         "fixed_rate": paced,
-        "sidecar_vs_rotel": rat,
+        "ratios": rat,
     }
-    name = "sidecar_vs_rotel" + ("_quick" if args.quick else "")
+    name = args.name + ("_quick" if args.quick else "")
     report.write_json(args.out / f"{name}.json", doc, results)
     report.chart(args.out / f"{name}.png", thr, paced)
-    console.print(f"wrote {args.out / name}.json and .png")
+    (args.out / f"{name}.md").write_text(report.markdown(doc), encoding="utf-8")
+    console.print(f"wrote {args.out / name}.json, .md and .png")
     return 0
 
 

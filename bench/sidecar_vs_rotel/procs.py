@@ -9,23 +9,33 @@ OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rot
 - ``sidecar``: a real ``gym-sidecar run`` process (``tests.support.sidecar_proc``) with
   its full pipeline (enrich, derive, gate, queue, export), span groups ``all`` so every
   span is forwarded, ``--backend-compression`` gzip or none, exporting over gRPC or
-  OTLP/HTTP (``--backend-protocol``; HTTP gzip at the default ``compression_level``).
+  OTLP/HTTP (``--backend-protocol``; gzip at the default ``compression_level``).
+  ``sidecar-h2`` and ``sidecar-grpcio`` force ``backend.grpc_client`` (the default,
+  ``auto``, uses h2 with gzip and grpc.aio without).
 - ``rotel``: rotel from PyPI (``tests.support.rotel.rotel_binary``, installed into a
-  cached venv), OTLP exporter over gRPC or HTTP (``--otlp-exporter-protocol``), gzip
-  (its default).
+  cached venv), OTLP exporter over gRPC or HTTP (``--otlp-exporter-protocol``), gzip or
+  none (``--otlp-exporter-compression``).
+- ``jaeger``: Jaeger v2 (built from the Go module proxy, see :func:`jaeger_binary`) in a
+  pure collector role: the OpenTelemetry Collector's ``otlp`` receiver, ``batch``
+  processor and ``otlp`` (gRPC) or ``otlphttp`` exporter, gzip or none; no storage, no
+  query service. Its build has no ``resource`` processor, so it adds no attributes
+  (the closest, ``attributes``, would write every span, more work than the others do).
 
-Both collectors add the same two static resource attributes (``BENCH_RESOURCE``).
+The sidecar and rotel add the same two static resource attributes (``BENCH_RESOURCE``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import yaml
 
 from tests.support.ports import free_port, wait_listening
 from tests.support.rotel import ROTEL_VERSION, rotel_binary
@@ -105,8 +115,11 @@ class Sidecar:
         workdir: Path,
         export: str = "grpc",
         gzip_level: int | None = None,
+        grpc_client: str = "auto",
+        env: dict[str, str] | None = None,
     ) -> None:
-        self.name = f"sidecar-{compression}" if export == "grpc" else f"sidecar-http-{compression}"
+        kind = "sidecar" if grpc_client == "auto" else f"sidecar-{grpc_client}"
+        self.name = f"{kind}:{export}/{compression}"
         protocol = "grpc" if export == "grpc" else "http/protobuf"
         self.proc = SidecarProcess(
             backend=sink_endpoint,
@@ -122,9 +135,12 @@ class Sidecar:
                 "span_groups": {"spec": "all"},
                 "enrich": {"attributes": dict(BENCH_RESOURCE)},
                 "metrics": {"enabled": True},
-                # HTTP export only (grpc core always uses zlib's default level).
-                **({"backend": {"compression_level": gzip_level}} if gzip_level else {}),
+                "backend": {
+                    "grpc_client": grpc_client,
+                    **({"compression_level": gzip_level} if gzip_level else {}),
+                },
             },
+            env=env,
             log_dir=workdir,
         )
         self.grpc_target = self.proc.grpc_endpoint
@@ -145,9 +161,12 @@ class Sidecar:
 class Rotel:
     """rotel (PyPI) with its OTLP exporter pointed at the sink."""
 
-    def __init__(self, sink_endpoint: str, workdir: Path, export: str = "grpc") -> None:
-        self.name = "rotel" if export == "grpc" else f"rotel-{export}"
+    def __init__(
+        self, sink_endpoint: str, workdir: Path, export: str = "grpc", compression: str = "gzip"
+    ) -> None:
+        self.name = f"rotel:{export}/{compression}"
         self.export = export
+        self.compression = compression
         self.version = ROTEL_VERSION
         self.binary = rotel_binary()
         self.grpc_port, self.http_port = free_port(), free_port()
@@ -172,6 +191,8 @@ class Rotel:
             f"http://{self.sink_endpoint}",
             "--otlp-exporter-protocol",
             self.export,
+            "--otlp-exporter-compression",
+            self.compression,
             "--otel-resource-attributes",
             ",".join(f"{k}={v}" for k, v in BENCH_RESOURCE.items()),
             "--pid-file",
@@ -198,3 +219,98 @@ class Rotel:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+JAEGER_MODULE_VERSION = "v1.76.0"
+"""The Go module version of github.com/jaegertracing/jaeger (Jaeger v2.13.0)."""
+
+
+def jaeger_binary() -> Path:
+    """The Jaeger v2 binary: ``$GYM_BENCH_JAEGER``, else the peers cache, else /tmp/jtrial.
+
+    The harness builds nothing itself: the real-backends tooling builds and caches the
+    binary under ``~/.cache/gym-telemetry/peers/jaeger-<version>/bin/jaeger``.
+    """
+    candidates = [
+        os.environ.get("GYM_BENCH_JAEGER", ""),
+        str(
+            Path("~/.cache/gym-telemetry/peers").expanduser()
+            / f"jaeger-{JAEGER_MODULE_VERSION}"
+            / "bin"
+            / "jaeger"
+        ),
+        "/tmp/jtrial/jaeger",
+    ]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return Path(c)
+    raise RuntimeError("no Jaeger v2 binary; build it first (set GYM_BENCH_JAEGER=<path>)")
+
+
+class Jaeger:
+    """Jaeger v2 as an OpenTelemetry Collector: otlp receiver -> batch -> otlp(http) exporter."""
+
+    def __init__(
+        self, sink_endpoint: str, workdir: Path, export: str = "grpc", compression: str = "gzip"
+    ) -> None:
+        self.name = f"jaeger:{export}/{compression}"
+        self.binary = jaeger_binary()
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.http_target: str | None = f"http://127.0.0.1:{self.http_port}"
+        self.workdir = Path(tempfile.mkdtemp(prefix="jaeger-", dir=workdir))
+        exporter = "otlp" if export == "grpc" else "otlphttp"
+        exporter_config: dict[str, object] = {"compression": compression}
+        if export == "grpc":
+            exporter_config |= {"endpoint": sink_endpoint, "tls": {"insecure": True}}
+        else:
+            exporter_config["endpoint"] = f"http://{sink_endpoint}"
+        config = {
+            "receivers": {
+                "otlp": {
+                    "protocols": {
+                        "grpc": {"endpoint": self.grpc_target, "max_recv_msg_size_mib": 64},
+                        "http": {"endpoint": f"127.0.0.1:{self.http_port}"},
+                    }
+                }
+            },
+            "processors": {"batch": {}},
+            "exporters": {exporter: exporter_config},
+            "service": {
+                "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}},
+                "pipelines": {
+                    "traces": {
+                        "receivers": ["otlp"],
+                        "processors": ["batch"],
+                        "exporters": [exporter],
+                    }
+                },
+            },
+        }
+        self.config_path = self.workdir / "collector.yaml"
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        cmd = [str(self.binary), "--config", str(self.config_path)]
+        with (self.workdir / "jaeger.out").open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        try:
+            wait_listening(self.grpc_port, timeout_s=30)
+            wait_listening(self.http_port, timeout_s=30)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"jaeger did not start; see {self.workdir}") from None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -44,51 +44,97 @@ def _stats(values: Sequence[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _key(r: RunResult) -> tuple[str, str, str, bool]:
+    return (r.path, r.protocol, r.load, r.pinned)
+
+
+def _order(path: str) -> tuple[str, int]:
+    collector, _, export = path.partition(":")
+    rank = ("direct", "sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
+    return (export, rank.index(collector) if collector in rank else 9)
+
+
 def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """Per (path, protocol): the number of runs and median/min/max of every figure."""
-    groups: dict[tuple[str, str], list[RunResult]] = {}
+    """Per (path, protocol, load, pinned): the runs and median/min/max of every figure."""
+    groups: dict[tuple[str, str, str, bool], list[RunResult]] = {}
     for r in results:
-        groups.setdefault((r.path, r.protocol), []).append(r)
-    order = ("direct", "sidecar-gzip", "rotel", "sidecar-none", "sidecar-http-gzip", "rotel-http")
+        groups.setdefault(_key(r), []).append(r)
     out = []
-    for (path, protocol), runs in sorted(
-        groups.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]) if kv[0][0] in order else 9)
+    for (path, protocol, load, pinned), runs in sorted(
+        groups.items(), key=lambda kv: (kv[0][3], kv[0][2], kv[0][1], _order(kv[0][0]))
     ):
-        row: dict[str, Any] = {"path": path, "protocol": protocol, "runs": len(runs)}
+        row: dict[str, Any] = {
+            "path": path,
+            "protocol": protocol,
+            "load": load,
+            "pinned": pinned,
+            "runs": len(runs),
+        }
         for fig in FIGURES:
             row[fig] = _stats([v for r in runs if (v := getattr(r, fig)) is not None])
+        row["loadavg_at_start"] = _stats([r.extra.get("loadavg_at_start", 0.0) for r in runs])
         row["lost_spans"] = sum(max(0, r.spans_sent - r.spans_delivered) for r in runs)
         row["retries"] = sum(r.retries for r in runs)
         out.append(row)
     return out
 
 
-def ratios(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sidecar spans per CPU-second over rotel's, per receiving protocol (medians).
+PEERS = ("rotel", "jaeger")
 
-    A sidecar path exporting over HTTP (``sidecar-http-*``) is compared with
-    ``rotel-http`` (rotel exporting over HTTP) when that ran, else with ``rotel``.
+
+def ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Each sidecar path's spans per CPU-second over each peer's at the same export.
+
+    Per round, the sidecar run's figure over the peer run's of the same round (same
+    load, generator protocol and pinning); median, min and max over the rounds.
     """
-    by = {(r["path"], r["protocol"]): r for r in summary}
-    out = []
-    for (path, protocol), row in by.items():
-        peer = "rotel"
-        if path.startswith("sidecar-http") and ("rotel-http", protocol) in by:
-            peer = "rotel-http"
-        rotel = by.get((peer, protocol))
-        if not path.startswith("sidecar") or rotel is None:
+    by: dict[tuple[str, str, str, bool, int], float] = {}
+    for r in results:
+        if r.spans_per_cpu_s:
+            by[(*_key(r), r.repeat)] = r.spans_per_cpu_s
+    pairs: dict[tuple[str, str, str, str, bool], list[float]] = {}
+    for (path, protocol, load, pinned, rnd), ours in by.items():
+        collector, _, export = path.partition(":")
+        if not collector.startswith("sidecar"):
             continue
-        ours, theirs = row["spans_per_cpu_s"], rotel["spans_per_cpu_s"]
-        if ours and theirs:
-            out.append(
-                {
-                    "path": path,
-                    "protocol": protocol,
-                    "vs": peer,
-                    "spans_per_cpu_s_vs_rotel": ours["median"] / theirs["median"],
-                }
-            )
-    return out
+        for peer in PEERS:
+            theirs = by.get((f"{peer}:{export}", protocol, load, pinned, rnd))
+            if theirs:
+                key = (path, f"{peer}:{export}", protocol, load, pinned)
+                pairs.setdefault(key, []).append(ours / theirs)
+    return [
+        {
+            "path": path,
+            "vs": peer,
+            "protocol": protocol,
+            "load": load,
+            "pinned": pinned,
+            "rounds": len(values),
+            "spans_per_cpu_s_ratio": _stats(values),
+        }
+        for (path, peer, protocol, load, pinned), values in sorted(
+            pairs.items(), key=lambda kv: (kv[0][4], kv[0][3], kv[0][2], kv[0][1], kv[0][0])
+        )
+    ]
+
+
+def ratio_table(rows: Sequence[dict[str, Any]]) -> Table:
+    t = Table(
+        title="sidecar spans per CPU-second ÷ peer's, same export (per-round median, min-max)"
+    )
+    for col in ("sidecar path", "peer", "proto", "load", "pinned", "rounds", "ratio"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            r["path"],
+            r["vs"],
+            r["protocol"],
+            r["load"],
+            "yes" if r["pinned"] else "no",
+            str(r["rounds"]),
+            _fmt(r["spans_per_cpu_s_ratio"], digits=2),
+        )
+    return t
 
 
 def _fmt(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
@@ -100,7 +146,7 @@ def _fmt(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> 
 
 def table(title: str, summary: Sequence[dict[str, Any]], paced: bool) -> Table:
     t = Table(title=title + "  —  median (min-max)")
-    for col in ("path", "proto", "runs"):
+    for col in ("path", "proto", "load", "pin", "runs"):
         t.add_column(col)
     cols: list[tuple[str, str, float, int]]
     if paced:
@@ -115,7 +161,9 @@ def table(title: str, summary: Sequence[dict[str, Any]], paced: bool) -> Table:
     t.add_column("lost", justify="right")
     for row in summary:
         cells = [_fmt(row[key], scale, digits) for _, key, scale, digits in cols]
-        t.add_row(row["path"], row["protocol"], str(row["runs"]), *cells, str(row["lost_spans"]))
+        pinned = "yes" if row["pinned"] else "no"
+        head = (row["path"], row["protocol"], row["load"], pinned, str(row["runs"]))
+        t.add_row(*head, *cells, str(row["lost_spans"]))
     return t
 
 
@@ -127,7 +175,11 @@ def write_json(path: Path, doc: dict[str, Any], results: dict[str, list[RunResul
 
 
 def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label: str) -> None:
-    names = [f"{r['path']}\n{r['protocol']}" for r in rows if r[key]]
+    names = [
+        f"{r['path']}\n{r['protocol']} {r['load']}{' pin' if r['pinned'] else ''}"
+        for r in rows
+        if r[key]
+    ]
     stats = [r[key] for r in rows if r[key]]
     med = [s["median"] / scale for s in stats]
     err = [
@@ -136,6 +188,9 @@ def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label
     ]
     colors = ["#4c72b0" if n.startswith("sidecar") else "#999999" for n in names]
     colors = ["#dd8452" if n.startswith("rotel") else c for n, c in zip(names, colors, strict=True)]
+    colors = [
+        "#55a868" if n.startswith("jaeger") else c for n, c in zip(names, colors, strict=True)
+    ]
     ax.bar(names, med, yerr=err, capsize=4, color=colors)
     ax.set_title(label, fontsize=10)
     ax.tick_params(axis="x", labelsize=7, labelrotation=60)
@@ -154,10 +209,61 @@ def chart(
     _bars(axes[0][0], throughput, "spans_per_s", 1e3, "delivered k spans/s (median, min-max)")
     _bars(axes[0][1], throughput, "spans_per_cpu_s", 1e3, "k spans per collector CPU-second")
     _bars(axes[1][0], paced, "cpu_pct", 1, "fixed rate: collector CPU % of one core")
-    _bars(axes[1][1], paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 60 MiB target)")
-    axes[1][1].axhline(60, color="black", linestyle="--", linewidth=1)
-    fig.suptitle("gym-sidecar vs rotel (bench.sidecar_vs_rotel)")
+    _bars(axes[1][1], paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 50 MiB target)")
+    axes[1][1].axhline(50, color="black", linestyle="--", linewidth=1)
+    fig.suptitle("gym-sidecar vs rotel vs Jaeger as a collector (bench.sidecar_vs_rotel)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _md(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if stat is None:
+        return "-"
+    med, lo, hi = (stat[k] / scale for k in ("median", "min", "max"))
+    return f"{med:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The run as Markdown tables (docs/benchmarks.md quotes them)."""
+    lines = [
+        f"Load average at start {doc['machine_start']['loadavg_1_5_15']}, "
+        f"at end {doc['machine_end']['loadavg_1_5_15']} (1, 5, 15 min).",
+        "",
+        "| path | load | pinned | runs | k spans/s delivered | collector CPU s "
+        "| k spans per CPU-s | peak RSS MiB | out B/span | load avg at run start |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["throughput"]:
+        lines.append(
+            f"| {r['path']} | {r['load']} | {'yes' if r['pinned'] else 'no'} | {r['runs']} "
+            f"| {_md(r['spans_per_s'], 1e3, 0)} | {_md(r['cpu_s'], 1, 2)} "
+            f"| {_md(r['spans_per_cpu_s'], 1e3, 0)} | {_md(r['peak_rss_mib'])} "
+            f"| {_md(r['out_bytes_per_span'])} | {_md(r['loadavg_at_start'], 1, 1)} |"
+        )
+    if doc["fixed_rate"]:
+        lines += [
+            "",
+            "| path (fixed rate) | runs | spans/s delivered | CPU % of one core "
+            "| RSS at end MiB | peak RSS MiB |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in doc["fixed_rate"]:
+            lines.append(
+                f"| {r['path']} | {r['runs']} | {_md(r['spans_per_s'])} "
+                f"| {_md(r['cpu_pct'], 1, 1)} | {_md(r['rss_end_mib'], 1, 1)} "
+                f"| {_md(r['peak_rss_mib'], 1, 1)} |"
+            )
+    lines += [
+        "",
+        "| sidecar path | peer | load | pinned | rounds | spans per CPU-s, sidecar ÷ peer |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["ratios"]:
+        lines.append(
+            f"| {r['path']} | {r['vs']} | {r['load']} | {'yes' if r['pinned'] else 'no'} "
+            f"| {r['rounds']} "
+            f"| {_md(r['spans_per_cpu_s_ratio'], 1, 2)} |"
+        )
+    return "\n".join(lines) + "\n"

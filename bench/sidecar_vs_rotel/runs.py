@@ -42,6 +42,8 @@ class LoadSpec:
     concurrency: int = 8
     rate: float = 0.0
     seconds: float = 0.0
+    load: str = "varied"
+    seed: int = 1
 
     def args(self, target: str) -> list[str]:
         out = [
@@ -58,6 +60,10 @@ class LoadSpec:
             str(self.concurrency),
             "--progress-s",
             "0.2",
+            "--load",
+            self.load,
+            "--seed",
+            str(self.seed),
         ]
         if self.rate:
             return [*out, "--rate", str(self.rate), "--seconds", str(self.seconds)]
@@ -69,6 +75,8 @@ class RunResult:
     path: str
     protocol: str
     repeat: int
+    load: str
+    pinned: bool
     spans_sent: int
     spans_delivered: int
     seconds: float
@@ -90,6 +98,7 @@ class _Generator:
     def __init__(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.started_at: float | None = None
+        self.start_event: dict[str, Any] = {}
         self.done: dict[str, Any] | None = None
         self.done_at: float | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -100,6 +109,7 @@ class _Generator:
         for line in self.proc.stdout:
             event = json.loads(line)
             if event["event"] == "start":
+                self.start_event = event
                 self.started_at = time.monotonic()
             elif event["event"] == "done":
                 self.done_at = time.monotonic()
@@ -115,6 +125,11 @@ class _Generator:
         self._thread.join(timeout=5)
 
 
+def _loadavg() -> float:
+    with open("/proc/loadavg", encoding="ascii") as f:
+        return float(f.read().split()[0])
+
+
 def run(
     collector: Collector,
     sink: RecordingSink | HttpSink,
@@ -124,8 +139,14 @@ def run(
     pin_cores: tuple[set[int], set[int]] | None = None,
     profile: Path | None = None,
     relay: ByteCountingRelay | None = None,
+    settle_s: float | None = None,
 ) -> RunResult:
-    """One run on a freshly started collector (stopped afterwards); see module doc."""
+    """One run on a freshly started collector (stopped afterwards); see module doc.
+
+    ``settle_s``: the collector forwards only part of what it gets (its default span
+    gating), so the run ends once the generator is done and the sink's count has not
+    moved for this long, instead of waiting for every span.
+    """
     collector.start()
     try:
         if pin_cores is not None and collector.pid is not None:
@@ -136,25 +157,32 @@ def run(
         base = sink.span_count
         bytes0 = relay.sent if relay is not None else 0
         pid = collector.pid
-        expected = (
-            load.spans * load.requests
-            if not load.rate
-            else load.spans * int(load.seconds * load.rate / load.spans)
-        )
+        loadavg = _loadavg()
         gen = _Generator(load.args(target))
         try:
             while gen.started_at is None and not gen.finished():
                 time.sleep(POLL_S)
+            expected = int(gen.start_event.get("expected_spans", 0))
             cpu0 = cpu_seconds(pid) if pid else None
             t0 = gen.started_at or time.monotonic()
             spy = None
             if profile is not None and pid is not None:
                 spy = pyspy.start(pid, max(2.0, load.seconds), profile)
             delivered_at = None
+            last_count, last_change = -1, time.monotonic()
             while True:
                 got = sink.span_count - base
                 progress(got, expected)
-                if got >= expected and delivered_at is None:
+                if got != last_count:
+                    last_count, last_change = got, time.monotonic()
+                elif (
+                    settle_s is not None
+                    and gen.finished()
+                    and delivered_at is None
+                    and time.monotonic() - last_change >= settle_s
+                ):
+                    delivered_at = last_change
+                if got >= expected and delivered_at is None and settle_s is None:
                     delivered_at = time.monotonic()
                 if gen.finished() and (delivered_at or time.monotonic() - t0 > DELIVERY_TIMEOUT_S):
                     break
@@ -180,6 +208,8 @@ def run(
             path=collector.name,
             protocol=load.protocol,
             repeat=repeat,
+            load=load.load,
+            pinned=pin_cores is not None,
             spans_sent=int(done.get("spans", 0)),
             spans_delivered=got,
             seconds=seconds,
@@ -192,7 +222,12 @@ def run(
             retries=int(done.get("retries", 0)),
             errors=int(done.get("errors", 0)),
             out_bytes_per_span=out_bytes / got if relay is not None and got else None,
-            extra={"generator_seconds": done.get("seconds"), "rate": load.rate},
+            extra={
+                "generator_seconds": done.get("seconds"),
+                "rate": load.rate,
+                "loadavg_at_start": loadavg,
+                "spread": gen.start_event.get("spread"),
+            },
         )
     finally:
         collector.stop()

@@ -46,8 +46,6 @@ from gym_sidecar.gating.stage import build_gate_stage, live_reconfiguration
 from gym_sidecar.metrics.stage import build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.store.config import LocalStoreConfig
-from gym_sidecar.store.exporter import LocalStoreExporter
-from gym_sidecar.store.writer import StoreMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +103,11 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
 def build_exporter(backend: BackendConfig) -> Exporter:
     """The OTLP exporter ``backend.protocol`` names. Call on the running event loop."""
     if backend.protocol == "grpc":
+        client = backend.grpc_client
+        if client == "h2" or (client == "auto" and backend.compression == "gzip"):
+            from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
+
+            return GrpcH2Exporter(backend)
         return OtlpGrpcExporter(backend)
     return OtlpHttpExporter(backend)
 
@@ -129,6 +132,11 @@ def build_export_stage(
     if backend.url is not None:
         exporters.append(build_exporter(backend))
     if local_store is not None and local_store.active(backend.url is not None):
+        # Imported only when the store is on: a sidecar with a backend never loads
+        # sqlite3 and the store's modules (~1.5 MiB resident).
+        from gym_sidecar.store.exporter import LocalStoreExporter
+        from gym_sidecar.store.writer import StoreMetrics
+
         store_metrics = StoreMetrics(metrics.registry)
         exporters.append(LocalStoreExporter(local_store.db_path(), local_store, store_metrics))
     if not exporters:

@@ -27,8 +27,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
-
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
 from gym_sidecar.webhook.cli import add_webhook
@@ -134,6 +132,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load(args, args.file)
     if cfg is None:
         return EXIT_BAD_CONFIG
+    import yaml  # the run command never needs it (see config.read_yaml_file)
+
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     print(f"{args.file}: OK", file=sys.stderr)
     return EXIT_OK

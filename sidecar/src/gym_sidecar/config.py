@@ -44,6 +44,7 @@ from gym_sidecar.enrich import downward_api
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
+from gym_sidecar.malloc import MemoryConfig
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.store.config import LocalStoreConfig
 
@@ -147,6 +148,7 @@ class SidecarConfig(BaseModel):
     span_groups: SpanGroupsConfig = Field(default_factory=SpanGroupsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     local_store: LocalStoreConfig = Field(default_factory=LocalStoreConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline for draining the pipeline and the export queue on SIGTERM/SIGINT."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

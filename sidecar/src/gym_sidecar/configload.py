@@ -28,7 +28,6 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import yaml
 from pydantic import AfterValidator, BaseModel, PlainSerializer, ValidationError
 
 ENV_NESTED_DELIMITER = "__"
@@ -166,7 +165,7 @@ def expand_env(data: Any, environ: Mapping[str, str], path: str = "") -> tuple[A
 
 
 # -- the file ------------------------------------------------------------------------------
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def _yaml_problem(exc: Exception) -> str:
     """A YAML error without PyYAML's ``in "<unicode string>"`` marks (the caller names the
     file): ``line 3, column 1: expected the node content, but found '<stream end>'``."""
     mark = getattr(exc, "problem_mark", None)
@@ -179,6 +178,10 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def read_yaml_file(path: str | Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Read a YAML mapping and expand its environment references (``environ``; None: no
     expansion). Raises :class:`ConfigError` (never OSError/YAMLError) naming the file."""
+    # Imported here: a sidecar run from flags and the environment never loads yaml (~4 MiB
+    # resident; docs/benchmarks.md, sidecar RSS).
+    import yaml
+
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -207,6 +210,8 @@ def env_value(name: str, raw: str) -> Any:
     if stripped in ("null", "~"):
         return None
     if stripped.startswith(("{", "[")):
+        import yaml  # only for flow collections (see read_yaml_file)
+
         try:
             return yaml.safe_load(raw)
         except yaml.YAMLError as exc:

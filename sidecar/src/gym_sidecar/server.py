@@ -4,8 +4,9 @@
 (uvicorn's Config/Server split). Lifecycle, all on one asyncio loop:
 
 ``startup()``
-    build the pipeline, start its stages (tail first), start the admin listener
-    (``/readyz`` answers 503), then the gRPC and HTTP receivers; then ready.
+    apply the ``memory`` settings (:mod:`gym_sidecar.malloc`), build the pipeline,
+    start its stages (tail first), start the admin listener (``/readyz`` answers 503),
+    then the gRPC and HTTP receivers; then ready.
 ``serve()``
     ``startup()``, install SIGTERM/SIGINT (stop) and SIGHUP (reload) handlers, wait for
     :meth:`request_stop`, then ``shutdown()``.
@@ -35,6 +36,7 @@ from gym_sidecar.admin import Readiness, build_admin_app
 from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
+from gym_sidecar.malloc import MemoryTuner
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -60,10 +62,12 @@ class SidecarServer:
         self._stop: asyncio.Event | None = None
         self._shutdown_started = False
         self._shutdown_done: asyncio.Event | None = None
+        self._memory = MemoryTuner(config.memory)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def startup(self) -> None:
         cfg = self.config
+        self._memory.start()  # before the receivers' threads exist (M_ARENA_MAX)
         pipeline = build_pipeline(cfg, self.metrics)
         self.pipeline = pipeline
         self.reload_hooks.extend(pipeline.reload_hooks)
@@ -160,6 +164,7 @@ class SidecarServer:
                     logger.exception("stage %s failed to shut down", stage.name)
         if self.admin is not None:
             await self.admin.stop(1.0)
+        await self._memory.stop()
         self._log_unsent()
         logger.info("gym-sidecar stopped")
 

@@ -1,4 +1,7 @@
-"""The export stage end to end in-process: QueueStage -> Sender -> OTLP/gRPC -> RecordingSink."""
+"""The export stage end to end in-process: QueueStage -> Sender -> OTLP/gRPC -> RecordingSink.
+
+Every test that uses the ``sink`` fixture runs once per gRPC client
+(``backend.grpc_client``: the sidecar's own h2 framing, and grpc.aio)."""
 
 from __future__ import annotations
 
@@ -28,16 +31,25 @@ from tests.support.sink import RecordingSink
 FAST = {"retry_initial_interval_s": 0.01, "retry_max_interval_s": 0.05, "batch_timeout_s": 0.0}
 
 
-@pytest.fixture
-def sink() -> Iterator[RecordingSink]:
+_CLIENTS: dict[str, str] = {}
+"""The gRPC client each sink fixture's test runs with (by sink endpoint)."""
+
+
+@pytest.fixture(params=["h2", "grpcio"])
+def sink(request: pytest.FixtureRequest) -> Iterator[RecordingSink]:
     with RecordingSink() as s:
+        _CLIENTS[s.endpoint] = request.param
         yield s
 
 
 def make_stage(
     sink: RecordingSink, metrics: SelfMetrics, compression: str = "none", **queue: object
 ) -> QueueStage:
-    backend = BackendConfig(url=f"http://{sink.endpoint}", compression=compression)  # type: ignore[arg-type]
+    backend = BackendConfig(
+        url=f"http://{sink.endpoint}",
+        compression=compression,  # type: ignore[arg-type]
+        grpc_client=_CLIENTS.get(sink.endpoint, "auto"),  # type: ignore[arg-type]
+    )
     stage = build_export_stage(backend, QueueConfig(**{**FAST, **queue}), metrics)  # type: ignore[arg-type]
     assert isinstance(stage, QueueStage)
     return stage

@@ -70,3 +70,21 @@ def test_small_and_large_bodies_arrive_gzipped_and_whole() -> None:
         assert sink.wait_spans(3003)
         assert (sink.span_count, sink.calls, sink.gzip_requests) == (3003, 2, 2)
         assert sink.bad_requests == 0
+
+
+def test_without_zlib_ng_gzip_falls_back_to_zlib_and_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+
+    from gym_sidecar.export import otlp_http
+
+    monkeypatch.setitem(sys.modules, "zlib_ng", None)  # import fails
+    otlp_http._deflate.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=otlp_http.__name__):
+            assert otlp_http.gzip_library() == "zlib"
+        assert "zlib-ng is not importable" in caplog.text
+        assert gzip.decompress(otlp_http.gzip_body(b"abc" * 100, 5)) == b"abc" * 100
+    finally:
+        otlp_http._deflate.cache_clear()

@@ -1,5 +1,6 @@
-"""OtlpGrpcExporter against a real grpc.aio server that captures metadata and answers
-with partial_success or scripted trailers."""
+"""Both gRPC exporters (grpc_h2's own HTTP/2 framing, and grpc.aio) against a real
+grpc.aio server that captures metadata and answers with partial_success or scripted
+trailers."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
-from gym_sidecar.core.exporter import Outcome
+from gym_sidecar.core.exporter import Exporter, Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
+from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -22,6 +25,12 @@ from tests.sidecar.export.helpers import run, trace_request
 from tests.support.ports import free_port
 
 Handler = Callable[[bytes, grpc.aio.ServicerContext], Any]
+Make = Callable[[BackendConfig], Exporter]
+
+
+@pytest.fixture(params=["h2", "grpcio"])
+def make(request: pytest.FixtureRequest) -> Make:
+    return GrpcH2Exporter if request.param == "h2" else OtlpGrpcExporter
 
 
 @asynccontextmanager
@@ -48,7 +57,7 @@ TRACES = "opentelemetry.proto.collector.trace.v1.TraceService"
 LOGS = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
-def test_headers_go_as_metadata_and_partial_success_is_read() -> None:
+def test_headers_go_as_metadata_and_partial_success_is_read(make: Make) -> None:
     seen: dict[str, Any] = {}
 
     async def traces(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -66,9 +75,7 @@ def test_headers_go_as_metadata_and_partial_success_is_read() -> None:
 
     async def body() -> None:
         async with server({TRACES: traces, LOGS: logs}) as url:
-            exporter = OtlpGrpcExporter(
-                BackendConfig(url=url, headers={"X-Tenant": "t1"}, compression="gzip")
-            )
+            exporter = make(BackendConfig(url=url, headers={"X-Tenant": "t1"}, compression="gzip"))
             payload = trace_request("m", 3).SerializeToString()
             result = await exporter.export(Signal.TRACES, payload, 3)
             logs_result = await exporter.export(Signal.LOGS, b"", 5)
@@ -82,7 +89,7 @@ def test_headers_go_as_metadata_and_partial_success_is_read() -> None:
     run(body())
 
 
-def test_retry_info_from_a_bare_trailer_is_a_hint() -> None:
+def test_retry_info_from_a_bare_trailer_is_a_hint(make: Make) -> None:
     async def traces(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=3))
         context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
@@ -91,7 +98,7 @@ def test_retry_info_from_a_bare_trailer_is_a_hint() -> None:
 
     async def body() -> None:
         async with server({TRACES: traces}) as url:
-            exporter = OtlpGrpcExporter(BackendConfig(url=url))
+            exporter = make(BackendConfig(url=url))
             result = await exporter.export(Signal.TRACES, b"", 0)
             await exporter.close()
         assert result.outcome is Outcome.RETRYABLE
@@ -100,13 +107,13 @@ def test_retry_info_from_a_bare_trailer_is_a_hint() -> None:
     run(body())
 
 
-def test_unimplemented_signal_is_permanent() -> None:
+def test_unimplemented_signal_is_permanent(make: Make) -> None:
     async def traces(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b""
 
     async def body() -> None:
         async with server({TRACES: traces}) as url:
-            exporter = OtlpGrpcExporter(BackendConfig(url=url))
+            exporter = make(BackendConfig(url=url))
             result = await exporter.export(Signal.METRICS, b"", 1)
             await exporter.close()
         assert result.outcome is Outcome.PERMANENT
@@ -146,7 +153,7 @@ async def counting_relay(target: str) -> AsyncIterator[tuple[str, list[int]]]:
         relay.close()
 
 
-def test_gzip_compresses_what_goes_over_the_wire() -> None:
+def test_gzip_compresses_what_goes_over_the_wire(make: Make) -> None:
     received: list[bytes] = []
 
     async def traces(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -157,7 +164,7 @@ def test_gzip_compresses_what_goes_over_the_wire() -> None:
 
     async def wire_bytes(compression: str) -> int:
         async with server({TRACES: traces}) as url, counting_relay(url) as (relay, sent):
-            exporter = OtlpGrpcExporter(BackendConfig(url=relay, compression=compression))  # type: ignore[arg-type]
+            exporter = make(BackendConfig(url=relay, compression=compression))  # type: ignore[arg-type]
             result = await exporter.export(Signal.TRACES, payload, 200)
             await exporter.close()
         assert result.outcome is Outcome.SUCCESS, result.message

@@ -24,10 +24,15 @@ class BackendConfig(BaseModel):
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     compression: Literal["gzip", "none"] = "none"
     compression_level: int = Field(default=5, ge=1, le=9)
-    """gzip level of the OTLP/HTTP exporter, 1 (fastest) to 9 (smallest). The default 5
-    gives, with zlib-ng, the size zlib's default level 6 gives, at about half its CPU
-    (docs/export.md has the measured trade-off). gRPC export ignores it: grpc core always
-    compresses with zlib at its default level."""
+    """gzip level, 1 (fastest) to 9 (smallest). The default 5 gives, with zlib-ng, the
+    size zlib's default level 6 gives, at about half its CPU (docs/export.md has the
+    measured trade-off). Ignored by ``grpc_client: grpcio`` (grpc core always compresses
+    with zlib at its default level)."""
+    grpc_client: Literal["auto", "h2", "grpcio"] = "auto"
+    """gRPC export only: ``h2`` frames gRPC over HTTP/2 itself and gzips with zlib-ng in
+    a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (grpc core
+    compresses on the event loop with zlib at level 6). ``auto``: ``h2`` with gzip,
+    ``grpcio`` without, the cheaper of the two for each (docs/export.md)."""
     timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one export request (one attempt)."""
     headers: dict[str, OpaqueStr] = Field(default_factory=dict)

@@ -43,6 +43,9 @@ def _deflate() -> tuple[str, Callable[[bytes, int, int], bytes]]:
     try:
         from zlib_ng import zlib_ng
     except ImportError:  # no wheel for this platform: the standard library's zlib
+        # Loud on purpose: zlib costs about twice the CPU per byte (docs/benchmarks.md,
+        # "Why the two harnesses disagreed"), which is easy to miss otherwise.
+        logger.warning("zlib-ng is not importable: gzip export uses zlib at ~2x the CPU")
         return "zlib", zlib.compress
     return "zlib-ng", zlib_ng.compress
 

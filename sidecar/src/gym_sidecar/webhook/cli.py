@@ -19,8 +19,6 @@ import ssl
 import sys
 from typing import Any
 
-from gym_sidecar.webhook.config import InjectorConfigError, load_injector_config
-
 # flag dest -> config key
 _FLAGS: dict[str, str] = {
     "listen": "listen",
@@ -75,6 +73,10 @@ def run_webhook(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    # Imported here: the injector's config (and yaml) would otherwise load with every
+    # ``gym-sidecar`` command, including ``run`` (~4 MiB resident).
+    from gym_sidecar.webhook.config import InjectorConfigError, load_injector_config
+
     overrides = {
         key: getattr(args, dest)
         for dest, key in _FLAGS.items()

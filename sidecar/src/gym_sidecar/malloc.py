@@ -1,0 +1,105 @@
+"""Keep glibc's allocator from holding on to memory the sidecar freed (``memory`` config).
+
+Under load the sidecar allocates and frees large buffers (serialized requests, 2 MiB
+export batches, their gzip copies) from several threads (grpc's, the export worker
+threads). glibc keeps freed memory in per-thread arenas and at the top of its heaps, so
+resident memory at 10k spans/s sat ~8-10 MiB above idle (docs/benchmarks.md). Two
+settings, both measured there:
+
+- ``malloc_arena_max``: ``mallopt(M_ARENA_MAX, n)`` at start, before the receivers'
+  threads exist, so fewer arenas each keep their own free memory;
+- ``malloc_trim_interval_s``: every so often the event loop calls ``malloc_trim(0)``,
+  which hands free pages back to the OS (top of the heap and, since glibc 2.8, whole
+  free pages inside it).
+
+Both are no-ops where the C library is not glibc (musl, macOS): :func:`libc` is None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import logging
+
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
+
+_M_ARENA_MAX = -8
+"""mallopt parameter number of M_ARENA_MAX in glibc's malloc.h."""
+
+
+class MemoryConfig(BaseModel):
+    """How the sidecar asks glibc's allocator to give memory back (module doc)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    malloc_arena_max: int = Field(default=2, ge=0)
+    """Set glibc's M_ARENA_MAX at start; 0 leaves glibc's default (8 x cores), or what
+    ``MALLOC_ARENA_MAX`` in the environment says."""
+    malloc_trim_interval_s: float = Field(default=1.0, ge=0)
+    """Call ``malloc_trim(0)`` this often; 0 turns it off."""
+
+
+@functools.cache
+def libc() -> ctypes.CDLL | None:
+    """glibc, when the process runs on it (it has ``malloc_trim`` and ``mallopt``)."""
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        return None
+    if not hasattr(lib, "malloc_trim") or not hasattr(lib, "mallopt"):
+        return None
+    return lib
+
+
+def set_arena_max(n: int) -> bool:
+    """``mallopt(M_ARENA_MAX, n)``; True if glibc took it. Call before threads start."""
+    lib = libc()
+    return bool(lib is not None and lib.mallopt(_M_ARENA_MAX, n) == 1)
+
+
+def trim() -> None:
+    """Return free heap memory to the OS (glibc only)."""
+    lib = libc()
+    if lib is not None:
+        lib.malloc_trim(0)
+
+
+async def trim_periodically(interval_s: float) -> None:
+    """Call :func:`trim` every ``interval_s`` until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        trim()
+
+
+class MemoryTuner:
+    """Applies a :class:`MemoryConfig`: ``start`` on the loop, ``stop`` at shutdown."""
+
+    def __init__(self, config: MemoryConfig) -> None:
+        self.config = config
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        cfg = self.config
+        if libc() is None:
+            if cfg.malloc_arena_max or cfg.malloc_trim_interval_s:
+                logger.debug("not on glibc: the memory settings do nothing here")
+            return
+        if cfg.malloc_arena_max and not set_arena_max(cfg.malloc_arena_max):
+            logger.warning("glibc refused M_ARENA_MAX=%d", cfg.malloc_arena_max)
+        if cfg.malloc_trim_interval_s:
+            self._task = asyncio.create_task(
+                trim_periodically(cfg.malloc_trim_interval_s), name="malloc-trim"
+            )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
