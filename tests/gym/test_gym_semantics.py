@@ -27,6 +27,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +111,7 @@ REQUESTS: dict[str, tuple[str, str, Any, int]] = {
     "101-0": (JUDGE_AGENT, "/run", judge_task(101), 200),
     "102-0": (JUDGE_AGENT, "/run", judge_task(102, judge_fails=True), 200),
     "103-0": (JUDGE_AGENT, "/run", judge_task(103, judge_fails=True), 200),
+    "104-0": (JUDGE_AGENT, "/run", judge_task(104), 200),
     "110-0": (JUDGE_RELAY, "/run", judge_task(110), 200),
     "111-0": (JUDGE_RELAY, "/run", judge_task(111, policy_fails=True), 500),
     "ep-ok": (EPISODE, "/run", episode("ep-ok"), 200),
@@ -123,6 +126,9 @@ FAILED_DIRECT = {"102-0", "103-0", "111-0", "ep-judge", "ep-policy", "123-0"}
 """Rollouts (among ``REQUESTS``) that failed: a masked judge row, a relayed 500 or an
 episode failure."""
 RELAYED = {"110-0", "111-0", "122-0", "123-0"}
+CLIENT_BAGGAGE = {"104-0"}
+"""Top-level ``/run`` requests sent with the rollout id as W3C baggage, as a client that
+propagates it would: no recorded rollout encloses them, so they are not nested."""
 # A /step a gymnasium server fails on: "hit" with no session (its state is empty).
 FAILING_STEP: Any = {
     "responses_create_params": {"input": []},
@@ -173,6 +179,20 @@ def _reap_group(pgid: int) -> None:
         except ProcessLookupError:
             return
         time.sleep(2)
+
+
+def _post_with_baggage(url: str, body: Any, baggage: str) -> tuple[int, Any]:
+    """POST ``body`` as JSON with a W3C ``baggage`` header; (status, parsed JSON)."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "baggage": baggage},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
 
 
 def _wait_stable(sink: RecordingSink, quiet_s: float = 2.0) -> None:
@@ -270,7 +290,11 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 pytest.fail(f"gym env start did not bring the servers up:\n{tail}")
 
             def send(item: tuple[str, tuple[str, str, Any, int]]) -> tuple[int, Any]:
-                server, path, body, _status = item[1]
+                name, (server, path, body, _status) = item
+                if name in CLIENT_BAGGAGE:
+                    return _post_with_baggage(
+                        url(server, path), body, f"{semconv.ROLLOUT_ID}={name}"
+                    )
                 return post_json(url(server, path), body, timeout_s=120)
 
             with ThreadPoolExecutor(4) as pool:
@@ -543,7 +567,7 @@ def test_one_duration_point_per_rollout(run: Run) -> None:
             assert len(rollouts) == 2 and len(nested) == 1, rid
             assert nested[0].resource[semconv.SERVER_TYPE] == "agent"
             assert trace.is_descendant(nested[0], _outer_rollout(trace))
-        else:
+        else:  # CLIENT_BAGGAGE too: a rollout id from a client is no enclosing rollout
             assert len(rollouts) == 1 and not nested, rid
     durations = _totals(
         run.metric_points[semconv.METRIC_ROLLOUT_DURATION], lambda p: int(p.point.count)
@@ -553,7 +577,7 @@ def test_one_duration_point_per_rollout(run: Run) -> None:
     for (name, _attrs), count in durations.items():
         per_service[name] += count
     assert per_service == {
-        service(JUDGE_AGENT): 4,
+        service(JUDGE_AGENT): 4 + len(CLIENT_BAGGAGE),
         service(JUDGE_RELAY): 2 + COLLECTED,
         service(EPISODE): 3,
         service(BLACKJACK_AGENT): 2,
