@@ -14,6 +14,8 @@ the stub model (policy and judge at once):
   ``/step``; reward from ``/step``), ``gymnasium_agent`` and a relay in front of it;
 - Gym's own rollout collector, ``gym eval run --no-serve`` (0.7.0's name for
   ``ng_collect_rollouts``), collecting through ``judge_relay``.
+- a top-level agent ``/run`` sent with the rollout id as W3C baggage (``CLIENT_BAGGAGE``):
+  a rollout id alone does not make it nested.
 
 A policy call fails when the user message holds ``POLICY_FAIL``. The sidecar forwards to
 a recording sink and keeps a local store (for ``gym-sidecar rollouts --failed``).
