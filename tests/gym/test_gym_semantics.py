@@ -14,6 +14,8 @@ the stub model (policy and judge at once):
   ``/step``; reward from ``/step``), ``gymnasium_agent`` and a relay in front of it;
 - Gym's own rollout collector, ``gym eval run --no-serve`` (0.7.0's name for
   ``ng_collect_rollouts``), collecting through ``judge_relay``.
+- a top-level agent ``/run`` sent with the rollout id as W3C baggage (``CLIENT_BAGGAGE``):
+  a rollout id alone does not make it nested.
 
 A policy call fails when the user message holds ``POLICY_FAIL``. The sidecar forwards to
 a recording sink and keeps a local store (for ``gym-sidecar rollouts --failed``).
@@ -23,10 +25,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +44,9 @@ from gym_sidecar.store import db, queries
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from tests.gym.stack import EXAMPLES, post_json, server_location
+from tests.gym.stack import EXAMPLES, gym_env_start, launcher_config, launcher_env, post_json
 from tests.gym.traces import SERVER, Trace, traces
 from tests.sidecar.metrics.collect import points
-from tests.support.ports import free_port, wait_listening
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordedSpan, RecordingSink
 
@@ -109,6 +110,7 @@ REQUESTS: dict[str, tuple[str, str, Any, int]] = {
     "101-0": (JUDGE_AGENT, "/run", judge_task(101), 200),
     "102-0": (JUDGE_AGENT, "/run", judge_task(102, judge_fails=True), 200),
     "103-0": (JUDGE_AGENT, "/run", judge_task(103, judge_fails=True), 200),
+    "104-0": (JUDGE_AGENT, "/run", judge_task(104), 200),
     "110-0": (JUDGE_RELAY, "/run", judge_task(110), 200),
     "111-0": (JUDGE_RELAY, "/run", judge_task(111, policy_fails=True), 500),
     "ep-ok": (EPISODE, "/run", episode("ep-ok"), 200),
@@ -123,6 +125,9 @@ FAILED_DIRECT = {"102-0", "103-0", "111-0", "ep-judge", "ep-policy", "123-0"}
 """Rollouts (among ``REQUESTS``) that failed: a masked judge row, a relayed 500 or an
 episode failure."""
 RELAYED = {"110-0", "111-0", "122-0", "123-0"}
+CLIENT_BAGGAGE = {"104-0"}
+"""Top-level ``/run`` requests sent with the rollout id as W3C baggage, as a client that
+propagates it would: no recorded rollout encloses them, so they are not nested."""
 # A /step a gymnasium server fails on: "hit" with no session (its state is empty).
 FAILING_STEP: Any = {
     "responses_create_params": {"input": []},
@@ -165,14 +170,18 @@ class Run:
     failed_cli: str
 
 
-def _reap_group(pgid: int) -> None:
-    """Kill what Ray left behind in the launcher's own process group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        time.sleep(2)
+def _post_with_baggage(url: str, body: Any, baggage: str) -> tuple[int, Any]:
+    """POST ``body`` as JSON with a W3C ``baggage`` header; (status, parsed JSON)."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "baggage": baggage},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
 
 
 def _wait_stable(sink: RecordingSink, quiet_s: float = 2.0) -> None:
@@ -193,21 +202,8 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tmp = tmp_path_factory.mktemp("gym-semantics")
     env_root = gym_python.parent.parent
     config = yaml.safe_load((EXAMPLES / "configs" / "semantics.yaml").read_text())
-    config["head_server"]["port"] = free_port()
-    ports: dict[str, int] = {}
-    for name in config:
-        if name == "head_server":
-            continue
-        first, second, block = server_location(config, name)
-        block["port"] = ports[name] = free_port()
-        venv = tmp / "venvs" / first / second
-        venv.mkdir(parents=True, exist_ok=True)
-        if not (venv / ".venv").exists():
-            (venv / ".venv").symlink_to(env_root, target_is_directory=True)
-    config["skip_venv_if_present"] = True
-    config["uv_venv_dir"] = str(tmp / "venvs")
-    config_path = tmp / "stack.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    servers = [name for name in config if name != "head_server"]
+    config_path, ports = launcher_config(config, servers, tmp, env_root)
     tasks = tmp / "tasks.jsonl"
     tasks.write_text(
         "".join(
@@ -225,7 +221,6 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
     )
     store_dir = tmp / "store"
-    url = lambda name, path: f"http://127.0.0.1:{ports[name]}{path}"  # noqa: E731
     with RecordingSink() as sink:
         sidecar = SidecarProcess(
             backend=sink.endpoint,
@@ -233,95 +228,61 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             extra_args=["--local-store", "--store-dir", str(store_dir)],
             log_dir=tmp,
         ).start()
-        env = {k: v for k, v in os.environ.items() if k != "GYM_TELEMETRY"}
-        env.update(
-            {
-                "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
-                "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
-                "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
-                "OTEL_BSP_SCHEDULE_DELAY": "200",
-                "NEMO_GYM_EXTRA_ROOTS": str(EXAMPLES),
-                "RAY_USAGE_STATS_ENABLED": "0",
-            }
-        )
-        log_path = tmp / "gym-env-start.log"
+        env = launcher_env(sidecar.grpc_endpoint, sidecar.admin_url)
         sidecar_exit: int | None = None
-        with log_path.open("wb") as log:
-            launcher = subprocess.Popen(
-                [
-                    str(env_root / "bin" / "gym-telemetry-run"),
-                    str(env_root / "bin" / "gym"),
-                    "env",
-                    "start",
-                    f"+config_paths=[{config_path}]",
-                ],
-                cwd=tmp,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
         try:
-            try:
-                for port in ports.values():
-                    wait_listening(port, timeout_s=400)
-            except TimeoutError:
-                tail = log_path.read_text()[-6000:]
-                pytest.fail(f"gym env start did not bring the servers up:\n{tail}")
+            with gym_env_start(env_root, config_path, ports, env, tmp) as launched:
 
-            def send(item: tuple[str, tuple[str, str, Any, int]]) -> tuple[int, Any]:
-                server, path, body, _status = item[1]
-                return post_json(url(server, path), body, timeout_s=120)
+                def send(item: tuple[str, tuple[str, str, Any, int]]) -> tuple[int, Any]:
+                    name, (server, path, body, _status) = item
+                    if name in CLIENT_BAGGAGE:
+                        return _post_with_baggage(
+                            launched.url(server, path), body, f"{semconv.ROLLOUT_ID}={name}"
+                        )
+                    return post_json(launched.url(server, path), body, timeout_s=120)
 
-            with ThreadPoolExecutor(4) as pool:
-                answers = dict(zip(REQUESTS, pool.map(send, REQUESTS.items()), strict=True))
-            step_answer = post_json(url(BLACKJACK, "/step"), FAILING_STEP)
-            prefixed_answer = post_json(
-                url(MODEL, "/ng-rollout/prefixed-1/v1/responses"),
-                {"input": [{"role": "user", "content": "hello"}]},
-            )
-            # Gym's own collector, against the running servers (it resolves them through
-            # the head server named in the same config), as an operator would run it
-            collect = subprocess.run(
-                [
-                    str(env_root / "bin" / "gym-telemetry-run"),
-                    str(env_root / "bin" / "gym"),
-                    "eval",
-                    "run",
-                    "--no-serve",
-                    "--config",
-                    str(config_path),
-                    "--input",
-                    str(tasks),
-                    "--output",
-                    str(tmp / "out.jsonl"),
-                    "--no-health-check",
-                ],
-                cwd=tmp,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            collector_log = collect.stdout + collect.stderr
-            assert collect.returncode == 0, collector_log[-6000:]
-            sink.wait_for(
-                lambda: (
-                    sum(s.span.name == semconv.SPAN_ROLLOUT for s in sink.spans())
-                    >= len(REQUESTS) + len(RELAYED) + 2 * COLLECTED
-                ),
-                60,
-            )
-            _wait_stable(sink)
+                with ThreadPoolExecutor(4) as pool:
+                    answers = dict(zip(REQUESTS, pool.map(send, REQUESTS.items()), strict=True))
+                step_answer = post_json(launched.url(BLACKJACK, "/step"), FAILING_STEP)
+                prefixed_answer = post_json(
+                    launched.url(MODEL, "/ng-rollout/prefixed-1/v1/responses"),
+                    {"input": [{"role": "user", "content": "hello"}]},
+                )
+                # Gym's own collector, against the running servers (it resolves them through
+                # the head server named in the same config), as an operator would run it
+                collect = subprocess.run(
+                    [
+                        str(env_root / "bin" / "gym-telemetry-run"),
+                        str(env_root / "bin" / "gym"),
+                        "eval",
+                        "run",
+                        "--no-serve",
+                        "--config",
+                        str(config_path),
+                        "--input",
+                        str(tasks),
+                        "--output",
+                        str(tmp / "out.jsonl"),
+                        "--no-health-check",
+                    ],
+                    cwd=tmp,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=False,
+                )
+                collector_log = collect.stdout + collect.stderr
+                assert collect.returncode == 0, collector_log[-6000:]
+                sink.wait_for(
+                    lambda: (
+                        sum(s.span.name == semconv.SPAN_ROLLOUT for s in sink.spans())
+                        >= len(REQUESTS) + len(RELAYED) + 2 * COLLECTED
+                    ),
+                    60,
+                )
+                _wait_stable(sink)
         finally:
-            launcher.send_signal(signal.SIGTERM)
-            try:
-                launcher.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait(timeout=10)
-            _reap_group(launcher.pid)
             sidecar_exit = sidecar.stop()
         failed_cli = subprocess.run(
             [
@@ -543,7 +504,7 @@ def test_one_duration_point_per_rollout(run: Run) -> None:
             assert len(rollouts) == 2 and len(nested) == 1, rid
             assert nested[0].resource[semconv.SERVER_TYPE] == "agent"
             assert trace.is_descendant(nested[0], _outer_rollout(trace))
-        else:
+        else:  # CLIENT_BAGGAGE too: a rollout id from a client is no enclosing rollout
             assert len(rollouts) == 1 and not nested, rid
     durations = _totals(
         run.metric_points[semconv.METRIC_ROLLOUT_DURATION], lambda p: int(p.point.count)
@@ -553,7 +514,7 @@ def test_one_duration_point_per_rollout(run: Run) -> None:
     for (name, _attrs), count in durations.items():
         per_service[name] += count
     assert per_service == {
-        service(JUDGE_AGENT): 4,
+        service(JUDGE_AGENT): 4 + len(CLIENT_BAGGAGE),
         service(JUDGE_RELAY): 2 + COLLECTED,
         service(EPISODE): 3,
         service(BLACKJACK_AGENT): 2,

@@ -32,9 +32,11 @@ Contract:
   ``judge_failsafe`` row, an episode ``failure``, a relayed 5xx): such a call ends like
   a failure (status ERROR, ``error.type`` = the failure kind; ``succeeded=false``). The
   returned value itself is passed back untouched; reward is never read.
-- A ``gym.rollout`` span started inside another rollout (``ENCLOSING_ROLLOUT``) carries
-  ``nemo.gym.rollout.nested=true``; the sidecar derives rollout metrics from the
-  outermost only.
+- A ``gym.rollout`` span started inside another *recorded* rollout span
+  (``ENCLOSING_ROLLOUT``: one of this process, or one upstream whose hop carried the
+  outer-rollout baggage marker) carries ``nemo.gym.rollout.nested=true``; the sidecar
+  derives rollout metrics from the outermost only. A rollout id alone never makes a
+  span nested.
 - Async handlers (Gym's) get an async wrapper; plain functions get a sync wrapper.
 - No metrics are recorded here; the sidecar derives them from the spans.
 """
@@ -77,11 +79,14 @@ _tracer_for = span_groups.tracer_for
 _current_rollout_id = rollout_correlation.current_rollout_id
 _detach = context_api.detach
 
-#: True while code runs inside a rollout: this process's ``gym.rollout`` handler, or a
-#: request whose rollout id arrived from an upstream rollout (set by the Gym
-#: integration). A ``gym.rollout`` span started while it is true is marked
+#: True while code runs inside a *recorded* ``gym.rollout`` span: this process's (set by
+#: the rollout wrapper only when its span is recording), or an upstream one (set by the
+#: Gym integration's SERVER layer when the request's baggage carries the outer-rollout
+#: marker, which ``propagation.inject`` writes only while this is true). A
+#: ``gym.rollout`` span started while it is true is marked
 #: ``nemo.gym.rollout.nested=true``, and the sidecar derives rollout metrics from the
-#: outermost span only.
+#: outermost span only. A rollout id that merely arrived from upstream does not set it:
+#: the caller may have recorded no rollout span (rollout group off, a plain client).
 ENCLOSING_ROLLOUT: Final[ContextVar[bool]] = ContextVar(
     "gym_telemetry_enclosing_rollout", default=False
 )
@@ -228,7 +233,8 @@ class _Site:
     def start(self) -> tuple[Span, object, bool]:
         """Start the span (static attributes + rollout id) and make it current.
 
-        For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset.
+        For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset
+        (None when it was not changed).
         """
         recorder = self._recorder()
         rollout_id = _current_rollout_id()
@@ -241,8 +247,13 @@ class _Site:
             return span, token, rollout_id is not None
         if ENCLOSING_ROLLOUT.get():
             attributes.update(_NESTED)
+            span, token = recorder.start(self.span_name, attributes)
+            return span, (token, None), rollout_id is not None
         span, token = recorder.start(self.span_name, attributes)
-        return span, (token, ENCLOSING_ROLLOUT.set(True)), rollout_id is not None
+        # Only a recorded span encloses: an unsampled one produces no duration point, so
+        # a rollout inside it must stay the outermost (and keep its point).
+        enclosing = ENCLOSING_ROLLOUT.set(True) if span.is_recording() else None
+        return span, (token, enclosing), rollout_id is not None
 
     def finish(self, span: Span, token: object, had_rollout_id: bool, result: Any = None) -> None:
         """End the span after the handler returned ``result``.
@@ -284,9 +295,10 @@ class _Site:
     ) -> None:
         try:
             if self.rollout:
-                pair = cast(tuple[object, Token[bool]], token)
+                pair = cast(tuple[object, Token[bool] | None], token)
                 token = pair[0]
-                ENCLOSING_ROLLOUT.reset(pair[1])
+                if pair[1] is not None:
+                    ENCLOSING_ROLLOUT.reset(pair[1])
             _detach(token)  # type: ignore[arg-type]
             if not had_rollout_id:
                 # The handler may have set the id itself and left it set.
@@ -443,7 +455,8 @@ def traced_rollout_endpoint(handler: _F, static_attributes: dict[str, Any] | Non
     in-band failure markers (``gym_telemetry.outcomes``: an episode ``failure``, a
     masked or failure-classed row, a relayed response with status >= 500): status
     ERROR and ``error.type`` = the failure kind. A rollout span started inside another
-    rollout (``ENCLOSING_ROLLOUT``) carries ``nemo.gym.rollout.nested=true``.
+    recorded rollout span (``ENCLOSING_ROLLOUT``) carries
+    ``nemo.gym.rollout.nested=true``.
     """
     wrapped = _wrap(
         semconv.GROUP_ROLLOUT,

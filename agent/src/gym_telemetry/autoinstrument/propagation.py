@@ -6,7 +6,15 @@ also carries it as W3C baggage, key ``nemo.gym.rollout.id``, and the receiving s
 restores it into the rollout-correlation ContextVar (Gym's own), where every span of
 that request -- and Gym's own code -- finds it.
 
-Only that one baggage key is written and read; other baggage members in an incoming
+A hop made while a recorded ``gym.rollout`` span encloses the code
+(``endpoints.ENCLOSING_ROLLOUT``) also carries the baggage member
+``nemo.gym.rollout.outer=1``: the receiving server's SERVER layer sets
+``ENCLOSING_ROLLOUT`` for that request, so a ``/run`` relayed from inside a recorded
+rollout marks its own span nested. Without a recorded outer span (rollout group off on
+the caller, a plain client) the member is not written, and the inner ``/run`` stays the
+outermost rollout.
+
+Only those two baggage keys are written and read; other baggage members in an incoming
 header are ignored, and an outgoing header that already has baggage keeps it. A rollout
 id that does not look like one (Gym's pattern: letters, digits, ``.``, ``_``, ``-``,
 not starting with ``.``/``_``/``-``; at most ``MAX_ROLLOUT_ID_CHARS``) is ignored.
@@ -31,9 +39,14 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import rollout_correlation
+from gym_telemetry.endpoints import ENCLOSING_ROLLOUT
 
 #: The baggage key carrying the rollout id (same name as the span attribute).
 BAGGAGE_KEY: Final = semconv.ROLLOUT_ID
+#: The baggage key marking a hop made inside a recorded ``gym.rollout`` span.
+OUTER_BAGGAGE_KEY: Final = "nemo.gym.rollout.outer"
+#: The member written for it (the only value read as true).
+OUTER_BAGGAGE_MEMBER: Final = OUTER_BAGGAGE_KEY + "=1"
 #: Longest rollout id accepted from the wire.
 MAX_ROLLOUT_ID_CHARS: Final = 256
 #: Gym's URL prefix for rollout-scoped calls: ``/ng-rollout/<id>/...``.
@@ -41,6 +54,7 @@ ROLLOUT_PATH_PREFIX: Final = "/ng-rollout/"
 
 _ROLLOUT_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _BAGGAGE_KEY_BYTES: Final = BAGGAGE_KEY.encode()
+_OUTER_KEY_BYTES: Final = OUTER_BAGGAGE_KEY.encode()
 _TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
 # The common ``traceparent`` form (version 00, no tracestate) is parsed here; anything
 # else goes through the SDK propagator. Same acceptance rules for that form.
@@ -81,6 +95,24 @@ def rollout_id_from_baggage(header: bytes) -> str | None:
     return None
 
 
+def outer_rollout_in_baggage(header: bytes) -> bool:
+    """Whether a W3C ``baggage`` header value carries ``nemo.gym.rollout.outer=1``.
+
+    One substring test when the key is absent (the common case). Never raises.
+    """
+    if _OUTER_KEY_BYTES not in header:
+        return False
+    try:
+        text = header.decode("latin-1")
+    except Exception:  # bad bytes from the wire: ignore the header
+        return False
+    for member in text.split(","):
+        key, sep, rest = member.partition("=")
+        if sep and key.strip() == OUTER_BAGGAGE_KEY:
+            return rest.split(";", 1)[0].strip() == "1"
+    return False
+
+
 def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | None:
     """The remote parent context from a ``traceparent`` header, or None when invalid."""
     if not tracestate:
@@ -101,8 +133,18 @@ def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | No
     return context
 
 
+def _add_member(headers: MutableMapping[str, str], key: str, member: str) -> None:
+    existing = headers.get("baggage")
+    if existing and key not in existing:
+        headers["baggage"] = f"{existing},{member}"
+    elif not existing:
+        headers["baggage"] = member
+
+
 def inject(headers: MutableMapping[str, str]) -> None:
-    """Write ``traceparent`` (+``tracestate``) of the current span and the rollout baggage.
+    """Write ``traceparent`` (+``tracestate``) of the current span and the rollout baggage:
+    the rollout id, and ``nemo.gym.rollout.outer=1`` while a recorded rollout span
+    encloses the caller (``ENCLOSING_ROLLOUT``).
 
     Writes no trace context when there is no valid current span. Never raises for a
     missing rollout id; the caller guards against other failures.
@@ -110,9 +152,6 @@ def inject(headers: MutableMapping[str, str]) -> None:
     _TRACE_CONTEXT.inject(headers)
     rollout_id = rollout_correlation.current_rollout_id()
     if rollout_id and valid_rollout_id(rollout_id):
-        member = f"{BAGGAGE_KEY}={rollout_id}"
-        existing = headers.get("baggage")
-        if existing and BAGGAGE_KEY not in existing:
-            headers["baggage"] = f"{existing},{member}"
-        elif not existing:
-            headers["baggage"] = member
+        _add_member(headers, BAGGAGE_KEY, f"{BAGGAGE_KEY}={rollout_id}")
+    if ENCLOSING_ROLLOUT.get():
+        _add_member(headers, OUTER_BAGGAGE_KEY, OUTER_BAGGAGE_MEMBER)

@@ -37,10 +37,15 @@ learns it from the request body, after the SERVER span started).
 aviary, toolsandbox, osworld): their reward comes from ``/step``, not ``/verify``.
 
 Spans the route hook adds carry ``nemo.gym.server.name`` (the Gym server's config name),
-as the spans of Gym's base-class call sites do. A ``/run`` whose request carried a
-rollout id from upstream (baggage or ``/ng-rollout/<id>/``: a relay such as
-``legacy_agent`` called it from inside its own rollout) runs with
-``endpoints.ENCLOSING_ROLLOUT`` set, so its ``gym.rollout`` span is marked nested.
+as the spans of Gym's base-class call sites do.
+
+A ``/run`` is marked nested only when a *recorded* ``gym.rollout`` span encloses it:
+in this process (``endpoints.ENCLOSING_ROLLOUT``, set by the rollout wrapper), or
+upstream, when the request's baggage carries ``nemo.gym.rollout.outer=1`` (written by
+``propagation.inject`` inside a recorded rollout; the SERVER layer sets
+``ENCLOSING_ROLLOUT`` from it). A rollout id arriving by baggage or by the
+``/ng-rollout/<id>/`` prefix alone does not: the caller may have recorded no rollout.
+Sync and async ``/run`` handlers are treated alike.
 """
 
 from __future__ import annotations
@@ -88,8 +93,6 @@ _MODEL_ROUTES: Final[dict[str, str]] = {
 }
 _ENABLED: Final = span_groups.ENABLED
 _SERVER: Final = semconv.GROUP_SERVER
-_WIRE_ROLLOUT_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
-_ENCLOSING: Final = endpoints.ENCLOSING_ROLLOUT
 
 
 def normalise_path(path: str) -> str:
@@ -151,19 +154,29 @@ def tag_server_span() -> None:
     span.set_attribute(semconv.ROLLOUT_ID, rollout_id)
 
 
+def _tag() -> None:
+    if _SERVER in _ENABLED.groups:
+        try:
+            tag_server_span()
+        except Exception:  # tagging is best effort
+            _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
+
+
 def _tagging(traced: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap an (async) traced handler so the SERVER span gets the rollout id first."""
-    if not inspect.iscoroutinefunction(traced):
-        return traced
+    """Wrap a traced handler (sync or async) so the SERVER span gets the rollout id first."""
+    if inspect.iscoroutinefunction(traced):
+
+        @functools.wraps(traced)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            _tag()
+            return await traced(*args, **kwargs)
+
+        return async_wrapper
 
     @functools.wraps(traced)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _SERVER in _ENABLED.groups:
-            try:
-                tag_server_span()
-            except Exception:  # tagging is best effort
-                _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
-        return await traced(*args, **kwargs)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _tag()
+        return traced(*args, **kwargs)
 
     return wrapper
 
@@ -183,9 +196,7 @@ def traced_rollout_endpoint(handler: Any, static_attributes: dict[str, Any] | No
     body with Gym's own rule, as telemetry's id, before the rollout span starts.
     """
     inner = _tagging(endpoints.traced_rollout_endpoint(handler, static_attributes))
-    if inspect.iscoroutinefunction(inner):
-        inner = _with_body_rollout(inner)
-    return _mark(inner, semconv.GROUP_ROLLOUT)
+    return _mark(_with_body_rollout(inner), semconv.GROUP_ROLLOUT)
 
 
 def traced_verify_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
@@ -214,6 +225,15 @@ def _id_from(value: Any) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
+def _rollout_id_from_models(kwargs: dict[str, Any]) -> str | None:
+    """The rollout id of a ``/run``'s parsed request models, or None."""
+    for value in kwargs.values():
+        found = _id_from(value)
+        if found is not None:
+            return found
+    return None
+
+
 async def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
     """The rollout id of a ``/run`` body (Gym's rule, or an episode's capture key).
 
@@ -221,10 +241,9 @@ async def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
     (Gym's ``legacy_agent`` relay) has its JSON body read -- Starlette caches it, so
     the handler reads the same bytes -- when it is at most ``MAX_RAW_BODY_BYTES``.
     """
-    for value in kwargs.values():
-        found = _id_from(value)
-        if found is not None:
-            return found
+    found = _rollout_id_from_models(kwargs)
+    if found is not None:
+        return found
     for value in kwargs.values():
         if not (hasattr(value, "body") and hasattr(value, "headers")):
             continue
@@ -242,32 +261,41 @@ async def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
 
 
 def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
-    """Set the rollout id from the ``/run`` body before the rollout span starts."""
+    """Set the rollout id from the ``/run`` body before the rollout span starts.
 
-    @functools.wraps(traced)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _ENABLED.groups:
-            return await traced(*args, **kwargs)
-        if _WIRE_ROLLOUT_ID.get() is not None and not _ENCLOSING.get():
-            # Telemetry's own id is set by the SERVER layer from the request's baggage or
-            # /ng-rollout/<id>/ prefix (or by an enclosing /run of this process, which
-            # already set ENCLOSING_ROLLOUT): an upstream rollout called this /run. Gym's
-            # own ContextVar (capture on) is not looked at: it is set for top-level runs.
-            token = _ENCLOSING.set(True)
-            try:
+    Only when no id is known yet (Gym's, or telemetry's from the hop). A sync handler
+    gets the id from its parsed request models (a raw ``Request`` body can only be read
+    by awaiting). Whether the span is nested is not decided here (module doc).
+    """
+    if inspect.iscoroutinefunction(traced):
+
+        @functools.wraps(traced)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _ENABLED.groups or rollout_correlation.current_rollout_id() is not None:
                 return await traced(*args, **kwargs)
-            finally:
-                _ENCLOSING.reset(token)
-        rollout_id = None
-        if rollout_correlation.current_rollout_id() is None:
             try:
                 rollout_id = await _rollout_id_from_body(kwargs)
             except Exception:  # best effort
                 rollout_id = None
+            if rollout_id is None:
+                return await traced(*args, **kwargs)
+            with rollout_correlation.own_rollout_context(rollout_id):
+                return await traced(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(traced)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _ENABLED.groups or rollout_correlation.current_rollout_id() is not None:
+            return traced(*args, **kwargs)
+        try:
+            rollout_id = _rollout_id_from_models(kwargs)
+        except Exception:  # best effort
+            rollout_id = None
         if rollout_id is None:
-            return await traced(*args, **kwargs)
+            return traced(*args, **kwargs)
         with rollout_correlation.own_rollout_context(rollout_id):
-            return await traced(*args, **kwargs)
+            return traced(*args, **kwargs)
 
     return wrapper
 

@@ -11,7 +11,10 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    ``baggage``. The rollout id comes from a ``/ng-rollout/<id>/`` path prefix, else from
    the ``nemo.gym.rollout.id`` baggage member; when found it is telemetry's rollout id
    for the whole request (``rollout_correlation.ROLLOUT_ID_VAR``, read as the fallback
-   when Gym has no id; Gym's own ContextVar is not touched).
+   when Gym has no id; Gym's own ContextVar is not touched). A ``nemo.gym.rollout.outer=1``
+   baggage member (the caller made the hop inside a recorded ``gym.rollout`` span) sets
+   ``endpoints.ENCLOSING_ROLLOUT`` for the request, so a ``/run`` it reaches -- sync or
+   async -- is marked nested.
 3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
@@ -48,9 +51,11 @@ from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
     ROLLOUT_PATH_PREFIX,
     extract_parent,
+    outer_rollout_in_baggage,
     rollout_id_from_baggage,
     rollout_id_from_path,
 )
+from gym_telemetry.endpoints import ENCLOSING_ROLLOUT
 from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
 
 _log = logging.getLogger(__name__)
@@ -68,6 +73,7 @@ _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
 _ROLLOUT_VAR: Final = rollout_correlation.ROLLOUT_ID_VAR
+_ENCLOSING: Final = ENCLOSING_ROLLOUT
 _SERVER: Final = SpanKind.SERVER
 
 
@@ -148,14 +154,34 @@ class ServerSpanMiddleware:
                 elif key == b"tracestate":
                     tracestate = value
             rollout_id = rollout_id_from_path(scope["path"])
-            if rollout_id is None and baggage is not None:
-                rollout_id = rollout_id_from_baggage(baggage)
+            outer = False
+            if baggage is not None:
+                if rollout_id is None:
+                    rollout_id = rollout_id_from_baggage(baggage)
+                outer = outer_rollout_in_baggage(baggage)
             parent = extract_parent(traceparent, tracestate) if traceparent else None
         except Exception:  # bad headers must not fail the request
             _record_failure("header parsing")
             await self.app(scope, receive, send)
             return
         scope[SCOPE_MARKER] = True
+        if outer:
+            token = _ENCLOSING.set(True)
+            try:
+                await self._serve(scope, receive, send, parent, rollout_id)
+            finally:
+                _ENCLOSING.reset(token)
+        else:
+            await self._serve(scope, receive, send, parent, rollout_id)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        parent: context_api.Context | None,
+        rollout_id: str | None,
+    ) -> None:
         if _GROUP not in _ENABLED.groups:
             await self._without_span(scope, receive, send, parent, rollout_id)
         else:
@@ -222,7 +248,8 @@ class RolloutCorrelationMiddleware:
 
     It sits inside that instrumentation's span and changes no trace context: it only
     makes the rollout id from the ``/ng-rollout/<id>/`` prefix or the baggage member
-    telemetry's rollout id for the request, so the route spans still carry it.
+    telemetry's rollout id for the request, so the route spans still carry it, and
+    honours the outer-rollout baggage marker (``ENCLOSING_ROLLOUT``) the same way.
     """
 
     __slots__ = ("app",)
@@ -232,17 +259,26 @@ class RolloutCorrelationMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rollout_id = None
+        outer = False
         if RUNTIME.active and scope["type"] == "http":
             try:
                 rollout_id = rollout_id_from_path(scope["path"])
-                if rollout_id is None:
-                    for key, value in scope["headers"]:
-                        if key == b"baggage":
+                for key, value in scope["headers"]:
+                    if key == b"baggage":
+                        if rollout_id is None:
                             rollout_id = rollout_id_from_baggage(value)
-                            break
+                        outer = outer_rollout_in_baggage(value)
+                        break
             except Exception:  # bad headers must not fail the request
                 _record_failure("header parsing")
-        await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+        if not outer:
+            await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+            return
+        token = _ENCLOSING.set(True)
+        try:
+            await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+        finally:
+            _ENCLOSING.reset(token)
 
 
 async def _call_with_rollout_id(
