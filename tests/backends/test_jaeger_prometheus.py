@@ -241,6 +241,9 @@ def test_trace_holds_all_three_services_with_cross_process_edges(run: Run) -> No
             parent = trace.parent(span)
             assert parent is not None and parent.kind == "client", span
             assert parent.service == service(AGENT), span
+            # named by the HTTP semconv: "{method} {url.template}", the server's route
+            assert parent.operation == f"POST {parent.tags[semconv.URL_TEMPLATE]}", parent
+            assert parent.operation.endswith(span.operation.split(" ", 1)[1]), parent
             crossings += span.service != parent.service
         # the model twice, the resources server for the tool call, seeding and /verify
         assert crossings >= 5, rollout_id
@@ -292,6 +295,11 @@ def test_failed_verifications_are_marked_as_errors_and_found_by_error_type(run: 
         assert verify.service == service(FAILING_RESOURCES)
         [rollout] = trace.named(semconv.SPAN_ROLLOUT)
         assert rollout.tags["error"] is True
+        # the agent's hop that got the 500 is red too (HTTP semconv: 5xx = ERROR)
+        route = trace.parent(verify)
+        call = trace.parent(route) if route is not None else None
+        assert call is not None and call.kind == "client", verify
+        assert call.tags["error"] is True and call.tags[semconv.ERROR_TYPE] == "500"
     for rollout_id in run.ok:
         assert True not in run.traces[rollout_id].tag_values("error"), rollout_id
     # the attribute is on the verify span, so the search names the resources server

@@ -42,6 +42,7 @@ CONCURRENCY = 5
 FAILING_ROLLOUTS = 2
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+ROLLOUT_TEMPLATE = "/ng-rollout/{rollout_id}"
 
 
 def service(name: str) -> str:
@@ -195,6 +196,12 @@ def test_parent_child_edges_across_processes(run: Run) -> None:
             assert parent is not None and parent.span.kind == CLIENT, span.span.name
             assert parent.resource[semconv.SERVICE_NAME] == service(AGENT)
             assert trace.is_descendant(span, rollout)
+            # the CLIENT span is named "{method} {url.template}" (HTTP semconv); its route
+            # is the server's, with the rollout prefix (if any) as a template
+            template = parent.attributes[semconv.URL_TEMPLATE]
+            assert parent.span.name == f"POST {template}", parent.span.name
+            assert template.removeprefix(ROLLOUT_TEMPLATE) == span.span.name.split(" ", 1)[1]
+            assert parent.span.status.code == parent.span.status.STATUS_CODE_UNSET
         model_calls = trace.named("gym.model.responses")
         assert len(model_calls) == 2  # tool call turn, then the final message
         for call in model_calls:
@@ -241,6 +248,14 @@ def test_raising_verifier_is_a_failed_verification(run: Run) -> None:
         [rollout] = trace.named(semconv.SPAN_ROLLOUT)
         assert trace.is_descendant(verify, rollout)
         assert rollout.span.status.code == rollout.span.status.STATUS_CODE_ERROR
+        # the agent's hop to /verify answered 500: its CLIENT span is an error (HTTP semconv)
+        route = trace.parent(verify)
+        call = trace.parent(route) if route is not None else None
+        assert call is not None and call.span.kind == CLIENT
+        assert call.span.name.startswith("POST ") and call.span.name.endswith("/verify")
+        assert call.attributes[semconv.HTTP_RESPONSE_STATUS_CODE] == 500
+        assert call.attributes[semconv.ERROR_TYPE] == "500"
+        assert call.span.status.code == call.span.status.STATUS_CODE_ERROR
 
 
 def _series_totals(points: list[Any], value: Callable[[Any], int]) -> dict[Any, int]:

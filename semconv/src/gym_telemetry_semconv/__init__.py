@@ -44,7 +44,9 @@ from gym_telemetry_semconv.attributes import (
     SPAN_ENV_STEP,
     SPAN_ROLLOUT,
     SPAN_VERIFY,
+    URL_FULL,
     URL_PATH,
+    URL_TEMPLATE,
     VERIFY_SUCCEEDED,
 )
 from gym_telemetry_semconv.metrics import (
@@ -125,7 +127,9 @@ __all__ = [
     "SPAN_GROUPS_PATH",
     "SPAN_ROLLOUT",
     "SPAN_VERIFY",
+    "URL_FULL",
     "URL_PATH",
+    "URL_TEMPLATE",
     "VERIFY_SUCCEEDED",
     "Mode",
     "ParsedSpec",

@@ -65,7 +65,7 @@ def _emit(endpoint: str, base_ns: int) -> None:
             semconv.SPAN_ROLLOUT, ctx, start_time=start, attributes={semconv.ROLLOUT_ID: rid}
         )
         call = client.start_span(
-            "HTTP POST",
+            "POST /verify",  # the agent's CLIENT span, named by the HTTP semconv
             trace.set_span_in_context(rollout),
             kind=SpanKind.CLIENT,
             start_time=end - 3_000_000,
@@ -183,11 +183,11 @@ def test_trace_by_rollout_id_and_trace_id_prefix(store: Store) -> None:
     for name in (
         "POST /run",
         semconv.SPAN_ROLLOUT,
-        "HTTP POST",
         "POST /verify",
         semconv.SPAN_VERIFY,
     ):
         assert name in text
+    assert text.count("POST /verify") == 2  # the agent's CLIENT span and the SERVER span
     assert "⇢ weather_tool" in text  # the cross-process edge: client -> resources server
     assert "error.type=VerifierCrash" in text
     assert "5 spans" in text

@@ -68,7 +68,7 @@ def trace_request(rollouts: list[Rollout]) -> ExportTraceServiceRequest:
         run.kind = Span.SpanKind.SPAN_KIND_SERVER
         set_attrs(run.attributes, {"http.route": "/run", **extra})
         for i in range(r.extra_spans):
-            child = _span(agent_server, r.trace_id, run.span_id, "HTTP POST", r.start_ns, end)
+            child = _span(agent_server, r.trace_id, run.span_id, f"POST /s{i}", r.start_ns, end)
             child.kind = Span.SpanKind.SPAN_KIND_CLIENT
             set_attrs(child.attributes, {"http.request.method": "POST", "url.path": f"/s{i}"})
         rollout = _span(
@@ -77,7 +77,9 @@ def trace_request(rollouts: list[Rollout]) -> ExportTraceServiceRequest:
         set_attrs(rollout.attributes, {semconv.ROLLOUT_ID: r.rollout_id, **extra})
         if not r.verify_ok:
             rollout.status.code = Status.STATUS_CODE_ERROR
-        call = _span(agent_server, r.trace_id, rollout.span_id, "HTTP POST", end - 2_000_000, end)
+        call = _span(
+            agent_server, r.trace_id, rollout.span_id, "POST /verify", end - 2_000_000, end
+        )
         call.kind = Span.SpanKind.SPAN_KIND_CLIENT
         verify_route = _span(
             res_server, r.trace_id, call.span_id, "POST /verify", end - 1_900_000, end - 100_000

@@ -14,8 +14,10 @@ before any Gym module imports them -- no Gym file is edited:
   ``server_span.ServerSpanMiddleware`` instead, so this reports False).
 
 Every span goes through the tracer of its span group (``span_groups.tracer_for``, scope
-``gym_telemetry.<group>``); the CLIENT span uses group ``http_client``. The gate is the
-same process-wide frozenset the endpoint wrappers read.
+``gym_telemetry.<group>``); the CLIENT span uses group ``http_client`` and is named and
+given its status (ERROR for a 4xx/5xx response) by the HTTP semantic conventions as it
+ends (``client_span``). The gate is the same process-wide frozenset the endpoint
+wrappers read.
 """
 
 from __future__ import annotations
@@ -87,17 +89,22 @@ def safe_set_span_attributes(
 
 
 @contextmanager
-def _current(span: Span) -> Iterator[Span]:
+def _current(span: Span, before_end: Callable[[Span, bool], None] | None = None) -> Iterator[Span]:
+    """``span`` current while the block runs; ``before_end(span, raised)`` runs before end."""
     token = context_api.attach(trace.set_span_in_context(span))
+    raised = False
     try:
         yield span
     except BaseException as exc:
+        raised = True
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
         raise
     finally:
         context_api.detach(token)
+        if before_end is not None:
+            before_end(span, raised)
         span.end()
 
 
@@ -161,17 +168,116 @@ def trace_fn(group: str, name: str, tracer: Any = None) -> Callable[[Any], Any]:
     return decorator
 
 
+#: Methods a client span name may carry (the semconv's known methods); others read ``HTTP``.
+KNOWN_METHODS: Final = frozenset(
+    ("CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+)
+#: Most path segments (after the rollout prefix) a client span name may carry.
+MAX_ROUTE_SEGMENTS: Final = 4
+#: Longest path (after the rollout prefix) a client span name may carry.
+MAX_ROUTE_CHARS: Final = 128
+#: What the high-cardinality ``/ng-rollout/<id>`` prefix reads as in a template.
+ROLLOUT_ROUTE_TEMPLATE: Final = propagation.ROLLOUT_PATH_PREFIX + "{rollout_id}"
+
+
+def _route_segment(segment: str) -> bool:
+    """Whether one path segment looks like a route name (``verify``, ``v1``), not an id.
+
+    Letters with ``_``/``-`` between them, or a version ``v<digits>``. Anything with other
+    digits (ids, hashes, counters) is refused: it could make one name per value.
+    """
+    if not segment or not segment.isascii():
+        return False
+    if segment[0] == "v" and segment[1:].isdigit():
+        return True
+    return segment.replace("_", "").replace("-", "").isalpha()
+
+
+def url_template(url: str) -> str | None:
+    """The low-cardinality route template of a hop's URL, or None when it has none.
+
+    ``http://h:1/ng-rollout/<id>/v1/responses`` -> ``/ng-rollout/{rollout_id}/v1/responses``;
+    ``http://h:1/verify`` -> ``/verify``. Only a Gym server route shape qualifies: no
+    query or fragment, at most ``MAX_ROUTE_SEGMENTS`` segments and ``MAX_ROUTE_CHARS``
+    characters after the rollout prefix, every segment a route name (``_route_segment``).
+    String checks only (no regex): this runs once per hop.
+    """
+    if "?" in url or "#" in url:
+        return None
+    _, sep, rest = url.partition("://")
+    if sep:
+        slash = rest.find("/")
+        if slash == -1:
+            return None
+        path = rest[slash:]
+    else:
+        path = url
+    prefix = ""
+    if path.startswith(propagation.ROLLOUT_PATH_PREFIX):
+        start = len(propagation.ROLLOUT_PATH_PREFIX)
+        slash = path.find("/", start)
+        if slash <= start:  # no id, or nothing after it
+            return None
+        prefix = ROLLOUT_ROUTE_TEMPLATE
+        path = path[slash:]
+    if not path.startswith("/") or len(path) > MAX_ROUTE_CHARS:
+        return None
+    segments = path[1:].split("/", MAX_ROUTE_SEGMENTS)
+    if len(segments) > MAX_ROUTE_SEGMENTS or not all(map(_route_segment, segments)):
+        return None
+    return prefix + path
+
+
+def _finish_client_span(span: Span, raised: bool) -> None:
+    """Name the CLIENT span and set its status from what the hop recorded on it.
+
+    Gym opens the span (named ``HTTP <method>``) before it sets ``url.full`` and the
+    response status, so both are applied here, just before the span ends:
+
+    - name ``{method} {url.template}`` with ``url.template`` set when the URL has a
+      route template (``url_template``), else ``{method}``;
+    - status ERROR with ``error.type`` = the status code for a 4xx/5xx response (an
+      exception already set both, with the exception's type).
+
+    Spans without ``http.request.method`` and ``url.full`` keep their name. Never raises.
+    """
+    try:
+        attributes = getattr(span, "attributes", None)
+        if not attributes:  # a non-recording span
+            return
+        method = attributes.get(semconv.HTTP_REQUEST_METHOD)
+        url = attributes.get(semconv.URL_FULL)
+        if isinstance(method, str) and isinstance(url, str):
+            if method not in KNOWN_METHODS:
+                method = "HTTP"
+            template = url_template(url)
+            if template is None:
+                span.update_name(method)
+            else:
+                span.set_attribute(semconv.URL_TEMPLATE, template)
+                span.update_name(f"{method} {template}")
+        status = attributes.get(semconv.HTTP_RESPONSE_STATUS_CODE)
+        if not raised and type(status) is int and status >= 400:
+            # no description: the status code says it (HTTP semconv)
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute(semconv.ERROR_TYPE, str(status))
+    except Exception:  # naming and status are best effort
+        _log.debug("gym_telemetry: could not finish a client span", exc_info=True)
+
+
 @contextmanager
 def client_span(name: str, tracer: Any = None, **attributes: Any) -> Iterator[Span]:
     """A CLIENT span of group ``http_client``, current while the block runs.
 
-    Gym gates the call site on ``http_client`` itself, so this always records.
+    Gym gates the call site on ``http_client`` itself, so this always records. Before
+    the span ends it is named and its status set from its attributes
+    (``_finish_client_span``): ``POST /verify``, ERROR for a 4xx/5xx response.
     """
     span = span_groups.tracer_for(semconv.GROUP_HTTP_CLIENT).start_span(
         name, kind=SpanKind.CLIENT, attributes=_with_rollout({})
     )
     safe_set_span_attributes(span, attributes)
-    with _current(span):
+    with _current(span, _finish_client_span):
         yield span
 
 
