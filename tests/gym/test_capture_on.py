@@ -65,5 +65,18 @@ def test_capture_on_one_trace_per_rollout(gym_python: Path, tmp_path: Path) -> N
                 "POST /verify",
             ]
         )
+        # each hop's CLIENT span is named "{method} {url.template}" (HTTP semconv), the
+        # rollout prefix templated; its route is the one the server dispatched to
+        prefixed = 0
+        for span in trace.spans:
+            parent = trace.parent(span)
+            if span.span.kind != SERVER or parent is None:
+                continue
+            template = parent.attributes[semconv.URL_TEMPLATE]
+            assert parent.span.name == f"POST {template}", parent.span.name
+            route = template.removeprefix("/ng-rollout/{rollout_id}")
+            prefixed += route != template
+            assert span.span.name.endswith(route), (span.span.name, template)
+        assert prefixed >= 3, rollout_id  # the model calls and the agent's own route
         [verify] = trace.named(semconv.SPAN_VERIFY)
         assert verify.attributes[semconv.VERIFY_SUCCEEDED] is True
