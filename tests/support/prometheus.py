@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gym_telemetry_demo.procs import log_tail, stop_process
 
 from tests.support.ports import free_port, wait_listening
 from tests.support.wait import wait_for
@@ -196,22 +196,10 @@ class PrometheusServer:
         return [t["health"] for t in self.api("targets")["activeTargets"]]
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, chars)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
+        return stop_process(self.proc, grace_s=30)
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

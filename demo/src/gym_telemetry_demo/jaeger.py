@@ -22,7 +22,6 @@ UI's own pages are not in the Go module (a module build serves a placeholder pag
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any, Final
 import yaml
 
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.procs import log_tail, stop_process
 
 #: The first build downloads and compiles a few hundred Go modules.
 BUILD_TIMEOUT_S: Final = 3600
@@ -293,22 +293,10 @@ class JaegerServer:
         return f"{self.query_url}/api/traces?{query}"
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, chars)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
+        return stop_process(self.proc, grace_s=20)
 
     def __enter__(self) -> JaegerServer:
         return self.start()
