@@ -158,7 +158,45 @@ class Sidecar:
             raise RuntimeError(f"sidecar exited with {code}: {self.proc.log_text()[-2000:]}")
 
 
-class Rotel:
+class _ChildCollector:
+    """A collector run as a child process writing to ``<workdir>/<name>.out``, listening on
+    ``grpc_port`` and ``http_port``; the start and stop that Rotel and Jaeger share."""
+
+    workdir: Path
+    grpc_port: int
+    http_port: int
+    proc: subprocess.Popen[bytes] | None
+    pid: int | None
+
+    def _launch(self, cmd: list[str], name: str, timeout_s: float) -> None:
+        """Start ``cmd`` and wait until both ports listen; on timeout stop it and raise."""
+        with (self.workdir / f"{name}.out").open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        try:
+            wait_listening(self.grpc_port, timeout_s=timeout_s)
+            wait_listening(self.http_port, timeout_s=timeout_s)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"{name} did not start; see {self.workdir}") from None
+
+    def stop(self) -> None:
+        self._terminate()
+
+    def _terminate(self) -> bool:
+        """SIGTERM, then SIGKILL after 15 s. False when there was no running process."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return True
+
+
+class Rotel(_ChildCollector):
     """rotel (PyPI) with its OTLP exporter pointed at the sink."""
 
     def __init__(
@@ -200,25 +238,7 @@ class Rotel:
             "--log-file",
             str(self.workdir / "rotel.log"),
         ]
-        with (self.workdir / "rotel.out").open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        try:
-            wait_listening(self.grpc_port, timeout_s=20)
-            wait_listening(self.http_port, timeout_s=20)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"rotel did not start; see {self.workdir}") from None
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self._launch(cmd, "rotel", timeout_s=20)
 
 
 JAEGER_MODULE_VERSION = "v1.76.0"
@@ -247,7 +267,7 @@ def jaeger_binary() -> Path:
     raise RuntimeError("no Jaeger v2 binary; build it first (set GYM_BENCH_JAEGER=<path>)")
 
 
-class Jaeger:
+class Jaeger(_ChildCollector):
     """Jaeger v2 as an OpenTelemetry Collector: otlp receiver -> batch -> otlp(http) exporter."""
 
     def __init__(
@@ -294,23 +314,8 @@ class Jaeger:
 
     def start(self) -> None:
         cmd = [str(self.binary), "--config", str(self.config_path)]
-        with (self.workdir / "jaeger.out").open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        try:
-            wait_listening(self.grpc_port, timeout_s=30)
-            wait_listening(self.http_port, timeout_s=30)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"jaeger did not start; see {self.workdir}") from None
+        self._launch(cmd, "jaeger", timeout_s=30)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._terminate():
+            shutil.rmtree(self.workdir, ignore_errors=True)
