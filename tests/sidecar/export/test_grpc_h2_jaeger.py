@@ -1,98 +1,39 @@
 """Interop of the h2 gRPC exporter with a real grpc-go server: Jaeger v2 (built from the
-Go module proxy by the real-backends tooling) with memory storage, checked through
+Go module proxy by the real-backends tooling on first use, minutes; cached after) with
+memory storage, run by :class:`tests.support.jaeger.JaegerServer` and checked through
 Jaeger's own HTTP query API. Plain and gzip (compressed-flagged messages)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
 
 from tests.sidecar.export.helpers import run, trace_request
-from tests.support.ports import free_port, wait_listening
+from tests.support.jaeger import JaegerServer, jaeger_binary
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.peer
 
-_CANDIDATES = (
-    os.environ.get("GYM_TELEMETRY_JAEGER", ""),
-    str(Path("~/.cache/gym-telemetry/peers/jaeger-v1.76.0/bin/jaeger").expanduser()),
-)
-
-
-def _binary() -> Path | None:
-    for c in _CANDIDATES:
-        if c and os.access(c, os.X_OK):
-            return Path(c)
-    return None
-
 
 @pytest.fixture(scope="module")
 def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(OTLP/gRPC URL, query API base URL) of a Jaeger with memory storage."""
-    binary = _binary()
-    if binary is None:
-        pytest.skip("no Jaeger v2 binary (built by the real-backends tooling) on this machine")
-    grpc_port, http_port, query_port, query_grpc = (free_port() for _ in range(4))
-    config = {
-        "service": {
-            "extensions": ["jaeger_storage", "jaeger_query"],
-            "pipelines": {
-                "traces": {
-                    "receivers": ["otlp"],
-                    "processors": ["batch"],
-                    "exporters": ["jaeger_storage_exporter"],
-                }
-            },
-            "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}},
-        },
-        "extensions": {
-            "jaeger_query": {
-                "storage": {"traces": "mem"},
-                "http": {"endpoint": f"127.0.0.1:{query_port}"},
-                "grpc": {"endpoint": f"127.0.0.1:{query_grpc}"},
-            },
-            "jaeger_storage": {"backends": {"mem": {"memory": {"max_traces": 10000}}}},
-        },
-        "receivers": {
-            "otlp": {
-                "protocols": {
-                    "grpc": {"endpoint": f"127.0.0.1:{grpc_port}"},
-                    "http": {"endpoint": f"127.0.0.1:{http_port}"},
-                }
-            }
-        },
-        "processors": {"batch": {"timeout": "100ms"}},
-        "exporters": {"jaeger_storage_exporter": {"trace_storage": "mem"}},
-    }
-    work = tmp_path_factory.mktemp("jaeger")
-    (work / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    with (work / "jaeger.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), "--config", str(work / "config.yaml")], stdout=log, stderr=log
-        )
+    """(OTLP/gRPC URL, query API base URL) of a Jaeger with memory storage: the runner the
+    real-backends tier uses, with the binary it builds on first use (cached after)."""
     try:
-        wait_listening(grpc_port, timeout_s=60)
-        wait_listening(query_port, timeout_s=60)
-        yield f"http://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{query_port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        binary = jaeger_binary()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    with JaegerServer(tmp_path_factory.mktemp("jaeger"), binary) as server:
+        yield server.otlp_grpc_endpoint, server.query_url
 
 
 def _spans(query: str, service: str) -> list[dict[str, object]]:
