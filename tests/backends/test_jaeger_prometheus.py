@@ -33,7 +33,7 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from tests.gym.stack import GymStack, load_configs, post_json, run_body, telemetry_env
 from tests.support.jaeger import JaegerServer, JaegerTrace, same_trace_id
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
@@ -145,13 +145,7 @@ def run(
         ).start()
         admin = sidecar.admin_url.removeprefix("http://")
         prometheus = PrometheusServer(workdir / "prometheus", [admin], prometheus_bin).start()
-        env = {
-            "GYM_TELEMETRY": "1",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
-            "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
-            "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-        }
+        env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
         config = load_configs("stack.yaml", "failing_verifier.yaml")
         with GymStack(gym_python, config, SERVERS, env, workdir / "gym") as stack:
             ok, failing = _drive(stack)

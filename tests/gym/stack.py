@@ -31,6 +31,7 @@ from gym_telemetry_demo.gym_servers import (
     run_body,
     server_location,
     site_packages,
+    telemetry_env,
 )
 from gym_telemetry_demo.gym_servers import GymServers as GymStack
 
@@ -177,4 +178,5 @@ __all__ = [
     "run_body",
     "server_location",
     "site_packages",
+    "telemetry_env",
 ]

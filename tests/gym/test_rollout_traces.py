@@ -23,7 +23,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from tests.gym.stack import GymStack, load_configs, post_json, run_body, telemetry_env
 from tests.gym.traces import CLIENT, SERVER, Trace, by_rollout, traces
 from tests.sidecar.metrics.collect import Point, points
 from tests.support.sidecar_proc import SidecarProcess
@@ -73,13 +73,7 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             },
             log_dir=workdir,
         ).start()
-        env = {
-            "GYM_TELEMETRY": "1",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
-            "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
-            "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-        }
+        env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
         config = load_configs("stack.yaml", "failing_verifier.yaml")
         stack = GymStack(gym_python, config, SERVERS, env, workdir)
         try:

@@ -122,6 +122,19 @@ def load_configs(*names: str, repo: Path | None = None) -> dict[str, Any]:
     return merged
 
 
+def telemetry_env(otlp_endpoint: str, admin_url: str) -> dict[str, str]:
+    """The environment that turns the agent on in each Gym server: spans to the sidecar's
+    OTLP gRPC ``otlp_endpoint``, one trace per rollout, the sidecar's admin URL, and a
+    short batch delay (200 ms) so that spans reach the sidecar soon after each request."""
+    return {
+        "GYM_TELEMETRY": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
+        "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
+        "GYM_TELEMETRY_SIDECAR_ADMIN_URL": admin_url,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+
+
 def server_location(config: dict[str, Any], name: str) -> tuple[str, str, dict[str, Any]]:
     """(server-type dir, server dir, server block) of top-level server ``name``."""
     first = next(iter(config[name]))

@@ -25,7 +25,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gym_telemetry_demo.gym_servers import GymServers, load_configs, post_json, repo_root, run_body
+from gym_telemetry_demo.gym_servers import (
+    GymServers,
+    load_configs,
+    post_json,
+    repo_root,
+    run_body,
+    telemetry_env,
+)
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
 from gym_telemetry_demo.sidecar import SidecarChild
 
@@ -244,13 +251,7 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
-            env = {
-                "GYM_TELEMETRY": "1",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": sidecar.grpc_endpoint,
-                "GYM_TELEMETRY_SPAN_GROUPS": "per_rollout",
-                "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sidecar.admin_url,
-                "OTEL_BSP_SCHEDULE_DELAY": "200",
-            }
+            env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = GymServers(
                 python, gym_config, list(SERVERS), env, opts.workdir / "gym", repo=repo
