@@ -9,16 +9,15 @@ cleanly. The demo itself fetched that trace from Jaeger before printing the URL.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.demo import demo_env, run_demo
+
 pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
 
-REPO = Path(__file__).resolve().parents[2]
 ROLLOUTS = 6
 FAILING = 2
 
@@ -26,30 +25,15 @@ FAILING = 2
 def test_demo_prints_a_failed_rollouts_trace_url_in_jaeger(
     tmp_path: Path, jaeger_bin: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
-    env["COLUMNS"] = "200"
-    result = subprocess.run(
-        [
-            "bash",
-            str(REPO / "scripts" / "demo.sh"),
-            "--jaeger",
-            "--rollouts",
-            str(ROLLOUTS),
-            "--failing",
-            str(FAILING),
-            "--concurrency",
-            "3",
-            "--store-dir",
-            str(tmp_path / "store"),
-            "--workdir",
-            str(tmp_path / "work"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3500,
-        check=False,
+    result = run_demo(
+        extra_args=["--jaeger"],
+        rollouts=ROLLOUTS,
+        failing=FAILING,
+        concurrency=3,
+        store_dir=tmp_path / "store",
+        workdir=tmp_path / "work",
+        env=demo_env(),
+        timeout_s=3500,
     )
     out = result.stdout
     assert result.returncode == 0, out[-6000:] + result.stderr[-4000:]

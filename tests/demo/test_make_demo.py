@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.demo import demo_env, run_demo
+
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(2400)]
 
-REPO = Path(__file__).resolve().parents[2]
 ROLLOUTS = 12
 FAILING = 2
 
@@ -39,8 +40,7 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     tmp_path: Path,
 ) -> None:
     store_dir = tmp_path / "store"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
-    env["COLUMNS"] = "200"
+    env = demo_env()
     # the default demo needs no Go (only `--jaeger` builds Jaeger): any `go` it ran would
     # be this one, which fails
     no_go = tmp_path / "no-go"
@@ -49,27 +49,14 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     (no_go / "go").chmod(0o755)
     env["PATH"] = f"{no_go}{os.pathsep}{env.get('PATH', '')}"
     env.pop("GO", None)
-    result = subprocess.run(
-        [
-            "bash",
-            str(REPO / "scripts" / "demo.sh"),
-            "--rollouts",
-            str(ROLLOUTS),
-            "--failing",
-            str(FAILING),
-            "--concurrency",
-            "4",
-            "--store-dir",
-            str(store_dir),
-            "--workdir",
-            str(tmp_path / "work"),
-        ],
-        cwd=REPO,
+    result = run_demo(
+        rollouts=ROLLOUTS,
+        failing=FAILING,
+        concurrency=4,
+        store_dir=store_dir,
+        workdir=tmp_path / "work",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=2300,
-        check=False,
+        timeout_s=2300,
     )
     out = result.stdout
     assert result.returncode == 0, out[-6000:] + result.stderr[-4000:]
