@@ -33,7 +33,19 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body, telemetry_env
+from tests.gym.stack import (
+    AGENT,
+    FAILING_AGENT,
+    FAILING_RESOURCES,
+    MODEL,
+    RESOURCES,
+    SERVERS,
+    GymStack,
+    load_configs,
+    post_json,
+    run_body,
+    telemetry_env,
+)
 from tests.support.jaeger import JaegerServer, JaegerTrace, same_trace_id
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
@@ -41,12 +53,6 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
 
-MODEL = "policy_model"
-RESOURCES = "example_single_tool_call"
-AGENT = "example_single_tool_call_simple_agent"
-FAILING_RESOURCES = "failing_weather"
-FAILING_AGENT = "failing_weather_simple_agent"
-SERVERS = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 OK_ROLLOUTS = 6
 FAILING_ROLLOUTS = 2
 CONCURRENCY = 3
@@ -147,7 +153,7 @@ def run(
         prometheus = PrometheusServer(workdir / "prometheus", [admin], prometheus_bin).start()
         env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
         config = load_configs("stack.yaml", "failing_verifier.yaml")
-        with GymStack(gym_python, config, SERVERS, env, workdir / "gym") as stack:
+        with GymStack(gym_python, config, list(SERVERS), env, workdir / "gym") as stack:
             ok, failing = _drive(stack)
         # the servers flushed their last spans when they stopped (SIGTERM)
         exported = _settled_export_count(sidecar)

@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 import yaml
 from gym_telemetry_demo.gym_servers import (
+    AGENT,
     EXAMPLE_TASK,
+    FAILING_AGENT,
+    FAILING_RESOURCES,
+    MODEL,
+    RESOURCES,
+    SERVERS,
     GymProcess,
     examples_dir,
     load_configs,
@@ -163,10 +169,16 @@ def gym_env_start(
 
 
 __all__ = [
+    "AGENT",
     "CONFIGS",
     "EXAMPLES",
     "EXAMPLE_TASK",
+    "FAILING_AGENT",
+    "FAILING_RESOURCES",
+    "MODEL",
     "REPO",
+    "RESOURCES",
+    "SERVERS",
     "GymProcess",
     "GymStack",
     "Launched",

@@ -23,7 +23,19 @@ import gym_telemetry_semconv as semconv
 import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body, telemetry_env
+from tests.gym.stack import (
+    AGENT,
+    FAILING_AGENT,
+    FAILING_RESOURCES,
+    MODEL,
+    RESOURCES,
+    SERVERS,
+    GymStack,
+    load_configs,
+    post_json,
+    run_body,
+    telemetry_env,
+)
 from tests.gym.traces import CLIENT, SERVER, Trace, by_rollout, traces
 from tests.sidecar.metrics.collect import Point, points
 from tests.support.sidecar_proc import SidecarProcess
@@ -31,12 +43,6 @@ from tests.support.sink import RecordedSpan, RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 
-MODEL = "policy_model"
-RESOURCES = "example_single_tool_call"
-AGENT = "example_single_tool_call_simple_agent"
-FAILING_RESOURCES = "failing_weather"
-FAILING_AGENT = "failing_weather_simple_agent"
-SERVERS = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 ROLLOUTS = 20
 CONCURRENCY = 5
 FAILING_ROLLOUTS = 2
@@ -75,7 +81,7 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         ).start()
         env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
         config = load_configs("stack.yaml", "failing_verifier.yaml")
-        stack = GymStack(gym_python, config, SERVERS, env, workdir)
+        stack = GymStack(gym_python, config, list(SERVERS), env, workdir)
         try:
             with stack:
                 agent_url = stack.url(AGENT) + "/run"

@@ -66,6 +66,15 @@ sys.stdout.write(OmegaConf.to_yaml(parsed))
 """
 
 
+#: The servers of ``stack.yaml`` + ``failing_verifier.yaml``: a policy model, a resources
+#: server and its agent, and a resources server whose verifier fails with its agent.
+MODEL: Final = "policy_model"
+RESOURCES: Final = "example_single_tool_call"
+AGENT: Final = "example_single_tool_call_simple_agent"
+FAILING_RESOURCES: Final = "failing_weather"
+FAILING_AGENT: Final = "failing_weather_simple_agent"
+SERVERS: Final = (MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT)
+
 REPO_ENV: Final = "GYM_TELEMETRY_REPO"
 """Environment variable naming the source tree (``scripts/demo.sh`` sets it)."""
 

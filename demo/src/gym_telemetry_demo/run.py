@@ -26,6 +26,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gym_telemetry_demo.gym_servers import (
+    AGENT,
+    FAILING_AGENT,
+    SERVERS,
     GymServers,
     load_configs,
     post_json,
@@ -36,12 +39,6 @@ from gym_telemetry_demo.gym_servers import (
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
 from gym_telemetry_demo.sidecar import SidecarChild
 
-MODEL: Final = "policy_model"
-RESOURCES: Final = "example_single_tool_call"
-AGENT: Final = "example_single_tool_call_simple_agent"
-FAILING_RESOURCES: Final = "failing_weather"
-FAILING_AGENT: Final = "failing_weather_simple_agent"
-SERVERS: Final = [MODEL, RESOURCES, AGENT, FAILING_RESOURCES, FAILING_AGENT]
 METRICS_INTERVAL_S: Final = 2.0
 ENV_BUILD_TIMEOUT_S: Final = 1800
 
