@@ -21,7 +21,8 @@ from tests.sidecar.export.helpers import run, trace_request
 from tests.support.jaeger import JaegerServer, jaeger_binary
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.peer
+# The first use builds Jaeger from the Go module proxy (minutes on a cold machine).
+pytestmark = [pytest.mark.peer, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")
