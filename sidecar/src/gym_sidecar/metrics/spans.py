@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs
+from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs, HistogramTable
 from gym_sidecar.metrics.store import NESTED_ROLLOUT_SPANS, DerivedMetrics
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
@@ -73,6 +73,23 @@ def _is_nested(span: Span) -> bool:
 
 PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
 """(resource key, attributes, value ms, end unix nanos, trace_id, span_id)."""
+
+
+def _record_points(table: HistogramTable, points: list[PendingPoint]) -> None:
+    """Record ``points`` into ``table`` (caller holds the store's lock).
+
+    Points of one block share the same key objects: an identity test skips the series
+    lookup (tuple hashing) for all but the first point of a run. Overflow series are
+    never reused this way, so every overflowed point is counted.
+    """
+    bounds = table.bounds
+    series = None
+    last: tuple[bytes, Attrs] | None = None
+    for key, attrs, value, end, trace_id, span_id in points:
+        if series is None or last is None or key is not last[0] or attrs is not last[1]:
+            series = table.get(key, attrs)
+            last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
+        series.record(bounds, value, end, trace_id, span_id)
 
 
 @dataclass(slots=True)
@@ -206,22 +223,14 @@ class SpanDeriver:
         with store.lock:
             store.invalid_spans += pending.invalid
             if pending.rollouts:
-                table = store.rollout
-                bounds = table.bounds
-                series = None
-                last: tuple[bytes, Attrs] | None = None
-                for key, attrs, value, end, trace_id, span_id in pending.rollouts:
-                    if series is None or last is None or key is not last[0]:
-                        series = table.get(key, attrs)
-                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
-                    series.record(bounds, value, end, trace_id, span_id)
+                _record_points(store.rollout, pending.rollouts)
                 store.spans[semconv.SPAN_ROLLOUT] += len(pending.rollouts)
             if pending.verifications:
                 table = store.verify
                 bounds = table.bounds
                 rates = store.rates
                 series = None
-                last = None
+                last: tuple[bytes, Attrs] | None = None
                 window = None
                 window_key: bytes | None = None
                 for key, attrs, value, end, trace_id, span_id in pending.verifications:
@@ -242,20 +251,7 @@ class SpanDeriver:
                         window.ok += 1
                 store.spans[semconv.SPAN_VERIFY] += len(pending.verifications)
             if pending.steps:
-                table = store.env_step
-                bounds = table.bounds
-                series = None
-                last = None
-                for key, attrs, value, end, trace_id, span_id in pending.steps:
-                    if (
-                        series is None
-                        or last is None
-                        or key is not last[0]
-                        or (attrs is not last[1])
-                    ):
-                        series = table.get(key, attrs)
-                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
-                    series.record(bounds, value, end, trace_id, span_id)
+                _record_points(store.env_step, pending.steps)
                 store.spans[semconv.SPAN_ENV_STEP] += len(pending.steps)
             if pending.nested:
                 store.spans[NESTED_ROLLOUT_SPANS] += pending.nested
