@@ -38,6 +38,9 @@ Contract:
   derives rollout metrics from the outermost only. A rollout id alone never makes a
   span nested.
 - Async handlers (Gym's) get an async wrapper; plain functions get a sync wrapper.
+- A ``model_call`` span whose handler returned a streamed response ends when the
+  stream does, with a failure event in the stream or a disconnect read as ERROR
+  (``gym_telemetry.streaming``).
 - No metrics are recorded here; the sidecar derives them from the spans.
 """
 
@@ -66,6 +69,8 @@ from gym_telemetry.recording import (
     clean_value,
     recorder_for,
 )
+from gym_telemetry.streaming import is_stream
+from gym_telemetry.streaming import watch as watch_stream
 
 _log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provi
 _tracer_for = span_groups.tracer_for
 _current_rollout_id = rollout_correlation.current_rollout_id
 _detach = context_api.detach
+_MODEL_CALL: Final = semconv.GROUP_MODEL_CALL
 
 #: True while code runs inside a *recorded* ``gym.rollout`` span: this process's (set by
 #: the rollout wrapper only when its span is recording), or an upstream one (set by the
@@ -262,6 +268,10 @@ class _Site:
         (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
         status ERROR, ``error.type`` = the failure kind, the failure attributes.
         """
+        if self.group == _MODEL_CALL and is_stream(result):
+            # A streamed answer: the span ends with the body, not now (streaming module).
+            self._end(span, token, had_rollout_id, self.success_attributes, result)
+            return
         failure = None
         if self.read_result:
             try:
@@ -291,7 +301,12 @@ class _Site:
             self._end(span, token, had_rollout_id, self.failure_attributes)
 
     def _end(
-        self, span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None
+        self,
+        span: Span,
+        token: object,
+        had_rollout_id: bool,
+        extra: dict[str, Any] | None,
+        stream: Any = None,
     ) -> None:
         try:
             if self.rollout:
@@ -311,7 +326,8 @@ class _Site:
                 else:
                     span.set_attributes(extra)
         finally:
-            span.end()
+            if stream is None or not watch_stream(stream, span):
+                span.end()
 
 
 def _with_resolved_signature(
