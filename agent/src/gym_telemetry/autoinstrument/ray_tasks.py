@@ -17,9 +17,11 @@ around the execution (scope ``ray.util.tracing.tracing_helper``). This module us
   server does (``provider.init_telemetry``: the sidecar endpoint and span groups from
   the environment the worker inherited), with ``service.name`` =
   ``<prefix>/ray-worker`` and no server type; a span processor that puts the current
-  rollout id on every span started in the worker; and the harness HTTP
-  instrumentations (``harness_http``). In a driver (a Gym server, the launcher) it does
-  nothing: a Gym server sets up its own SDK when its webserver starts.
+  rollout id on every span started in the worker; the harness HTTP
+  instrumentations (``harness_http``); and threads started in the worker run in a copy
+  of their starter's context (a harness's cleanup thread stays in the rollout's trace).
+  In a driver (a Gym server, the launcher) it does nothing: a Gym server sets up its
+  own SDK when its webserver starts.
 - ``patch_tracing_helper``: the rollout id travels with the context. At submission the
   ``_ray_trace_ctx`` dict gets the W3C baggage member ``nemo.gym.rollout.id`` (and the
   PRODUCER span the id as an attribute); in the worker, the task runs inside
@@ -127,9 +129,33 @@ def setup_tracing() -> None:
         if add is not None:
             add(_RolloutIdProcessor())
         harness_http.instrument()
+        _carry_context_into_threads()
         _log.info("gym_telemetry: instrumenting Ray worker %d", os.getpid())
     except Exception:  # boundary: a worker must start whatever telemetry does
         _log.warning("gym_telemetry: could not set up telemetry in a Ray worker", exc_info=True)
+
+
+def _carry_context_into_threads() -> None:
+    """In this worker, a thread started inside a task runs in a copy of the starter's
+    context (trace context and rollout id): harnesses tear sandboxes down from their own
+    threads (``mini_swe_agent_2``'s cleanup thread), whose spans would otherwise start
+    new traces without the rollout id. Idempotent."""
+    import contextvars
+    import threading
+
+    original = threading.Thread.start
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def start(self: threading.Thread) -> None:
+        context = contextvars.copy_context()
+        run = self.run
+        self.run = lambda: context.run(run)  # type: ignore[method-assign]
+        original(self)
+
+    setattr(start, _PATCHED, True)
+    threading.Thread.start = start  # type: ignore[method-assign]
 
 
 def _flush() -> None:
