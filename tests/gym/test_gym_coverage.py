@@ -14,8 +14,8 @@ The stack (``gym-telemetry-run gym env start``, offline, the cached Gym env):
 - ``weather_env``: a ``legacy_agent`` environment server with ``num_workers: 2`` in front
   of ``weather_agent`` (uvicorn workers, each loading the module-level ``app``).
 
-Every server batches spans for 60 s (``OTEL_BSP_SCHEDULE_DELAY``), so what reaches the
-sink got there through the stop flush of each process (each uvicorn worker included)
+Every server batches spans for an hour (``OTEL_BSP_SCHEDULE_DELAY``), so what reaches
+the sink got there through the stop flush of each process (each uvicorn worker included)
 after SIGTERM. All requests run first (module fixture), then the stack stops and each
 test reads its part of what arrived.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -39,7 +40,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from tests.gym.stack import gym_env_start, launcher_config, launcher_env, post_json
-from tests.gym.traces import SERVER, Trace, traces
+from tests.gym.traces import SERVER, Trace, traces, write_shapes
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordedSpan, RecordingSink
 
@@ -345,7 +346,12 @@ def _scenarios(launched: Any) -> dict[str, Any]:
             model_port, "/v1/chat/completions", chat(f"SLEEP:{SLOW_S}"), _headers(303, "303-0")
         ),
         "chat_disconnect": lambda: _disconnect_after(
-            model_port, "/v1/chat/completions", chat("SLEEP:40"), _headers(304, "304-0"), 3
+            # past Gym's 15 s early return: headers and a keep-alive were sent
+            model_port,
+            "/v1/chat/completions",
+            chat("SLEEP:45"),
+            _headers(304, "304-0"),
+            CHAT_KEEPALIVE_S + 6,
         ),
         "verify_disconnect": lambda: _disconnect_after(
             ports["weather"], "/verify", _verify_body(verify_sleep_s=40), _headers(401, "401-0"), 3
@@ -394,11 +400,13 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             backend=sink.endpoint, config={"span_groups": {"spec": "all"}}, log_dir=tmp
         ).start()
         env = launcher_env(sidecar.grpc_endpoint, sidecar.admin_url)
+        if os.environ.get(AGENT_SRC_ENV):
+            env["PYTHONPATH"] = os.environ[AGENT_SRC_ENV]
         env.update(
             {
                 "GYM_TELEMETRY_SPAN_GROUPS": "all",
                 # nothing leaves a process before it stops: the stop flush carries it all
-                "OTEL_BSP_SCHEDULE_DELAY": "60000",
+                "OTEL_BSP_SCHEDULE_DELAY": "3600000",
                 "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S": "30",
             }
         )
@@ -410,7 +418,26 @@ def run(gym_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             sink.wait_for(lambda: False, 5)  # the last exports of the stop flushes land
         finally:
             sidecar.stop()
-        yield Run(spans=sink.spans(), answers=answers, log=launched.log())
+        run = Run(spans=sink.spans(), answers=answers, log=launched.log())
+        _report_shapes(run)
+        yield run
+
+
+#: Set to a file path to get each case's trace shape as JSON (before/after reports).
+SHAPES_ENV = "GYM_TELEMETRY_TEST_SHAPES"
+#: Set to ``<agent src>:<semconv src>`` to run the servers with another agent tree first
+#: on their path (a before/after comparison; the assertions are this tree's).
+AGENT_SRC_ENV = "GYM_TELEMETRY_TEST_AGENT_SRC"
+
+
+def _report_shapes(run: Run) -> None:
+    cases: dict[str, list[RecordedSpan]] = {}
+    for rollout_id in [*CELLS, "403-0", *(f"5{n:02d}-0" for n in range(MULTI_WORKER_ROLLOUTS))]:
+        for i, trace in enumerate(run.rollout_traces(rollout_id)):
+            cases[f"rollout {rollout_id} trace {i}"] = trace.spans
+    for n in (104, 201, 301, 302, 303, 304, 401, 402):
+        cases[f"trace {n}"] = run.trace(n).spans
+    write_shapes(SHAPES_ENV, cases)
 
 
 def _only(trace: Trace, name: str) -> RecordedSpan:
@@ -531,6 +558,7 @@ def test_streamed_chat_span_ends_with_the_stream(run: Run) -> None:
 
 
 def test_streamed_chat_disconnect_is_recorded(run: Run) -> None:
+    assert b"200 OK" in run.answers["chat_disconnect"]  # the stream had started
     span = _only(run.trace(304), "gym.model.chat_completions")
     assert span.span.status.code == ERROR
     assert span.attributes[semconv.ERROR_TYPE] == "client_disconnected"
@@ -591,4 +619,3 @@ def test_multi_worker_server(run: Run) -> None:
     assert len(instances) == 2, instances
     for span in run.spans:
         assert "service.instance.id" in span.resource
-    assert run.log.count("(weather_env) INFO:     Finished server process") >= 2, run.log[-4000:]

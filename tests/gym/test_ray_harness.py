@@ -21,6 +21,7 @@ baggage (OpenTelemetry's httpx instrumentation). litellm is kept off the network
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.gym.stack import gym_env_start, launcher_config, launcher_env, post_json
-from tests.gym.traces import SERVER, traces
+from tests.gym.traces import SERVER, traces, write_shapes
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
@@ -110,6 +111,8 @@ def test_mini_swe_agent_2_rollout_is_one_trace(gym_python: Path, tmp_path: Path)
             backend=sink.endpoint, config={"span_groups": {"spec": "all"}}, log_dir=tmp_path
         ).start()
         env = launcher_env(sidecar.grpc_endpoint, sidecar.admin_url)
+        if os.environ.get("GYM_TELEMETRY_TEST_AGENT_SRC"):  # a before/after comparison
+            env["PYTHONPATH"] = os.environ["GYM_TELEMETRY_TEST_AGENT_SRC"]
         env.update(
             {
                 "GYM_TELEMETRY_SPAN_GROUPS": "all",
@@ -136,11 +139,19 @@ def test_mini_swe_agent_2_rollout_is_one_trace(gym_python: Path, tmp_path: Path)
         finally:
             sidecar.stop()
     spans = sink.spans()
+    all_traces = traces(spans)
+    write_shapes(
+        "GYM_TELEMETRY_TEST_SHAPES",
+        {
+            f"trace {i} ({', '.join(sorted(t.services()))})": t.spans
+            for i, t in enumerate(all_traces.values())
+        },
+    )
     rollout_traces = {
         s.span.trace_id for s in spans if s.attributes.get(semconv.ROLLOUT_ID) == ROLLOUT_ID
     }
     assert len(rollout_traces) == 1, launched.log()[-6000:]
-    [trace] = [t for tid, t in traces(spans).items() if tid in rollout_traces]
+    [trace] = [t for tid, t in all_traces.items() if tid in rollout_traces]
     names = sorted(s.span.name for s in trace.spans)
     assert trace.orphans() == [], names
     [root] = trace.roots()
