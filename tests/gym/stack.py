@@ -121,7 +121,7 @@ def _reap_group(pgid: int) -> None:
 #: then exits with this message before any Gym server starts, and is started again.
 RAY_START_TIMEOUT: Final = "The current node timed out during startup"
 #: How many times a launch that failed in Ray's start-up is tried.
-LAUNCH_ATTEMPTS: Final = 3
+LAUNCH_ATTEMPTS: Final = 5
 
 
 def _start_launcher(
