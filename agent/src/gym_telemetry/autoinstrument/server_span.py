@@ -27,8 +27,8 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    once per distinct path, ``MAX_PREFIXED_ROUTES`` at most),
    the template of a plain Starlette route that served the request (Gym's MCP
    ``/mcp``), looked up the same way, ``<METHOD>`` otherwise, with
-   ``http.request.method``, ``http.route``, ``http.response.status_code`` and the rollout id. Status ERROR for an exception or
-   a 5xx.
+   ``http.request.method``, ``http.route``, ``http.response.status_code`` and the
+   rollout id. Status ERROR for an exception or a 5xx.
 
 FastAPI's built-in telemetry is switched off for Gym's apps by the integration, so this
 is the only SERVER span. A nested app (a mounted FastAPI) sees the marker this layer
