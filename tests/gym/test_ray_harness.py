@@ -36,7 +36,7 @@ from tests.support.sink import RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 
-SERVERS = {"policy_model": "model", "swe_agent": "agent"}
+SERVERS = {"policy_model": "model", "swe_agent": "agent", "swe_env": "environment"}
 ROLLOUT_ID = "7-0"
 CONSUMER = Span.SpanKind.SPAN_KIND_CONSUMER
 PRODUCER = Span.SpanKind.SPAN_KIND_PRODUCER
@@ -78,6 +78,16 @@ def _config(tmp: Path) -> dict[str, Any]:
                     "step_timeout": 60,
                     "eval_timeout": 60,
                     "step_limit": 3,
+                }
+            }
+        },
+        # declared (else the launcher generates it) so that it gets the cached env too
+        "swe_env": {
+            "environment_servers": {
+                "legacy_agent": {
+                    "entrypoint": "app.py",
+                    "host": "127.0.0.1",
+                    "agent_server": {"type": "responses_api_agents", "name": "swe_agent"},
                 }
             }
         },
