@@ -85,26 +85,25 @@ def _in_worker() -> bool:
         return False
 
 
-class _RolloutIdProcessor:
-    """Puts the current rollout id on every span started in this (worker) process."""
+def _rollout_id_processor() -> Any:
+    """A span processor that puts the current rollout id on every span started in this
+    (worker) process. A subclass of the SDK's ``SpanProcessor`` (the SDK calls hooks of
+    its own on every processor); never raises."""
+    from gym_telemetry_semconv import ROLLOUT_ID
+    from opentelemetry.sdk.trace import SpanProcessor
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        from gym_telemetry_semconv import ROLLOUT_ID
+    from gym_telemetry import rollout_correlation
 
-        from gym_telemetry import rollout_correlation
+    class RolloutIdProcessor(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            try:
+                rollout_id = rollout_correlation.current_rollout_id()
+                if rollout_id and ROLLOUT_ID not in (span.attributes or {}):
+                    span.set_attribute(ROLLOUT_ID, rollout_id)
+            except Exception:  # a span without the id is still a span
+                _log.debug("gym_telemetry: could not tag a span", exc_info=True)
 
-        rollout_id = rollout_correlation.current_rollout_id()
-        if rollout_id and ROLLOUT_ID not in (span.attributes or {}):
-            span.set_attribute(ROLLOUT_ID, rollout_id)
-
-    def on_end(self, span: Any) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+    return RolloutIdProcessor()
 
 
 def setup_tracing() -> None:
@@ -127,7 +126,7 @@ def setup_tracing() -> None:
         sdk_provider = trace.get_tracer_provider()
         add = getattr(sdk_provider, "add_span_processor", None)
         if add is not None:
-            add(_RolloutIdProcessor())
+            add(_rollout_id_processor())
         harness_http.instrument()
         _carry_context_into_threads()
         _log.info("gym_telemetry: instrumenting Ray worker %d", os.getpid())
