@@ -1,7 +1,8 @@
 """The agent's import graph: no import runs from a lower layer up to a higher one, and
 no cycle between modules; and every access to an SDK internal stays in ``_lean``.
 
-The twin of ``tests/sidecar/test_layers.py`` (its graph helpers are reused): every
+The twin of ``tests/sidecar/test_layers.py`` (the graph helpers both use are in
+``tests/support/import_graph.py``): every
 ``import`` / ``from ... import`` of the source tree counts, at any depth (function-local
 and ``TYPE_CHECKING`` imports included). The layers are written down in docs/agent.md
 ("Layers").
@@ -16,7 +17,10 @@ from pathlib import Path
 import gym_telemetry
 from gym_telemetry import _lean
 
-from tests.sidecar.test_layers import cycles
+from tests.support.import_graph import import_graph as graph_of
+from tests.support.import_graph import imported_modules as imported_by
+from tests.support.import_graph import layer_of as layer_in
+from tests.support.import_graph import module_cycles, upward_imports
 
 PACKAGE = "gym_telemetry"
 ROOT = Path(gym_telemetry.__file__).resolve().parent
@@ -69,50 +73,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def module_name(path: Path) -> str:
-    parts = (PACKAGE, *path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def import_graph() -> dict[str, set[str]]:
+    return graph_of(PACKAGE, ROOT)
 
 
 def imported_modules(path: Path, module: str, modules: set[str]) -> set[str]:
-    """Every gym_telemetry module ``path`` imports, at any depth of its syntax tree
-    (``from pkg import name`` counts as ``pkg.name`` when that is a module)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                submodule = f"{target}.{alias.name}"
-                found.add(submodule if submodule in modules else target)
-    return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
-
-
-def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in ROOT.rglob("*.py")}
-    known = set(files)
-    return {
-        module: {m for m in imported_modules(path, module, known) if m in known} - {module}
-        for module, path in files.items()
-    }
+    return imported_by(PACKAGE, path, module, modules)
 
 
 def layer_of(module: str) -> int:
-    best: tuple[int, int] | None = None  # (prefix length, layer index)
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            # The package itself names only its __init__, not the tree.
-            inside = prefix != PACKAGE and module.startswith(prefix + ".")
-            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), index)
-    assert best is not None, f"{module} is in no layer: add it to LAYERS"
-    return best[1]
+    return layer_in(PACKAGE, LAYERS, module)
 
 
 def test_every_module_has_a_layer() -> None:
@@ -121,22 +91,11 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_import_runs_up_a_layer() -> None:
-    upward = [
-        f"{src} ({LAYERS[layer_of(src)][0]}) -> {dst} ({LAYERS[layer_of(dst)][0]})"
-        for src, targets in sorted(import_graph().items())
-        for dst in sorted(targets)
-        # A package's __init__ importing its own modules is not a dependency edge.
-        if layer_of(dst) > layer_of(src) and not dst.startswith(src + ".")
-    ]
-    assert upward == []
+    assert upward_imports(PACKAGE, LAYERS, import_graph()) == []
 
 
 def test_no_cycle_between_modules() -> None:
-    graph = {
-        src: {dst for dst in targets if not dst.startswith(src + ".")}
-        for src, targets in import_graph().items()
-    }
-    assert cycles(graph) == []
+    assert module_cycles(import_graph()) == []
 
 
 def test_the_lean_package_imports_only_the_environment_names() -> None:

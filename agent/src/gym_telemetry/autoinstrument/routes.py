@@ -167,28 +167,22 @@ class RouteHooks(_engine.Hooks):
         self.body_rollout = body_rollout
 
     def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
-        token = None
+        rollout_id = None
         if self.body_rollout and _needs_body_id():
             try:
                 rollout_id = rollout_correlation.rollout_id_from_models(kwargs)
             except Exception:  # best effort
                 rollout_id = None
-            if rollout_id is not None:
-                token = _OWN_ID.set(rollout_id)
-        _tag()
-        return token
+        return _begin(rollout_id)
 
     async def aenter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
-        token = None
+        rollout_id = None
         if self.body_rollout and _needs_body_id():
             try:
                 rollout_id = await rollout_correlation.rollout_id_from_body(kwargs)
             except Exception:  # best effort
                 rollout_id = None
-            if rollout_id is not None:
-                token = _OWN_ID.set(rollout_id)
-        _tag()
-        return token
+        return _begin(rollout_id)
 
     def leave(self, token: Token[Any]) -> None:
         _OWN_ID.reset(token)
@@ -197,6 +191,13 @@ class RouteHooks(_engine.Hooks):
 _OWN_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
 _TAGGING: Final = RouteHooks()
 _RUN: Final = RouteHooks(body_rollout=True)
+
+
+def _begin(rollout_id: str | None) -> Token[Any] | None:
+    """Make ``rollout_id`` (if any) telemetry's id for the call, then tag the SERVER span."""
+    token = _OWN_ID.set(rollout_id) if rollout_id is not None else None
+    _tag()
+    return token
 
 
 def _needs_body_id() -> bool:
