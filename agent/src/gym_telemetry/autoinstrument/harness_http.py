@@ -37,7 +37,8 @@ from opentelemetry.propagators.textmap import (
 )
 
 from gym_telemetry import rollout_correlation
-from gym_telemetry.autoinstrument.propagation import BAGGAGE_KEY, valid_rollout_id
+from gym_telemetry.autoinstrument.propagation import BAGGAGE_KEY
+from gym_telemetry.rollout_correlation import valid_rollout_id
 
 _log = logging.getLogger(__name__)
 

@@ -113,12 +113,11 @@ def setup_tracing() -> None:
             return
         from opentelemetry import trace
 
-        from gym_telemetry import provider
+        from gym_telemetry import provider, rollout_correlation
         from gym_telemetry.autoinstrument import harness_http
-        from gym_telemetry.autoinstrument.correlation import bind
         from gym_telemetry.autoinstrument.identity import service_name_for
 
-        bind()
+        rollout_correlation.bind_fallback()
         if not provider.init_telemetry(
             service_name_for(WORKER_SERVER_NAME), server_name=WORKER_SERVER_NAME
         ):
@@ -187,7 +186,7 @@ def patch_tracing_helper(module: ModuleType) -> None:
         carrier: dict[Any, Any] = original_inject()
         try:
             rollout_id = rollout_correlation.current_rollout_id()
-            if rollout_id and propagation.valid_rollout_id(rollout_id):
+            if rollout_id and rollout_correlation.valid_rollout_id(rollout_id):
                 member = f"{propagation.BAGGAGE_KEY}={rollout_id}"
                 existing = carrier.get("baggage")
                 carrier["baggage"] = f"{existing},{member}" if existing else member
