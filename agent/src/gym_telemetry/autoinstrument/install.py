@@ -240,7 +240,7 @@ def _patch_ray_worker(module: ModuleType) -> None:
 def _patch_ray_tracing(module: ModuleType) -> None:
     from gym_telemetry.autoinstrument.ray_tasks import patch_tracing_helper
 
-    patch_tracing_helper(module)
+    patch_tracing_helper(module, stop_flush_timeout_s)
 
 
 def _patch_mcp(module: ModuleType) -> None:

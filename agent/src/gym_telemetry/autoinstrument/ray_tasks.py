@@ -41,7 +41,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Final
 
@@ -156,19 +156,17 @@ def _carry_context_into_threads() -> None:
     threading.Thread.start = start  # type: ignore[method-assign]
 
 
-def _flush() -> None:
+def _flush(timeout_s: float) -> None:
     from opentelemetry import trace
 
-    from gym_telemetry.autoinstrument.install import stop_flush_timeout_s
-
-    timeout_s = stop_flush_timeout_s()
     flush = getattr(trace.get_tracer_provider(), "force_flush", None)
     if timeout_s > 0 and flush is not None:
         flush(int(timeout_s * 1000))
 
 
-def patch_tracing_helper(module: ModuleType) -> None:
-    """Carry the rollout id through ``_ray_trace_ctx`` (module doc). Idempotent."""
+def patch_tracing_helper(module: ModuleType, flush_timeout_s: Callable[[], float]) -> None:
+    """Carry the rollout id through ``_ray_trace_ctx`` (module doc); a worker flushes for
+    at most ``flush_timeout_s()`` seconds after each task. Idempotent."""
     propagator = getattr(module, "_DictPropagator", None)
     original_use = getattr(module, "_use_context", None)
     if propagator is None or original_use is None or getattr(original_use, _PATCHED, False):
@@ -223,7 +221,7 @@ def patch_tracing_helper(module: ModuleType) -> None:
         finally:
             if _in_worker():
                 try:
-                    _flush()
+                    _flush(flush_timeout_s())
                 except Exception:  # best effort
                     _log.debug("gym_telemetry: flush after a Ray task failed", exc_info=True)
 
