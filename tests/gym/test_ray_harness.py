@@ -145,7 +145,7 @@ def test_mini_swe_agent_2_rollout_is_one_trace(gym_python: Path, tmp_path: Path)
                     names = {s.span.name for s in sink.spans()}
                     return {"gym.sandbox.start", "gym.sandbox.exec", "gym.sandbox.stop"} <= names
 
-                assert sink.wait_for(arrived, 120), sorted({s.span.name for s in sink.spans()})
+                all_arrived = sink.wait_for(arrived, 120)
         finally:
             sidecar.stop()
     spans = sink.spans()
@@ -157,6 +157,7 @@ def test_mini_swe_agent_2_rollout_is_one_trace(gym_python: Path, tmp_path: Path)
             for i, t in enumerate(all_traces.values())
         },
     )
+    assert all_arrived, sorted({s.span.name for s in spans})
     rollout_traces = {
         s.span.trace_id for s in spans if s.attributes.get(semconv.ROLLOUT_ID) == ROLLOUT_ID
     }
