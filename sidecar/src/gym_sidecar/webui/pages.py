@@ -218,12 +218,7 @@ def _waterfall_row(row: Row, t0: int, total_ns: int, classes: Mapping[str, str])
         )
     classes_attr = " ".join(
         c
-        for c in (
-            "span",
-            svc,
-            "error" if row.error else "",
-            "verify-failed" if row.verify_failed else "",
-        )
+        for c in ("span", "error" if row.error else "", "verify-failed" if row.verify_failed else "")
         if c
     )
     depth = min(row.depth, MAX_DEPTH_CLASS)

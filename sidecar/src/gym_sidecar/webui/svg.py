@@ -34,9 +34,9 @@ def nice_bounds(values: Sequence[float], max_buckets: int = 16) -> list[float]:
     start = max(i for i, b in enumerate(ladder) if b <= low)
     end = min(i for i, b in enumerate(ladder) if b > high)
     bounds = ladder[start : end + 1]
-    if len(bounds) < 6 and high > low:
+    if len(bounds) < 6:
         # a narrow range: linear buckets of a 1-2-5 width instead
-        step = nice_step((high - low) / 8)
+        step = nice_step((high - low) / 8 if high > low else low / 8)
         first = math.floor(low / step) * step
         count = math.floor((high - first) / step) + 1
         return [first + i * step for i in range(count + 1)]
@@ -98,7 +98,7 @@ def histogram(buckets: Sequence[Bucket], label: str, testid: str) -> str:
             f'<text class="axis" x="{x:.1f}" y="{height + 16}">{e(fmt_ms(b.lower_ms))}</text>'
         )
     parts.append(
-        f'<text class="axis" x="{width - pad:.1f}" y="{height + 16}">'
+        f'<text class="axis end" x="{width - pad:.1f}" y="{height + 16}">'
         f"{e(fmt_ms(buckets[-1].upper_ms))}</text>"
     )
     parts.append(
