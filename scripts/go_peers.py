@@ -191,7 +191,9 @@ def _build(tool: GoTool) -> None:
         raise RuntimeError(
             f"{tool.binary()} {' '.join(tool.check)} exited {out.returncode}: {out.stderr[-2000:]}"
         )
-    _log(tool.name, f"built; {' '.join(tool.check)} says {(out.stdout or out.stderr).strip()[:200]}")
+    _log(
+        tool.name, f"built; {' '.join(tool.check)} says {(out.stdout or out.stderr).strip()[:200]}"
+    )
     (root / MARKER).write_text(tool.marker_text())
     _log(
         tool.name,

@@ -7,7 +7,8 @@ known), once per machine under a lock. No browser is ever downloaded by Playwrig
 
 :func:`launch` starts it headless with the flags this machine needs: no sandbox (root),
 no GPU, and no background networking, component updates, sync or QUIC (a closed network
-refuses those connections), with a fresh profile directory each time (Playwright makes one per launch).
+refuses those connections), with a fresh profile directory each time (Playwright makes
+one per launch).
 """
 
 from __future__ import annotations

@@ -26,9 +26,17 @@ class WebViewProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> WebViewProcess:
-        cmd = [sys.executable, "-m", "gym_sidecar.cli", "ui", "--listen",
-               self.url.removeprefix("http://"), "--store-dir", str(self.store_dir),
-               *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gym_sidecar.cli",
+            "ui",
+            "--listen",
+            self.url.removeprefix("http://"),
+            "--store-dir",
+            str(self.store_dir),
+            *self.extra_args,
+        ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

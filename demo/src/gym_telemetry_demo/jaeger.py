@@ -186,7 +186,71 @@ def jaeger_config(otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: i
     return yaml.safe_dump(config, sort_keys=False)
 
 
-class JaegerServer:
+class JaegerQueryClient:
+    """The HTTP query API Jaeger's UI calls, at ``query_url`` (a Jaeger, or anything that
+    answers the same API, such as the sidecar's web view)."""
+
+    @property
+    def query_url(self) -> str:
+        """Base URL of the query API (no trailing slash)."""
+        raise NotImplementedError
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET ``path`` on the query service (the UI's HTTP API); the parsed JSON.
+
+        Raises urllib.error.HTTPError on a non-2xx answer."""
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        with urllib.request.urlopen(self.query_url + path + query, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def services(self) -> list[str]:
+        """``GET /api/services``: the service names the UI's search form offers."""
+        return list(self.api("/api/services")["data"] or [])
+
+    def find_traces(
+        self, service: str, tags: dict[str, str] | None = None, limit: int = 1000
+    ) -> list[JaegerTrace]:
+        """``GET /api/traces?service=S&tags={json}&limit=N``: the UI's trace search."""
+        params = {"service": service, "limit": str(limit)}
+        if tags:
+            params["tags"] = json.dumps(tags)
+        found = self.api("/api/traces", **params)
+        return [JaegerTrace.parse(t) for t in found["data"] or []]
+
+    def trace(self, trace_id: str) -> JaegerTrace | None:
+        """``GET /api/traces/{id}``: one trace as the UI's trace page loads it, or None
+        when Jaeger does not have it (404)."""
+        try:
+            found = self.api(f"/api/traces/{trace_id}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        data = found["data"] or []
+        return JaegerTrace.parse(data[0]) if data else None
+
+    def trace_url(self, trace_id: str) -> str:
+        """The ``GET /api/traces/{id}`` URL of one trace (what the UI's trace page loads)."""
+        return f"{self.query_url}/api/traces/{trace_id}"
+
+    def search_url(self, service: str, tags: dict[str, str]) -> str:
+        """The ``GET /api/traces`` URL of a tag search (what the UI's search form calls)."""
+        query = urllib.parse.urlencode({"service": service, "tags": json.dumps(tags)})
+        return f"{self.query_url}/api/traces?{query}"
+
+
+class JaegerAPI(JaegerQueryClient):
+    """A :class:`JaegerQueryClient` for the query API at ``query_url``."""
+
+    def __init__(self, query_url: str) -> None:
+        self._query_url = query_url.rstrip("/")
+
+    @property
+    def query_url(self) -> str:
+        return self._query_url
+
+
+class JaegerServer(JaegerQueryClient):
     """A Jaeger v2 process (context manager). ``start`` blocks until the OTLP receivers
     listen and the query API answers; ``stop`` sends SIGTERM (kills after 20 s)."""
 
@@ -248,49 +312,6 @@ class JaegerServer:
         except (OSError, ValueError):
             return False
         return True
-
-    def api(self, path: str, **params: str) -> Any:
-        """GET ``path`` on the query service (the UI's HTTP API); the parsed JSON.
-
-        Raises urllib.error.HTTPError on a non-2xx answer."""
-        query = ("?" + urllib.parse.urlencode(params)) if params else ""
-        with urllib.request.urlopen(self.query_url + path + query, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def services(self) -> list[str]:
-        """``GET /api/services``: the service names the UI's search form offers."""
-        return list(self.api("/api/services")["data"] or [])
-
-    def find_traces(
-        self, service: str, tags: dict[str, str] | None = None, limit: int = 1000
-    ) -> list[JaegerTrace]:
-        """``GET /api/traces?service=S&tags={json}&limit=N``: the UI's trace search."""
-        params = {"service": service, "limit": str(limit)}
-        if tags:
-            params["tags"] = json.dumps(tags)
-        found = self.api("/api/traces", **params)
-        return [JaegerTrace.parse(t) for t in found["data"] or []]
-
-    def trace(self, trace_id: str) -> JaegerTrace | None:
-        """``GET /api/traces/{id}``: one trace as the UI's trace page loads it, or None
-        when Jaeger does not have it (404)."""
-        try:
-            found = self.api(f"/api/traces/{trace_id}")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-        data = found["data"] or []
-        return JaegerTrace.parse(data[0]) if data else None
-
-    def trace_url(self, trace_id: str) -> str:
-        """The ``GET /api/traces/{id}`` URL of one trace (what the UI's trace page loads)."""
-        return f"{self.query_url}/api/traces/{trace_id}"
-
-    def search_url(self, service: str, tags: dict[str, str]) -> str:
-        """The ``GET /api/traces`` URL of a tag search (what the UI's search form calls)."""
-        query = urllib.parse.urlencode({"service": service, "tags": json.dumps(tags)})
-        return f"{self.query_url}/api/traces?{query}"
 
     def log_tail(self, chars: int = 4000) -> str:
         return log_tail(self.log_path, chars)

@@ -171,6 +171,7 @@ def _jaeger_report(
     store: Path,
     since_ns: int,
     wait_s: float,
+    *,
     webview: WebViewChild | None = None,
 ) -> bool:
     """Print the Jaeger API URL of a failed rollout's trace (found by its rollout id, as
@@ -310,7 +311,9 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             code = 1
         _report(console, store_path, since_ns, opts.failing)
         if jaeger is not None and opts.failing:
-            found = _jaeger_report(console, jaeger, store_path, since_ns, opts.wait_s, webview)
+            found = _jaeger_report(
+                console, jaeger, store_path, since_ns, opts.wait_s, webview=webview
+            )
             code = code if found else 1
         _next_steps(console, opts.store_dir)
         assert webview is not None  # started with the sidecar, above

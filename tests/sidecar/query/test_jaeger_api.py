@@ -10,7 +10,6 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import gym_telemetry_semconv as semconv
@@ -78,8 +77,17 @@ def test_trace_shape(api: tuple[str, dict[str, str]]) -> None:
     spans = {s["operationName"]: s for s in trace["spans"] if s["operationName"].startswith("gym.")}
     verify = spans[semconv.SPAN_VERIFY]
     assert set(verify) >= {
-        "traceID", "spanID", "flags", "operationName", "references", "startTime", "duration",
-        "tags", "logs", "processID", "warnings",
+        "traceID",
+        "spanID",
+        "flags",
+        "operationName",
+        "references",
+        "startTime",
+        "duration",
+        "tags",
+        "logs",
+        "processID",
+        "warnings",
     }
     tags = {t["key"]: t for t in verify["tags"]}
     assert tags["error"] == {"key": "error", "type": "bool", "value": True}
@@ -120,7 +128,10 @@ def test_search_by_tags_operation_durations_time_and_limit(api: tuple[str, dict[
     # error=false: traces with a span that is not an error (every trace has one)
     assert _search(url, service=MODEL, tags='{"error":"false"}') == set(ids.values())
     assert _search(url, service=RESOURCES, tags='{"succeeded":"true"}') == ok
-    assert _search(url, service=RESOURCES, tags=json.dumps({semconv.ERROR_TYPE: "VerifierCrash"})) == failing
+    assert (
+        _search(url, service=RESOURCES, tags=json.dumps({semconv.ERROR_TYPE: "VerifierCrash"}))
+        == failing
+    )
     assert _search(url, service=AGENT, operation=semconv.SPAN_ROLLOUT) == set(ids.values())
     assert _search(url, service=AGENT, operation="nope") == set()
     # the agent's /run lasts 100 ms, its model call 58 ms

@@ -65,6 +65,8 @@ def get(url: str, method: str = "GET") -> Answer:
     req = urllib.request.Request(url, method=method)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read().decode())
+            return Answer(
+                resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read().decode()
+            )
     except urllib.error.HTTPError as exc:
         return Answer(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read().decode())

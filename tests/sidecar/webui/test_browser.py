@@ -72,8 +72,13 @@ def test_hostile_span_data_is_only_text(tmp_path: Path, page: tuple[Page, list[s
     tid = new_id(16)
     write(tmp_path / "traces.db", [request(tid, hostile_trace(tid))], NOW - 60 * 10**9)
     with WebViewProcess(tmp_path, tmp_path) as view:
-        for path in ("/rollouts", f"/trace/{tid.hex()}", "/stats", "/map",
-                     "/rollouts?server=%3Cscript%3Ealert(9)%3C/script%3E"):
+        for path in (
+            "/rollouts",
+            f"/trace/{tid.hex()}",
+            "/stats",
+            "/map",
+            "/rollouts?server=%3Cscript%3Ealert(9)%3C/script%3E",
+        ):
             pg.goto(view.url + path)
             pg.wait_for_load_state("load")
             _no_foreign_markup(pg)
@@ -98,12 +103,16 @@ def test_hostile_span_data_is_only_text(tmp_path: Path, page: tuple[Page, list[s
     assert dialogs == []
 
 
-def test_a_10000_span_trace_pages_in_the_browser(tmp_path: Path, page: tuple[Page, list[str]]) -> None:
+def test_a_10000_span_trace_pages_in_the_browser(
+    tmp_path: Path, page: tuple[Page, list[str]]
+) -> None:
     pg, _ = page
     tid, root = new_id(16), new_id()
     specs = [SpanSpec(AGENT, "POST /run", root, b"", NOW - 10**10, NOW)]
-    specs += [SpanSpec(AGENT, f"step {i}", new_id(), root, NOW - 10**10 + i * 10**6, NOW - 10**6)
-              for i in range(9_999)]
+    specs += [
+        SpanSpec(AGENT, f"step {i}", new_id(), root, NOW - 10**10 + i * 10**6, NOW - 10**6)
+        for i in range(9_999)
+    ]
     write(tmp_path / "traces.db", [request(tid, specs)], NOW - 60 * 10**9)
     with WebViewProcess(tmp_path, tmp_path) as view:
         pg.goto(f"{view.url}/trace/{tid.hex()}")
@@ -127,5 +136,7 @@ def test_the_rollouts_list_refreshes_in_place(tmp_path: Path, page: tuple[Page, 
         pg.locator("[data-rollout='second-0']").wait_for(timeout=WAIT_MS)
         # refreshed by the script, not by a reload (which would lose the marker)
         assert pg.evaluate("() => window.__same_document") is True
-        rows = pg.eval_on_selector_all("[data-testid=rollout-row]", "els => els.map(e => e.dataset.rollout)")
+        rows = pg.eval_on_selector_all(
+            "[data-testid=rollout-row]", "els => els.map(e => e.dataset.rollout)"
+        )
         assert rows == ["second-0", "first-0"]

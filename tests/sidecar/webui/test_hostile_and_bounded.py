@@ -37,12 +37,26 @@ def hostile_trace(trace_id: bytes) -> list[SpanSpec]:
     attrs = {h: h for h in HOSTILE} | {"url.full": "javascript:alert(5)", "long": LONG}
     return [
         SpanSpec(
-            HOSTILE[0], HOSTILE[1], root, b"", NOW - 10**9, NOW - 5 * 10**8,
-            Span.SpanKind.SPAN_KIND_SERVER, HOSTILE[2], attrs, error=HOSTILE[3],
-            events=[(HOSTILE[0], {HOSTILE[1]: HOSTILE[2]})], resource={HOSTILE[3]: HOSTILE[0]},
+            HOSTILE[0],
+            HOSTILE[1],
+            root,
+            b"",
+            NOW - 10**9,
+            NOW - 5 * 10**8,
+            Span.SpanKind.SPAN_KIND_SERVER,
+            HOSTILE[2],
+            attrs,
+            error=HOSTILE[3],
+            events=[(HOSTILE[0], {HOSTILE[1]: HOSTILE[2]})],
+            resource={HOSTILE[3]: HOSTILE[0]},
         ),
         SpanSpec(
-            HOSTILE[1], semconv.SPAN_ROLLOUT, child, root, NOW - 9 * 10**8, NOW - 6 * 10**8,
+            HOSTILE[1],
+            semconv.SPAN_ROLLOUT,
+            child,
+            root,
+            NOW - 9 * 10**8,
+            NOW - 6 * 10**8,
             scope=semconv.scope_name(semconv.GROUP_ROLLOUT),
             attrs={semconv.ROLLOUT_ID: HOSTILE[1], "long": LONG},
         ),
@@ -82,14 +96,22 @@ def test_a_trace_of_10000_spans_renders_in_bounded_pages(tmp_path: Path) -> None
     path = tmp_path / "traces.db"
     tid = new_id(16)
     root = new_id()
-    specs = [SpanSpec(AGENT, "POST /run", root, b"", NOW - 10**10, NOW, Span.SpanKind.SPAN_KIND_SERVER)]
+    specs = [
+        SpanSpec(AGENT, "POST /run", root, b"", NOW - 10**10, NOW, Span.SpanKind.SPAN_KIND_SERVER)
+    ]
     parent = root
     for i in range(9_999):
         sid = new_id()
         # half a chain (deep), half flat under the root (wide)
         specs.append(
-            SpanSpec(AGENT, f"step {i}", sid, parent if i < 5000 else root,
-                     NOW - 10**10 + i * 10**6, NOW - 10**6)
+            SpanSpec(
+                AGENT,
+                f"step {i}",
+                sid,
+                parent if i < 5000 else root,
+                NOW - 10**10 + i * 10**6,
+                NOW - 10**6,
+            )
         )
         if i < 5000:
             parent = sid

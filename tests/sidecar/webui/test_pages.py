@@ -43,7 +43,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base(store: Path) -> Iterator[str]:
-    with serve(ViewConfig(store, jaeger_url="http://jaeger.example:16686", clock_ns=Clock())) as url:
+    with serve(
+        ViewConfig(store, jaeger_url="http://jaeger.example:16686", clock_ns=Clock())
+    ) as url:
         yield url
 
 
@@ -121,7 +123,12 @@ def test_stats_numbers_and_a_bucket_links_to_its_rollouts(base: str) -> None:
     [success] = re.findall(r'<p data-testid="verify-success"[^>]*>', text)
     assert 'data-completed="7"' in success and 'data-total="10"' in success
     assert re.search(r'data-what="rollout \(spans\)" data-count="10"', text)
-    counts = [int(c) for c in _attr(text.split('data-testid="rollout-histogram"')[1].split("</svg>")[0], "data-count")]
+    counts = [
+        int(c)
+        for c in _attr(
+            text.split('data-testid="rollout-histogram"')[1].split("</svg>")[0], "data-count"
+        )
+    ]
     assert sum(counts) == 10
     # the slowest non-empty bucket's link lists exactly the rollouts in it
     links = re.findall(r'<a href="([^"]+)" data-bucket="\d+" data-count="(\d+)"', text)
@@ -148,7 +155,15 @@ def test_service_map_counts_calls_and_errors(base: str) -> None:
 def test_every_response_carries_the_security_headers_and_the_view_is_read_only(
     base: str,
 ) -> None:
-    for path in ("/rollouts", "/trace/1-0", "/stats", "/map", "/static/ui.js", "/api/services", "/nope"):
+    for path in (
+        "/rollouts",
+        "/trace/1-0",
+        "/stats",
+        "/map",
+        "/static/ui.js",
+        "/api/services",
+        "/nope",
+    ):
         answer = get(base + path)
         assert answer.headers["content-security-policy"] == CSP, path
         assert answer.headers["x-content-type-options"] == "nosniff"

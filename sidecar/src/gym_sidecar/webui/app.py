@@ -35,7 +35,7 @@ from starlette.routing import Route
 from gym_sidecar.query.api import build_router, normalize_trace_id
 from gym_sidecar.store import db, queries, stats
 from gym_sidecar.webui import pages, svg
-from gym_sidecar.webui.html import SECURITY_HEADERS
+from gym_sidecar.webui.html import SECURITY_HEADERS, url
 from gym_sidecar.webui.waterfall import completeness
 
 PAGE_SIZE: Final = 50
@@ -220,7 +220,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
             for lo, hi, n in svg.bucketize(values, svg.nice_bounds(values)):
                 href = None
                 if link:
-                    href = pages.url(
+                    href = url(
                         "/rollouts",
                         {"slower_than": f"{lo:g}ms", "faster_than": f"{hi:g}ms", "since": since},
                     )
@@ -232,7 +232,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
                     last.lower_ms,
                     last.upper_ms,
                     last.count,
-                    pages.url(
+                    url(
                         "/rollouts",
                         {"slower_than": f"{last.lower_ms:g}ms", "since": since},
                     ),

@@ -62,7 +62,7 @@ def add_ui(subparsers: Any) -> None:
         metavar="URL",
         type=_jaeger_url,
         default=os.environ.get(ENV_JAEGER_URL) or None,
-        help=f"a Jaeger UI with the same traces: each trace page links to it (env {ENV_JAEGER_URL})",
+        help=f"a Jaeger UI with the same traces, linked from trace pages (env {ENV_JAEGER_URL})",
     )
     p.add_argument(
         "--settle-s",

@@ -62,7 +62,8 @@ def seg(value: str) -> str:
 def table(headers: Iterable[str], rows: Iterable[str], cls: str = "") -> str:
     """A table of pre-rendered ``<tr>`` rows under escaped ``headers``."""
     head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    return f'<table class="{e(cls)}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    body = "".join(rows)
+    return f'<table class="{e(cls)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def kv_table(items: Mapping[str, object], cls: str = "kv") -> str:

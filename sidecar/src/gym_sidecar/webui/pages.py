@@ -139,7 +139,8 @@ def rollouts_page(
     params = filters.params()
     if page_no > 0:
         pager.append(
-            f'<a rel="prev" href="{url("/rollouts", {**params, "page": page_no - 1 or ""})}">← newer</a>'
+            f'<a rel="prev" href="{url("/rollouts", {**params, "page": page_no - 1 or ""})}">← '
+            "newer</a>"
         )
     if has_more:
         pager.append(
@@ -206,7 +207,8 @@ def _waterfall_row(row: Row, t0: int, total_ns: int, classes: Mapping[str, str])
     flags = []
     if row.cross_process:
         flags.append(
-            '<span class="edge" title="parent in another process" data-testid="cross-process">⇢</span>'
+            '<span class="edge" title="parent in another process" data-testid="cross-process">'
+            "⇢</span>"
         )
     if row.orphan:
         flags.append('<span class="badge orphan">orphan</span>')
@@ -214,18 +216,24 @@ def _waterfall_row(row: Row, t0: int, total_ns: int, classes: Mapping[str, str])
         flags.append('<span class="badge error" data-testid="span-error">error</span>')
     if row.verify_failed:
         flags.append(
-            '<span class="badge verify-failed" data-testid="verify-failed">verification failed</span>'
+            '<span class="badge verify-failed" data-testid="verify-failed">verification '
+            "failed</span>"
         )
     classes_attr = " ".join(
         c
-        for c in ("span", "error" if row.error else "", "verify-failed" if row.verify_failed else "")
+        for c in (
+            "span",
+            "error" if row.error else "",
+            "verify-failed" if row.verify_failed else "",
+        )
         if c
     )
     depth = min(row.depth, MAX_DEPTH_CLASS)
     return (
         f'<details class="{classes_attr}" data-testid="span" data-span-id="{e(s.span_id)}" '
         f'data-service="{e(s.service)}" data-name="{e(s.name)}" data-depth="{row.depth}" '
-        f'data-error="{str(row.error).lower()}" data-verify-failed="{str(row.verify_failed).lower()}">'
+        f'data-error="{str(row.error).lower()}" '
+        f'data-verify-failed="{str(row.verify_failed).lower()}">'
         f'<summary><span class="label d{depth}">{"".join(flags)}'
         f'<span class="svc {svc}">{clip(s.service, 60)}</span> '
         f'<span class="op">{clip(s.name, 120)}</span></span>'
@@ -260,7 +268,8 @@ def trace_page(
     failed_verifies = sum(1 for r in rows if r.verify_failed)
     state_text = {
         "complete": "complete",
-        "arriving": "still arriving: spans of this trace were stored moments ago; this page reloads",
+        "arriving": "still arriving: spans of this trace were stored moments ago; this page "
+        "reloads",
         "incomplete": "incomplete: some spans never arrived",
     }[state.state]
     notes = []
@@ -271,7 +280,8 @@ def trace_page(
     if state.awaiting_callees:
         notes.append(f"{state.awaiting_callees} client calls without a span from the callee")
     legend = "".join(
-        f'<li data-testid="service" data-service="{e(name)}"><span class="swatch {cls}"></span>{clip(name, 80)}</li>'
+        f'<li data-testid="service" data-service="{e(name)}"><span class="swatch {cls}"></span>'
+        f"{clip(name, 80)}</li>"
         for name, cls in classes.items()
     )
     head = [
@@ -283,7 +293,8 @@ def trace_page(
         f"<dt>spans</dt><dd>{len(spans)} from {len(classes)} services</dd>",
         f"<dt>duration</dt><dd>{e(fmt_ms(total_ns / 1e6))}, started {e(when(t0))} UTC</dd>",
         f"<dt>errors</dt><dd>{errors} spans, {failed_verifies} failed verifications</dd>",
-        f'<dt>state</dt><dd class="state {e(state.state)}" data-testid="trace-state">{e(state_text)}'
+        f'<dt>state</dt><dd class="state {e(state.state)}" data-testid="trace-state">'
+        f"{e(state_text)}"
         f"{' (' + e('; '.join(notes)) + ')' if notes else ''}</dd>",
         "</dl>",
         f'<ul class="legend">{legend}</ul>',
@@ -291,7 +302,8 @@ def trace_page(
     if jaeger_url:
         href = f"{jaeger_url.rstrip('/')}/trace/{seg(trace_id)}"
         head.append(
-            f'<p><a class="jaeger" data-testid="jaeger-link" href="{e(href)}">this trace in Jaeger</a></p>'
+            f'<p><a class="jaeger" data-testid="jaeger-link" href="{e(href)}">this trace in '
+            "Jaeger</a></p>"
         )
     toggle = url(f"/trace/{seg(trace_id)}", {"errors": "" if errors_only else "1"})
     head.append(
@@ -302,14 +314,17 @@ def trace_page(
     )
     ticks = nice_ticks(total_ns / 1e6)
     tick_svg = "".join(
-        f'<line x1="{1000 * t * 1e6 / total_ns:.1f}" y1="14" x2="{1000 * t * 1e6 / total_ns:.1f}" y2="20"/>'
+        f'<line x1="{1000 * t * 1e6 / total_ns:.1f}" y1="14" x2="{1000 * t * 1e6 / total_ns:.1f}" '
+        'y2="20"/>'
         f'<text x="{min(1000 * t * 1e6 / total_ns, 960):.1f}" y="11">{e(fmt_ms(t))}</text>'
         for t in ticks
         if t * 1e6 <= total_ns
     )
     axis = (
-        '<div class="axisrow"><span class="label">service · span</span><span class="dur">duration</span>'
-        f'<svg class="axis" viewBox="0 0 1000 20" preserveAspectRatio="none" data-testid="time-axis">'
+        '<div class="axisrow"><span class="label">service · span</span><span class="dur">'
+        "duration</span>"
+        '<svg class="axis" viewBox="0 0 1000 20" preserveAspectRatio="none" '
+        'data-testid="time-axis">'
         f"{tick_svg}</svg></div>"
     )
     body_rows = "".join(_waterfall_row(r, t0, total_ns, classes) for r in window)
@@ -317,16 +332,19 @@ def trace_page(
     base = {"errors": "1" if errors_only else ""}
     if page_no > 0:
         pager.append(
-            f'<a rel="prev" href="{url(f"/trace/{seg(trace_id)}", {**base, "page": page_no - 1})}">← previous</a>'
+            '<a rel="prev" '
+            f'href="{url(f"/trace/{seg(trace_id)}", {**base, "page": page_no - 1})}">← previous</a>'
         )
     if page_no < pages - 1:
         pager.append(
-            f'<a rel="next" href="{url(f"/trace/{seg(trace_id)}", {**base, "page": page_no + 1})}">next →</a>'
+            '<a rel="next" '
+            f'href="{url(f"/trace/{seg(trace_id)}", {**base, "page": page_no + 1})}">next →</a>'
         )
     first = page_no * PAGE_ROWS + 1 if window else 0
     pager_html = (
-        f'<p class="pager" data-testid="trace-pager" data-pages="{pages}" data-rows="{len(window)}">'
-        f"rows {first}–{page_no * PAGE_ROWS + len(window)} of {len(shown)} {' '.join(pager)}</p>"
+        f'<p class="pager" data-testid="trace-pager" data-pages="{pages}" '
+        f'data-rows="{len(window)}">'
+        f"rows {first}-{page_no * PAGE_ROWS + len(window)} of {len(shown)} {' '.join(pager)}</p>"
     )
     waterfall = f'<div class="waterfall" data-testid="waterfall">{axis}{body_rows}</div>'
     refresh = 2 if state.state == "arriving" else None
@@ -339,10 +357,13 @@ def trace_page(
 
 def _dist_row(label: str, count: int, quantiles: Sequence[float | None]) -> str:
     cells = "".join(f'<td class="num">{e(fmt_ms(q))}</td>' for q in quantiles)
-    return f'<tr data-testid="quantiles" data-what="{e(label)}" data-count="{count}"><th>{e(label)}</th><td class="num">{count}</td>{cells}</tr>'
+    return (
+        f'<tr data-testid="quantiles" data-what="{e(label)}" data-count="{count}"><th>'
+        f'{e(label)}</th><td class="num">{count}</td>{cells}</tr>'
+    )
 
 
-def stats_page(
+def stats_page(  # noqa: PLR0917 (one argument per part of the page)
     result: Stats,
     rollout_buckets: Sequence[svg.Bucket],
     verify_buckets: Sequence[svg.Bucket],
@@ -410,17 +431,21 @@ def map_page(
     edge_rows = (
         f'<tr data-testid="edge" data-source="{e(x.source)}" data-target="{e(x.target)}" '
         f'data-calls="{x.calls}" data-errors="{x.errors}"><td>{clip(x.source)}</td><td>→</td>'
-        f'<td>{clip(x.target)}</td><td class="num">{x.calls}</td><td class="num">{x.error_fraction:.1%}</td></tr>'
+        f'<td>{clip(x.target)}</td><td class="num">{x.calls}</td><td class="num">'
+        f"{x.error_fraction:.1%}</td></tr>"
         for x in edges
     )
     node_rows = (
-        f'<tr data-testid="node" data-service="{e(n)}" data-spans="{s}" data-errors="{er}"><td>{clip(n)}</td>'
+        f'<tr data-testid="node" data-service="{e(n)}" data-spans="{s}" data-errors="{er}"><td>'
+        f"{clip(n)}</td>"
         f'<td class="num">{s}</td><td class="num">{er}</td></tr>'
         for n, (s, er) in sorted(nodes.items())
     )
     note = (
-        f'<p class="hint" data-testid="map-scope" data-traces="{traces_read}">From the {traces_read} most '
-        f"recently stored traces (at most {limit}). A call is a span whose parent span is in another "
+        f'<p class="hint" data-testid="map-scope" data-traces="{traces_read}">From the '
+        f"{traces_read} most "
+        f"recently stored traces (at most {limit}). A call is a span whose parent span is in "
+        "another "
         "service; its error fraction is the share of those spans with status ERROR.</p>"
     )
     body = [

@@ -25,7 +25,7 @@ def nice_bounds(values: Sequence[float], max_buckets: int = 16) -> list[float]:
     the first bound is at or below the smallest value, the last above the largest."""
     if not values:
         return []
-    low, high = max(min(values), 1e-3), max(max(values), 1e-3)
+    low, high = max(min(values), 1e-3), max(*values, 1e-3)
     exp = math.floor(math.log10(low))
     ladder: list[float] = []
     while not ladder or ladder[-1] <= high:

@@ -61,8 +61,8 @@ def tree_rows(spans: Sequence[SpanRecord]) -> list[Row]:
     by_id = {s.span_id: s for s in spans}
     children: dict[str | None, list[SpanRecord]] = defaultdict(list)
     for s in spans:
-        parent = s.parent_span_id if s.parent_span_id in by_id else None
-        children[parent].append(s)
+        parent_id = s.parent_span_id if s.parent_span_id in by_id else None
+        children[parent_id].append(s)
     for kids in children.values():
         kids.sort(key=lambda s: (s.start_ns, s.span_id))
     rows: list[Row] = []
