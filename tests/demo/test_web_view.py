@@ -158,7 +158,7 @@ def test_rollouts_filter_a_failed_waterfall_and_span_details(demo: Demo) -> None
         verify.locator("summary").click()
         detail = verify.locator("[data-testid=span-detail]")
         detail.wait_for(state="visible")
-        assert "succeeded" in detail.inner_text() and "False" in detail.inner_text()
+        assert "succeeded" in detail.inner_text() and "false" in detail.inner_text()
         assert pg.locator("[data-testid=trace-summary]").get_attribute("data-complete") == "true"
         browser.close()
     assert dialogs == []

@@ -10,6 +10,7 @@ inline event handlers, ``javascript:`` URLs, styles or images from elsewhere, fr
 from __future__ import annotations
 
 import html
+import json
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -66,10 +67,18 @@ def table(headers: Iterable[str], rows: Iterable[str], cls: str = "") -> str:
     return f'<table class="{e(cls)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def value_text(value: object) -> str:
+    """An attribute value as text: JSON spelling for booleans, lists and maps."""
+    if isinstance(value, (bool, list, dict)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
 def kv_table(items: Mapping[str, object], cls: str = "kv") -> str:
     """Keys and values (both from span data) as a two-column table, values clipped."""
     rows = "".join(
-        f"<tr><th>{clip(k)}</th><td>{clip(v, MAX_DETAIL_CHARS)}</td></tr>" for k, v in items.items()
+        f"<tr><th>{clip(k)}</th><td>{clip(value_text(v), MAX_DETAIL_CHARS)}</td></tr>"
+        for k, v in items.items()
     )
     return f'<table class="{e(cls)}"><tbody>{rows}</tbody></table>'
 
