@@ -169,7 +169,7 @@ def service_map(nodes: dict[str, tuple[int, int]], edges: Sequence[Edge]) -> str
     columns: dict[int, list[str]] = {}
     for node in sorted(incoming):
         columns.setdefault(depth[node], []).append(node)
-    box_w, box_h, gap_x, gap_y = 230, 54, 110, 36
+    box_w, box_h, gap_x, gap_y = 340, 54, 250, 36
     rows = max(len(c) for c in columns.values())
     width = len(columns) * (box_w + gap_x) + 20
     height = rows * (box_h + gap_y) + 20
@@ -191,17 +191,19 @@ def service_map(nodes: dict[str, tuple[int, int]], edges: Sequence[Edge]) -> str
             sy, ty = y1 + box_h, y2
         cls = "edge error" if edge.errors else "edge"
         label = f"{edge.calls} calls, {edge.error_fraction:.0%} errors"
+        # near the callee: edges leaving one caller fan out there, so labels do not meet
+        lx, ly = sx + (tx - sx) * 0.68, sy + (ty - sy) * 0.68 - 6
         parts.append(
             f'<g class="{cls}"><line x1="{sx:.0f}" y1="{sy:.0f}" x2="{tx:.0f}" y2="{ty:.0f}" '
-            f'marker-end="url(#arrow)"/><text x="{(sx + tx) / 2:.0f}" y="{(sy + ty) / 2 - 6:.0f}">'
-            f"{e(label)}</text></g>"
+            f'marker-end="url(#arrow)"/><text x="{lx:.0f}" y="{ly:.0f}">{e(label)}</text></g>'
         )
     for name, (x, y) in pos.items():
         spans, errors = nodes.get(name, (0, 0))
         cls = "node error" if errors else "node"
+        short = name if len(name) <= 40 else name[:39] + "…"
         parts.append(
             f'<g class="{cls}"><rect x="{x:.0f}" y="{y:.0f}" width="{box_w}" height="{box_h}" '
-            f'rx="6"/><text x="{x + 10:.0f}" y="{y + 22:.0f}">{e(name[:32])}</text>'
+            f'rx="6"/><text x="{x + 10:.0f}" y="{y + 22:.0f}">{e(short)}</text>'
             f'<text class="small" x="{x + 10:.0f}" y="{y + 42:.0f}">{spans} spans, {errors} errors'
             f"</text><title>{e(name)}</title></g>"
         )
