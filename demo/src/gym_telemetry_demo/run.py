@@ -8,6 +8,7 @@ unless ``keep`` is set, in which case it waits for Ctrl-C first.
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import time
@@ -323,6 +324,9 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
+            # A terminal's Ctrl-C reaches every process of the group, and `uv run` forwards
+            # its own copy: a second SIGINT must not cut the orderly stop below short.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     finally:
         with console.status("Stopping the Gym servers and the sidecar..."):
             if servers is not None:
