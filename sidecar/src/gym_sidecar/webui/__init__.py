@@ -9,7 +9,8 @@ Policy forbids any script or style not served from ``/static/``.
 - :mod:`.html`: escaping, the page layout and the response headers;
 - :mod:`.svg`: histograms, the success-over-time chart, the service map;
 - :mod:`.waterfall`: one trace's rows, its completeness, the time axis;
-- :mod:`.pages`: the rollouts, trace, stats and map pages;
+- :mod:`.pages`: the rollouts, stats, map and message pages; :mod:`.trace_page`: a
+  trace's waterfall;
 - :mod:`.app`: the Starlette app (pages, static files, the Jaeger-compatible API of
   :mod:`gym_sidecar.query`); :mod:`.command`: the ``gym-sidecar ui`` subcommand.
 """

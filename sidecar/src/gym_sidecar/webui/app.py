@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from gym_sidecar.query.api import build_router, normalize_trace_id
 from gym_sidecar.store import db, queries, stats
-from gym_sidecar.webui import pages, svg
+from gym_sidecar.webui import pages, svg, trace_page
 from gym_sidecar.webui.html import SECURITY_HEADERS, url
 from gym_sidecar.webui.waterfall import completeness
 
@@ -184,14 +184,14 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
                 if full is not None and queries.trace_spans(conn, full):
                     trace_ids = [full]
             if len(trace_ids) > 1:
-                return _html(pages.trace_choice_page(ident, trace_ids))
+                return _html(trace_page.trace_choice_page(ident, trace_ids))
             spans = queries.trace_spans(conn, trace_ids[0]) if trace_ids else []
         if not spans:
             return _html(
                 pages.not_found_page(f"No rollout or trace {ident!r} in the local store."), 404
             )
         state = completeness(spans, cfg.clock_ns(), cfg.settle_s)
-        body = pages.trace_page(
+        body = trace_page.trace_page(
             trace_ids[0],
             spans,
             state,
