@@ -290,6 +290,7 @@ class JaegerServer(JaegerQueryClient):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
+                start_new_session=True,  # the demo stops it (Ctrl-C reaches the demo alone)
             )
         try:
             for port in (self.otlp_grpc_port, self.otlp_http_port, self.query_http_port):
