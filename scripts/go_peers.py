@@ -185,7 +185,11 @@ def _build(tool: GoTool) -> None:
     if tool.build_in_module:
         shutil.rmtree(workdir, ignore_errors=True)  # only the binaries are needed afterwards
     out = subprocess.run(
-        [str(tool.binary()), *tool.check], capture_output=True, text=True, timeout=120
+        [str(tool.binary()), *tool.check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,  # the exit code is checked below, with the output in the message
     )
     if out.returncode != 0:
         raise RuntimeError(
