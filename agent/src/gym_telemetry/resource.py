@@ -5,7 +5,9 @@
 1. what is detected here (``container.id`` when the process runs in a container) and
    ``service.instance.id``, a random UUID made once per process (OpenTelemetry's
    recommendation), so two workers of one Gym server (``num_workers``) or two replicas
-   can be told apart;
+   can be told apart. Recent SDKs (1.45 here) put one of their own in
+   ``Resource.create``, which then wins; this one covers the older SDKs the agent
+   supports;
 2. the SDK's defaults and environment (``telemetry.sdk.*``, ``OTEL_RESOURCE_ATTRIBUTES``,
    ``OTEL_SERVICE_NAME``), through ``Resource.create``;
 3. the caller's arguments (``service_name``, ``server_name``, ``server_type``,
