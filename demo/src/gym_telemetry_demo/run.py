@@ -37,7 +37,7 @@ from gym_telemetry_demo.gym_servers import (
     telemetry_env,
 )
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
-from gym_telemetry_demo.sidecar import SidecarChild
+from gym_telemetry_demo.sidecar import SidecarProcess
 
 METRICS_INTERVAL_S: Final = 2.0
 ENV_BUILD_TIMEOUT_S: Final = 1800
@@ -237,8 +237,13 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
         # the local store is kept (--local-store), so the tables below still print;
         # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
         config["backend"] = {"url": jaeger.otlp_grpc_endpoint, "protocol": "grpc"}
-    sidecar = SidecarChild(opts.store_dir, opts.workdir, config)
-    store_path = sidecar.store_dir / "traces.db"
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    sidecar = SidecarProcess(
+        config=config,
+        log_dir=opts.workdir,
+        extra_args=["--local-store", "--store-dir", str(opts.store_dir)],
+    )
+    store_path = opts.store_dir / "traces.db"
     servers: GymServers | None = None
     code = 0
     try:
