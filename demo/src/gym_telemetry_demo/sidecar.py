@@ -49,6 +49,7 @@ class SidecarProcess:
         config: Mapping[str, Any] | None = None,
         log_dir: str | Path | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        new_session: bool = False,
     ) -> None:
         self.grpc_port = free_port()
         self.http_port = free_port()
@@ -66,6 +67,9 @@ class SidecarProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.startup_timeout_s = startup_timeout_s
+        #: Start the child in its own session (the demo: a terminal's Ctrl-C reaches the
+        #: demo alone, which then stops every child once and in order).
+        self.new_session = new_session
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
 
@@ -98,7 +102,11 @@ class SidecarProcess:
         env.setdefault("XDG_DATA_HOME", str(self._dir / "xdg-data"))
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=self.new_session,
             )
         try:
             self.wait_ready(self.startup_timeout_s)
