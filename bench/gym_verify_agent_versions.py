@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.ports import wait_listening  # noqa: E402
+
 from bench.gym_verify_throughput import (  # noqa: E402
     SERVER,
     cpu_seconds,
@@ -47,7 +49,6 @@ from bench.gym_verify_throughput import (  # noqa: E402
     start_sink,
 )
 from tests.gym.stack import GymStack, load_configs  # noqa: E402
-from tests.support.ports import wait_listening  # noqa: E402
 
 # Installed on the servers' path: cyclic-GC time and counts, dumped to a JSON file every 0.5 s.
 _GC_PROBE = """

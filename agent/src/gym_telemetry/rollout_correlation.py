@@ -171,11 +171,6 @@ def resolve(force: bool = False) -> bool:
         return from_gym
 
 
-def uses_gym() -> bool:
-    """Whether the correlation is Gym's own (resolves on first use)."""
-    return resolve()
-
-
 def current_rollout_id() -> str | None:
     """The rollout id of the current context, or None. Never raises."""
     try:

@@ -38,7 +38,7 @@ from gym_telemetry_demo.gym_servers import (
     telemetry_env,
 )
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
-from gym_telemetry_demo.sidecar import SidecarChild
+from gym_telemetry_demo.sidecar import SidecarProcess
 from gym_telemetry_demo.webview import WebViewChild
 
 METRICS_INTERVAL_S: Final = 2.0
@@ -273,8 +273,14 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
         # the local store is kept (--local-store), so the tables below still print;
         # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
         config["backend"] = {"url": jaeger.otlp_grpc_endpoint, "protocol": "grpc"}
-    sidecar = SidecarChild(opts.store_dir, opts.workdir, config)
-    store_path = sidecar.store_dir / "traces.db"
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    sidecar = SidecarProcess(
+        config=config,
+        log_dir=opts.workdir,
+        extra_args=["--local-store", "--store-dir", str(opts.store_dir)],
+        new_session=True,
+    )
+    store_path = opts.store_dir / "traces.db"
     servers: GymServers | None = None
     webview: WebViewChild | None = None
     code = 0
@@ -285,7 +291,7 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
-            webview = WebViewChild(sidecar.store_dir, opts.workdir).start()
+            webview = WebViewChild(opts.store_dir, opts.workdir).start()
             env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = GymServers(

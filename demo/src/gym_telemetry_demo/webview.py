@@ -43,7 +43,7 @@ class WebViewChild:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
         with self.log_path.open("wb") as log:
-            # its own session (see SidecarChild.start): Ctrl-C goes to the demo alone
+            # its own session (see SidecarProcess.new_session): Ctrl-C goes to the demo alone
             self.proc = subprocess.Popen(
                 self.command(),
                 stdout=log,

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import pytest
-from gym_sidecar.enrich.downward_api import (
+from gym_sidecar.core.downward_api import (
     ENV_TO_ATTRIBUTE,
     PODINFO_DEFAULT_DIR,
     PODINFO_DIR_ENV,

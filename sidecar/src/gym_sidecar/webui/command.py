@@ -75,7 +75,7 @@ def add_ui(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
-    from gym_sidecar.configload import split_host_port
+    from gym_sidecar.hostport import split_host_port
     from gym_sidecar.selfmetrics import SelfMetrics
     from gym_sidecar.webui.app import ViewConfig, build_app
 
