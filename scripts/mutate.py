@@ -1,0 +1,321 @@
+"""``make mutate``: mutation testing of the modules where a wrong decision loses or
+misreports data, with mutmut 3 (a workspace dev group, ``uv sync --group mutate``).
+
+For each module in ``MODULES`` this lays out a scratch project under
+``~/.cache/gym-telemetry/mutate/<name>/`` the way mutmut expects one (``src/`` holding
+the workspace's four packages, ``tests/``, a ``pyproject.toml`` whose ``[tool.mutmut]``
+mutates that one file and runs only the tests listed for it), runs ``mutmut run`` there
+with ``--max-children`` workers (default 1: the machine is shared), and collects
+killed / survived / timed out / no tests per module. mutmut itself then runs, for each
+mutant, only the listed tests that called the mutated function.
+
+The tests listed per module are in-process ones: a test that starts a sidecar as a
+subprocess imports the installed (unmutated) code and would only cost time.
+
+    uv run --frozen --group mutate python scripts/mutate.py            # every module
+    uv run --frozen --group mutate python scripts/mutate.py disk_queue # one or more
+    ... --max-children 2 --report docs/mutation-report.md
+
+The report (markdown) lists per module the counts, the kill rate and each survivor's
+name and changed line; a module not run keeps its previous row. Exit 0 when every
+module ran (survivors are not a failure: they are read and explained in
+docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gym-telemetry" / "mutate"
+PACKAGES = (
+    "semconv/src/gym_telemetry_semconv",
+    "agent/src/gym_telemetry",
+    "sidecar/src/gym_sidecar",
+    "demo/src/gym_telemetry_demo",
+)
+DEFAULT_REPORT = ROOT / "docs" / "mutation-report.md"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    source: str
+    """Path inside the workspace."""
+    tests: tuple[str, ...]
+    """The in-process tests that cover it."""
+
+    @property
+    def package_path(self) -> str:
+        return "src/" + self.source.split("/src/", 1)[1]
+
+
+MODULES: tuple[Module, ...] = (
+    Module(
+        "disk_queue",
+        "sidecar/src/gym_sidecar/export/disk_queue.py",
+        ("tests/sidecar/export/test_disk_queue.py",),
+    ),
+    Module(
+        "sender",
+        "sidecar/src/gym_sidecar/export/sender.py",
+        ("tests/sidecar/export/test_sender_logs.py", "tests/sidecar/export/test_queue.py"),
+    ),
+    Module(
+        "otlp_http",
+        "sidecar/src/gym_sidecar/export/otlp_http.py",
+        ("tests/sidecar/export/test_http_export.py", "tests/sidecar/export/test_http_post.py"),
+    ),
+    Module(
+        "otlp_grpc",
+        "sidecar/src/gym_sidecar/export/otlp_grpc.py",
+        ("tests/sidecar/export/test_otlp_grpc_exporter.py",),
+    ),
+    Module(
+        "metrics_spans",
+        "sidecar/src/gym_sidecar/metrics/spans.py",
+        ("tests/sidecar/metrics/test_derive_stage.py",),
+    ),
+    Module(
+        "metrics_series",
+        "sidecar/src/gym_sidecar/metrics/series.py",
+        ("tests/sidecar/metrics/test_derive_stage.py",),
+    ),
+    Module(
+        "gating_policy",
+        "sidecar/src/gym_sidecar/gating/policy.py",
+        ("tests/sidecar/gating/test_policy.py", "tests/sidecar/gating/test_gate_stage.py"),
+    ),
+    Module(
+        "receiver_limits",
+        "sidecar/src/gym_sidecar/receiver/limits.py",
+        (
+            "tests/sidecar/receiver/test_message_depth.py",
+            "tests/sidecar/receiver/test_otlp_json.py",
+            "tests/sidecar/receiver/test_request_messages.py",
+            "tests/sidecar/receiver/test_bad_input.py",
+        ),
+    ),
+    Module(
+        "webhook_mutate",
+        "sidecar/src/gym_sidecar/webhook/mutate.py",
+        ("tests/sidecar/webhook/test_webhook_mutate.py",),
+    ),
+    Module(
+        "agent_span_groups",
+        "agent/src/gym_telemetry/span_groups.py",
+        ("tests/agent/test_span_groups.py",),
+    ),
+    Module(
+        "agent_outcomes",
+        "agent/src/gym_telemetry/outcomes.py",
+        ("tests/agent/test_outcomes.py",),
+    ),
+)
+BY_NAME = {m.name: m for m in MODULES}
+STATUSES = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped", "segfault")
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def stage(module: Module) -> Path:
+    """The scratch project for ``module`` (rebuilt each run; mutmut's own cache is kept
+    only inside it, so a changed test or module is always tested anew)."""
+    work = CACHE / module.name
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "src").mkdir(parents=True)
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, work / "src" / Path(pkg).name)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    pytest_args = ["-p", "no:cacheprovider", "-q", "-x"]
+    (work / "pyproject.toml").write_text(
+        "[tool.mutmut]\n"
+        'source_paths = ["src"]\n'
+        f"only_mutate = {_toml_list([module.package_path])}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}\n"
+        f"pytest_add_cli_args = {_toml_list(pytest_args)}\n"
+        "use_git_change_detection = false\n"
+        "\n[tool.pytest.ini_options]\n"
+        'pythonpath = ["."]\n'
+        "timeout = 300\n"
+        'markers = ["slow: long-running"]\n',
+        encoding="utf-8",
+    )
+    return work
+
+
+def _mutmut(
+    work: Path, *args: str, timeout_s: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "mutmut", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout_s,
+    )
+
+
+@dataclass
+class Result:
+    module: Module
+    counts: dict[str, int]
+    survivors: list[tuple[str, str]]
+    """(mutant name, changed line)."""
+    seconds: float
+    error: str = ""
+
+    @property
+    def tested(self) -> int:
+        return sum(self.counts.get(s, 0) for s in ("killed", "survived", "timeout"))
+
+    @property
+    def kill_rate(self) -> str:
+        if not self.tested:
+            return "-"
+        caught = self.counts.get("killed", 0) + self.counts.get("timeout", 0)
+        return f"{caught / self.tested:.1%}"
+
+
+_RESULT_LINE = re.compile(r"^\s+(\S+): (.+)$")
+
+
+def _changed_line(work: Path, name: str) -> str:
+    diff = _mutmut(work, "show", name).stdout
+    plus = [
+        ln[1:].strip()
+        for ln in diff.splitlines()
+        if ln.startswith("+") and not ln.startswith("+++")
+    ]
+    return plus[0] if plus else "?"
+
+
+def run_module(module: Module, max_children: int) -> Result:
+    started = time.monotonic()
+    work = stage(module)
+    print(f"== {module.name}: mutmut run in {work} ({max_children} worker(s))", flush=True)
+    run = _mutmut(work, "run", "--max-children", str(max_children))
+    (work / "mutmut-run.log").write_text(run.stdout + run.stderr, encoding="utf-8")
+    results = _mutmut(work, "results", "--all", "true")
+    counts = dict.fromkeys(STATUSES, 0)
+    survivors: list[tuple[str, str]] = []
+    for line in results.stdout.splitlines():
+        match = _RESULT_LINE.match(line)
+        if not match:
+            continue
+        name, status = match.groups()
+        counts[status] = counts.get(status, 0) + 1
+        if status == "survived":
+            survivors.append((name, _changed_line(work, name)))
+    error = ""
+    if run.returncode != 0 or not any(counts.values()):
+        tail = (run.stdout + run.stderr).strip().splitlines()[-15:]
+        error = f"mutmut run exited {run.returncode}: " + " / ".join(tail)
+    result = Result(module, counts, survivors, time.monotonic() - started, error)
+    print(
+        f"   {module.name}: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+        + f"; kill rate {result.kill_rate}; {result.seconds:.0f} s"
+        + (f"\n   {error}" if error else ""),
+        flush=True,
+    )
+    return result
+
+
+def _row(r: Result) -> str:
+    c = r.counts
+    return (
+        f"| {r.module.name} | `{r.module.source}` | {c.get('killed', 0)} | {c.get('survived', 0)} "
+        f"| {c.get('timeout', 0)} | {c.get('no tests', 0)} | {r.kill_rate} | {r.seconds:.0f} |"
+    )
+
+
+def write_report(path: Path, results: list[Result], max_children: int) -> None:
+    """Rows of modules run now replace their previous rows; the others are kept."""
+    old_rows: dict[str, str] = {}
+    old_survivors: dict[str, str] = {}
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) > 2 and cells[1] in BY_NAME:
+                old_rows[cells[1]] = line
+        for block in re.split(r"(?m)^### ", text)[1:]:
+            name = block.split("\n", 1)[0].strip()
+            if name in BY_NAME:
+                old_survivors[name] = "### " + block.rstrip() + "\n"
+    new = {r.module.name: r for r in results}
+    load = os.getloadavg()[0]
+    lines = [
+        "# Mutation testing report",
+        "",
+        "Written by `make mutate` (`scripts/mutate.py`, mutmut 3); how to run it and what the",
+        "survivors mean: [testing.md](testing.md#mutation-testing). Last run "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {max_children} worker(s), "
+        f"load average {load:.1f} at the end.",
+        "",
+        "Kill rate = (killed + timed out) / (killed + survived + timed out); `no tests`: "
+        "mutants in code the listed tests never call.",
+        "",
+        "| module | file | killed | survived | timed out | no tests | kill rate | seconds |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for m in MODULES:
+        if m.name in new:
+            lines.append(_row(new[m.name]))
+        elif m.name in old_rows:
+            lines.append(old_rows[m.name])
+    lines += ["", "## Survivors", ""]
+    for m in MODULES:
+        if m.name in new:
+            r = new[m.name]
+            lines.append(f"### {m.name}")
+            lines.append("")
+            if r.error:
+                lines.append(f"Run failed: {r.error}")
+                lines.append("")
+            if not r.survivors:
+                lines.append("none")
+            for name, changed in r.survivors:
+                lines.append(f"- `{name}`: `{changed}`")
+            lines.append("")
+        elif m.name in old_survivors:
+            lines.append(old_survivors[m.name])
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"of {', '.join(BY_NAME)}")
+    parser.add_argument("--max-children", type=int, default=1)
+    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT)
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.modules if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown module(s) {unknown}; known: {', '.join(BY_NAME)}")
+    chosen = [BY_NAME[n] for n in args.modules] or list(MODULES)
+    results = []
+    for module in chosen:
+        results.append(run_module(module, args.max_children))
+        write_report(args.report, results, args.max_children)  # after each: partial runs count
+    print(f"report: {args.report}")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
