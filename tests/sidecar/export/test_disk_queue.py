@@ -142,14 +142,79 @@ def test_replay_after_close_keeps_unacked_and_leased(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
-def test_fsync_interval_mode_writes_before_answering(tmp_path: Path) -> None:
+def test_leased_records_keep_their_segments_until_acked(tmp_path: Path) -> None:
+    """A lease is not an acknowledgement: records leased (every one of them, across
+    several segments) and never acked keep their bytes in the bound and their segment
+    files, and all of them are replayed after a restart."""
+
     async def run() -> None:
-        q = make(tmp_path, SelfMetrics(), fsync="interval", fsync_interval_s=0.05)
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(20):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        files_before = segments.list_segments(tmp_path)
+        assert len(files_before) > 1  # 1 KiB segments: the lease spans several
+        lease = await q.get(1 << 20, 0.0)
+        assert lease is not None and len(lease.entries) == 20
+        assert q.used_bytes == 20 * 100  # still held: nothing was acknowledged
+        await q.close()  # awaits any deletion a wrong release might have started
+        assert segments.list_segments(tmp_path) == files_before
+        q2 = make(tmp_path, m)
+        assert sorted(await drain_all(q2)) == [payload(i) for i in range(20)]
+        await q2.close()
+
+    asyncio.run(run())
+
+
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:
+    """The ``fsync`` flag of every append, and every ``os.fsync`` of the segment files
+    (the real ones still run)."""
+    appends: list[bool] = []
+    fsyncs: list[int] = []
+    real_append = segments.SegmentWriter.append
+    real_fsync = segments.os.fsync
+
+    def append(self: segments.SegmentWriter, records: Any, fsync: bool) -> Any:
+        appends.append(fsync)
+        return real_append(self, records, fsync)
+
+    def fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(segments.SegmentWriter, "append", append)
+    monkeypatch.setattr(segments.os, "fsync", fsync)
+    return appends, fsyncs
+
+
+def test_fsync_interval_mode_writes_before_answering_and_fsyncs_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``interval``: put answers once the record is written (another reader sees it),
+    without an fsync of its own; the sync loop fsyncs it afterwards."""
+    appends, fsyncs = _record_fsyncs(monkeypatch)
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics(), fsync="interval", fsync_interval_s=0.2)
         assert await q.put(Signal.METRICS, payload(7), 3)
-        # Written to the file (page cache) before put returned: another reader sees it.
+        assert appends == [False]  # the write did not wait for the disk
         records = [r for _, p in segments.list_segments(tmp_path) for r in segments.scan(p).records]
         assert [(r.signal, r.items) for r in records] == [(Signal.METRICS, 3)]
-        await asyncio.sleep(0.15)
+        assert await wait_for_async(lambda: fsyncs, 60, describe=lambda: (appends, fsyncs))
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_fsync_always_mode_fsyncs_before_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    appends, fsyncs = _record_fsyncs(monkeypatch)
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics(), fsync="always", fsync_interval_s=3600)
+        assert await q.put(Signal.METRICS, payload(7), 3)
+        assert appends == [True] and fsyncs  # before put answered (the loop waits an hour)
         await q.close()
 
     asyncio.run(run())
