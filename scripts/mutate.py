@@ -54,6 +54,12 @@ class Module:
     """Path inside the workspace."""
     tests: tuple[str, ...]
     """The in-process tests that cover it."""
+    functions: tuple[str, ...] = ()
+    """The functions holding the module's data decisions, mutated by default (all of the
+    file's functions with ``--all-functions``)."""
+
+    def mutant_globs(self) -> list[str]:
+        return [f"*{fn}__mutmut_*" for fn in self.functions]
 
     @property
     def package_path(self) -> str:
@@ -65,36 +71,47 @@ MODULES: tuple[Module, ...] = (
         "disk_queue",
         "sidecar/src/gym_sidecar/export/disk_queue.py",
         ("tests/sidecar/export/test_disk_queue.py",),
+        ("_lease", "ack", "_release", "_collect", "_take"),
     ),
     Module(
         "sender",
         "sidecar/src/gym_sidecar/export/sender.py",
-        ("tests/sidecar/export/test_sender_logs.py", "tests/sidecar/export/test_queue.py"),
+        (
+            "tests/sidecar/export/test_sender_logs.py",
+            "tests/sidecar/export/test_queue.py",
+            "tests/sidecar/export/test_grpc_export.py",
+        ),
+        ("_send", "_drop"),
     ),
     Module(
         "otlp_http",
         "sidecar/src/gym_sidecar/export/otlp_http.py",
         ("tests/sidecar/export/test_http_export.py", "tests/sidecar/export/test_http_post.py"),
+        ("classify_status", "parse_retry_after"),
     ),
     Module(
         "otlp_grpc",
         "sidecar/src/gym_sidecar/export/otlp_grpc.py",
         ("tests/sidecar/export/test_otlp_grpc_exporter.py",),
+        ("classify", "retry_delay_s", "_seconds"),
     ),
     Module(
         "metrics_spans",
         "sidecar/src/gym_sidecar/metrics/spans.py",
         ("tests/sidecar/metrics/test_derive_stage.py",),
+        ("_rollouts", "_verifications", "_verify_attrs", "_is_nested", "_record_points"),
     ),
     Module(
         "metrics_series",
         "sidecar/src/gym_sidecar/metrics/series.py",
         ("tests/sidecar/metrics/test_derive_stage.py",),
+        ("record", "succeeded"),
     ),
     Module(
         "gating_policy",
         "sidecar/src/gym_sidecar/gating/policy.py",
         ("tests/sidecar/gating/test_policy.py", "tests/sidecar/gating/test_gate_stage.py"),
+        ("_compute", "for_service", "joining_warnings"),
     ),
     Module(
         "receiver_limits",
@@ -105,21 +122,25 @@ MODULES: tuple[Module, ...] = (
             "tests/sidecar/receiver/test_request_messages.py",
             "tests/sidecar/receiver/test_bad_input.py",
         ),
+        ("json_values_exceed", "rewrite_json_ids"),
     ),
     Module(
         "webhook_mutate",
         "sidecar/src/gym_sidecar/webhook/mutate.py",
         ("tests/sidecar/webhook/test_webhook_mutate.py",),
+        ("decide", "already_injected", "mutate"),
     ),
     Module(
         "agent_span_groups",
         "agent/src/gym_telemetry/span_groups.py",
         ("tests/agent/test_span_groups.py",),
+        ("parse_spec", "enabled_for_spec", "set_enabled", "is_enabled", "configure_from_env"),
     ),
     Module(
         "agent_outcomes",
         "agent/src/gym_telemetry/outcomes.py",
         ("tests/agent/test_outcomes.py",),
+        ("failure_of", "_from_view", "_from_response", "_extra", "_view"),
     ),
 )
 BY_NAME = {m.name: m for m in MODULES}
@@ -147,6 +168,7 @@ def stage(module: Module) -> Path:
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}\n"
         f"pytest_add_cli_args = {_toml_list(pytest_args)}\n"
         "use_git_change_detection = false\n"
+        "timeout_multiplier = 5.0\n"
         "\n[tool.pytest.ini_options]\n"
         'pythonpath = ["."]\n'
         "timeout = 300\n"
@@ -179,6 +201,8 @@ class Result:
     """(mutant name, changed line)."""
     seconds: float
     error: str = ""
+    before: dict[str, int] | None = None
+    """The counts before survivors were tested again (``--retest-survivors-of``)."""
 
     @property
     def tested(self) -> int:
@@ -186,10 +210,17 @@ class Result:
 
     @property
     def kill_rate(self) -> str:
-        if not self.tested:
-            return "-"
-        caught = self.counts.get("killed", 0) + self.counts.get("timeout", 0)
-        return f"{caught / self.tested:.1%}"
+        return _rate(self.counts)
+
+    @property
+    def kill_rate_before(self) -> str:
+        return "-" if self.before is None else _rate(self.before)
+
+
+def _rate(counts: dict[str, int]) -> str:
+    caught = counts.get("killed", 0) + counts.get("timeout", 0)
+    tested = caught + counts.get("survived", 0)
+    return "-" if not tested else f"{caught / tested:.1%}"
 
 
 _RESULT_LINE = re.compile(r"^\s+(\S+): (.+)$")
@@ -205,13 +236,15 @@ def _changed_line(work: Path, name: str) -> str:
     return plus[0] if plus else "?"
 
 
-def run_module(module: Module, max_children: int) -> Result:
+def run_module(module: Module, max_children: int, names: list[str]) -> Result:
+    """mutmut over ``names`` (mutant names or globs) of ``module``."""
     started = time.monotonic()
     work = stage(module)
     print(f"== {module.name}: mutmut run in {work} ({max_children} worker(s))", flush=True)
-    run = _mutmut(work, "run", "--max-children", str(max_children))
+    run = _mutmut(work, "run", "--max-children", str(max_children), *names)
     (work / "mutmut-run.log").write_text(run.stdout + run.stderr, encoding="utf-8")
     results = _mutmut(work, "results", "--all", "true")
+    wanted = [n for n in names if "*" not in n]
     counts = dict.fromkeys(STATUSES, 0)
     survivors: list[tuple[str, str]] = []
     for line in results.stdout.splitlines():
@@ -219,6 +252,8 @@ def run_module(module: Module, max_children: int) -> Result:
         if not match:
             continue
         name, status = match.groups()
+        if status == "not checked" or (wanted and name not in wanted):
+            continue
         counts[status] = counts.get(status, 0) + 1
         if status == "survived":
             survivors.append((name, _changed_line(work, name)))
@@ -241,7 +276,8 @@ def _row(r: Result) -> str:
     c = r.counts
     return (
         f"| {r.module.name} | `{r.module.source}` | {c.get('killed', 0)} | {c.get('survived', 0)} "
-        f"| {c.get('timeout', 0)} | {c.get('no tests', 0)} | {r.kill_rate} | {r.seconds:.0f} |"
+        f"| {c.get('timeout', 0)} | {c.get('no tests', 0)} | {r.kill_rate} "
+        f"| {r.kill_rate_before} | {r.seconds:.0f} |"
     )
 
 
@@ -272,8 +308,9 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
         "Kill rate = (killed + timed out) / (killed + survived + timed out); `no tests`: "
         "mutants in code the listed tests never call.",
         "",
-        "| module | file | killed | survived | timed out | no tests | kill rate | seconds |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| module | file | killed | survived | timed out | no tests | kill rate "
+        "| before new tests | seconds |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for m in MODULES:
         if m.name in new:
@@ -299,19 +336,68 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
 
 
+def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
+    """Per module of an earlier report: its counts and its survivors' names."""
+    out: dict[str, tuple[dict[str, int], list[str]]] = {}
+    if not report.exists():
+        return out
+    text = report.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 7 and cells[1] in BY_NAME:
+            counts = {
+                "killed": int(cells[3]),
+                "survived": int(cells[4]),
+                "timeout": int(cells[5]),
+                "no tests": int(cells[6]),
+            }
+            out[cells[1]] = (counts, [])
+    for block in re.split(r"(?m)^### ", text)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        if name in out:
+            out[name][1].extend(re.findall(r"^- `([^`]+)`", block, re.MULTILINE))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"of {', '.join(BY_NAME)}")
     parser.add_argument("--max-children", type=int, default=1)
     parser.add_argument("--report", type=Path, default=DEFAULT_REPORT)
+    parser.add_argument(
+        "--all-functions", action="store_true", help="mutate every function, not the listed ones"
+    )
+    parser.add_argument(
+        "--retest-survivors-of",
+        type=Path,
+        metavar="REPORT",
+        help="test again only the survivors listed in REPORT (after adding tests); the "
+        "counts are REPORT's with those survivors' new verdicts",
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.modules if n not in BY_NAME]
     if unknown:
         parser.error(f"unknown module(s) {unknown}; known: {', '.join(BY_NAME)}")
     chosen = [BY_NAME[n] for n in args.modules] or list(MODULES)
+    before = _previous(args.retest_survivors_of) if args.retest_survivors_of else {}
     results = []
     for module in chosen:
-        results.append(run_module(module, args.max_children))
+        if args.retest_survivors_of:
+            if module.name not in before:
+                continue
+            counts, survivors = before[module.name]
+            if not survivors:
+                result = Result(module, dict(counts), [], 0.0)
+            else:
+                result = run_module(module, args.max_children, survivors)
+                for status in ("killed", "timeout"):
+                    result.counts[status] = counts[status] + result.counts.get(status, 0)
+                result.counts["no tests"] = counts["no tests"]
+            result.before = counts
+        else:
+            names = [] if args.all_functions else module.mutant_globs()
+            result = run_module(module, args.max_children, names)
+        results.append(result)
         write_report(args.report, results, args.max_children)  # after each: partial runs count
     print(f"report: {args.report}")
     return 1 if any(r.error for r in results) else 0
