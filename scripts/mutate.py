@@ -25,7 +25,9 @@ docs/testing.md).
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
+import difflib
 import json
 import os
 import re
@@ -226,14 +228,27 @@ def _rate(counts: dict[str, int]) -> str:
 _RESULT_LINE = re.compile(r"^\s+(\S+): (.+)$")
 
 
-def _changed_line(work: Path, name: str) -> str:
-    diff = _mutmut(work, "show", name).stdout
-    plus = [
-        ln[1:].strip()
-        for ln in diff.splitlines()
-        if ln.startswith("+") and not ln.startswith("+++")
-    ]
-    return plus[0] if plus else "?"
+def _functions(path: Path) -> dict[str, str]:
+    """Source of every function (methods included) in mutmut's copy of a file."""
+    text = path.read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = ast.get_source_segment(text, node) or ""
+    return out
+
+
+def _changed_line(functions: dict[str, str], name: str) -> str:
+    """The first line a mutant changed, from mutmut's copy (the mutant's function next to
+    the original, ``..._mutmut_orig``), without a ``mutmut show`` process per mutant."""
+    short = name.rsplit(".", 1)[-1]
+    mutant = functions.get(short, "")
+    original = functions.get(re.sub(r"__mutmut_\d+$", "__mutmut_orig", short), "")
+    old, new = original.splitlines()[1:], mutant.splitlines()[1:]  # past the def line
+    for line in difflib.ndiff(old, new):
+        if line.startswith("+ "):
+            return line[2:].strip()
+    return "(a line removed)" if len(new) < len(old) else "?"
 
 
 def run_module(module: Module, max_children: int, names: list[str]) -> Result:
@@ -247,6 +262,7 @@ def run_module(module: Module, max_children: int, names: list[str]) -> Result:
     wanted = [n for n in names if "*" not in n]
     counts = dict.fromkeys(STATUSES, 0)
     survivors: list[tuple[str, str]] = []
+    functions = _functions(work / "mutants" / module.package_path)
     for line in results.stdout.splitlines():
         match = _RESULT_LINE.match(line)
         if not match:
@@ -256,7 +272,7 @@ def run_module(module: Module, max_children: int, names: list[str]) -> Result:
             continue
         counts[status] = counts.get(status, 0) + 1
         if status == "survived":
-            survivors.append((name, _changed_line(work, name)))
+            survivors.append((name, _changed_line(functions, name)))
     error = ""
     if run.returncode != 0 or not any(counts.values()):
         tail = (run.stdout + run.stderr).strip().splitlines()[-15:]
