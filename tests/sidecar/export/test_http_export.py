@@ -138,7 +138,9 @@ def test_503_502_and_429_with_retry_after_are_retried_then_everything_arrives() 
 )
 def test_each_status_is_classified_as_the_otlp_spec_says(status: int, outcome: Outcome) -> None:
     """OTLP/HTTP: 429, 502, 503, 504 are retryable; other non-2xx statuses are not."""
-    assert classify_status(status, None, "x").outcome is outcome
+    result = classify_status(status, None, "upstream said no")
+    assert result.outcome is outcome
+    assert result.message == f"HTTP {status}: upstream said no"  # what the drop log quotes
 
 
 def test_400_is_dropped_and_counted_and_the_sender_carries_on() -> None:
@@ -190,6 +192,11 @@ def test_urls_and_retry_after_parsing() -> None:
     assert signal_urls("https://h/base/")[Signal.LOGS] == "https://h/base/v1/logs"
     assert signal_urls("http://h/x/v1/metrics")[Signal.TRACES] == "http://h/x/v1/traces"
     assert parse_retry_after("7") == 7.0
+    # "retry now" and a date already past are 0 s, never a made-up minimum
+    assert parse_retry_after("0") == 0.0
+    assert parse_retry_after("0.25") == 0.25
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777 + 60) == 0.0
     assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777 - 5) == 5.0
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
