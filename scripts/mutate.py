@@ -231,10 +231,11 @@ _RESULT_LINE = re.compile(r"^\s+(\S+): (.+)$")
 def _functions(path: Path) -> dict[str, str]:
     """Source of every function (methods included) in mutmut's copy of a file."""
     text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     out: dict[str, str] = {}
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            out[node.name] = ast.get_source_segment(text, node) or ""
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            out[node.name] = "\n".join(lines[node.lineno - 1 : node.end_lineno])
     return out
 
 
@@ -251,13 +252,18 @@ def _changed_line(functions: dict[str, str], name: str) -> str:
     return "(a line removed)" if len(new) < len(old) else "?"
 
 
-def run_module(module: Module, max_children: int, names: list[str]) -> Result:
-    """mutmut over ``names`` (mutant names or globs) of ``module``."""
+def run_module(module: Module, max_children: int, names: list[str], rerun: bool = True) -> Result:
+    """mutmut over ``names`` (mutant names or globs) of ``module``; ``rerun=False`` only
+    reads the results of the last run in its scratch project."""
     started = time.monotonic()
-    work = stage(module)
-    print(f"== {module.name}: mutmut run in {work} ({max_children} worker(s))", flush=True)
-    run = _mutmut(work, "run", "--max-children", str(max_children), *names)
-    (work / "mutmut-run.log").write_text(run.stdout + run.stderr, encoding="utf-8")
+    work = CACHE / module.name
+    if rerun:
+        work = stage(module)
+        print(f"== {module.name}: mutmut run in {work} ({max_children} worker(s))", flush=True)
+        run = _mutmut(work, "run", "--max-children", str(max_children), *names)
+        (work / "mutmut-run.log").write_text(run.stdout + run.stderr, encoding="utf-8")
+    else:
+        run = subprocess.CompletedProcess([], 0, "", "")
     results = _mutmut(work, "results", "--all", "true")
     wanted = [n for n in names if "*" not in n]
     counts = dict.fromkeys(STATUSES, 0)
@@ -390,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         help="test again only the survivors listed in REPORT (after adding tests); the "
         "counts are REPORT's with those survivors' new verdicts",
     )
+    parser.add_argument(
+        "--results-only", action="store_true", help="report the last run's results, run nothing"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.modules if n not in BY_NAME]
     if unknown:
@@ -405,14 +414,16 @@ def main(argv: list[str] | None = None) -> int:
             if not survivors:
                 result = Result(module, dict(counts), [], 0.0)
             else:
-                result = run_module(module, args.max_children, survivors)
+                result = run_module(
+                    module, args.max_children, survivors, rerun=not args.results_only
+                )
                 for status in ("killed", "timeout"):
                     result.counts[status] = counts[status] + result.counts.get(status, 0)
                 result.counts["no tests"] = counts["no tests"]
             result.before = counts
         else:
             names = [] if args.all_functions else module.mutant_globs()
-            result = run_module(module, args.max_children, names)
+            result = run_module(module, args.max_children, names, rerun=not args.results_only)
         results.append(result)
         write_report(args.report, results, args.max_children)  # after each: partial runs count
     print(f"report: {args.report}")
