@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_telemetry.environment_variables",
             "gym_telemetry.asgi",
             "gym_telemetry.outcomes",
+            "gym_telemetry.streaming",
         ),
     ),
     (
@@ -59,6 +60,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_telemetry.autoinstrument.server_span",
             "gym_telemetry.autoinstrument.routes",
             "gym_telemetry.autoinstrument.gym_primitives",
+            "gym_telemetry.autoinstrument.mcp",
+            "gym_telemetry.autoinstrument.harness_http",
+            "gym_telemetry.autoinstrument.ray_tasks",
         ),
     ),
     ("gym integration assembly", ("gym_telemetry.autoinstrument.install",)),

@@ -52,6 +52,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.export",
             "gym_sidecar.store",
             "gym_sidecar.inspect",
+            "gym_sidecar.query",
+            "gym_sidecar.webui",
             "gym_sidecar.webhook",
             "gym_sidecar.admin",
             "gym_sidecar.asgi_listener",

@@ -33,6 +33,8 @@ from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from gym_telemetry._lean.span import LeanSpan, clean_value
 from gym_telemetry.outcomes import failure_of
 from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT
+from gym_telemetry.streaming import is_stream
+from gym_telemetry.streaming import watch as watch_stream
 
 #: The wrappers log under the public module's name (what users filter on).
 _log = logging.getLogger("gym_telemetry.endpoints")
@@ -44,6 +46,7 @@ _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provi
 _tracer_for = span_groups.tracer_for
 _current_rollout_id = rollout_correlation.current_rollout_id
 _detach = context_api.detach
+_MODEL_CALL: Final = semconv.GROUP_MODEL_CALL
 
 _NESTED: Final[dict[str, bool]] = {semconv.ROLLOUT_NESTED: True}
 
@@ -217,6 +220,10 @@ class Site:
         (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
         status ERROR, ``error.type`` = the failure kind, the failure attributes.
         """
+        if self.group == _MODEL_CALL and is_stream(result):
+            # A streamed answer: the span ends with the body, not now (streaming module).
+            self._end(span, token, had_rollout_id, self.success_attributes, result)
+            return
         failure = None
         if self.read_result:
             try:
@@ -246,7 +253,12 @@ class Site:
             self._end(span, token, had_rollout_id, self.failure_attributes)
 
     def _end(
-        self, span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None
+        self,
+        span: Span,
+        token: object,
+        had_rollout_id: bool,
+        extra: dict[str, Any] | None,
+        stream: Any = None,
     ) -> None:
         try:
             if self.rollout:
@@ -266,7 +278,8 @@ class Site:
                 else:
                     span.set_attributes(extra)
         finally:
-            span.end()
+            if stream is None or not watch_stream(stream, span):
+                span.end()
 
 
 def _with_resolved_signature(

@@ -39,6 +39,9 @@ Contract:
   outermost only. A rollout id alone never makes a
   span nested.
 - Async handlers (Gym's) get an async wrapper; plain functions get a sync wrapper.
+- A ``model_call`` span whose handler returned a streamed response ends when the
+  stream does, with a failure event in the stream or a disconnect read as ERROR
+  (``gym_telemetry.streaming``).
 - No metrics are recorded here; the sidecar derives them from the spans.
 
 This module is the API; the wrapper itself (one sync/async pair for every wrapped

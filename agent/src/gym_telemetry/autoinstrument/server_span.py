@@ -25,9 +25,10 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    calls that Gym's ``RolloutContextMiddleware`` routed on a copy of the scope (their
    ``http.route`` is the template of the app's route matching that path, looked up
    once per distinct path, ``MAX_PREFIXED_ROUTES`` at most),
-   ``<METHOD>`` otherwise, with ``http.request.method``, ``http.route``,
-   ``http.response.status_code`` and the rollout id. Status ERROR for an exception or
-   a 5xx.
+   the template of a plain Starlette route that served the request (Gym's MCP
+   ``/mcp``), looked up the same way, ``<METHOD>`` otherwise, with
+   ``http.request.method``, ``http.route``, ``http.response.status_code`` and the
+   rollout id. Status ERROR for an exception or a 5xx.
 
 FastAPI's built-in telemetry is switched off for Gym's apps by the integration, so this
 is the only SERVER span. A nested app (a mounted FastAPI) sees the marker this layer
@@ -350,6 +351,14 @@ def _finish(
         template = _route_template(scope, method, rest)
         span.update_name(f"{method} {rest if template is None else template}")
         if template is not None:
+            attributes[HTTP_ROUTE] = template
+    elif 0 < status < 400:
+        # Served by a plain Starlette route (Gym's MCP ``/mcp`` Route/Mount), which puts no
+        # ``route`` in the scope: its template is looked up once per distinct path. Not for
+        # 404s, so unmatched paths never fill the lookup cache.
+        template = _route_template(scope, method, scope["path"])
+        if template is not None:
+            span.update_name(f"{method} {template}")
             attributes[HTTP_ROUTE] = template
     if status:
         attributes[HTTP_STATUS] = status
