@@ -1,5 +1,5 @@
 # The two README commands live here: `make demo` (the main job) and `make test`.
-.PHONY: demo test bench lint screenshots
+.PHONY: demo test bench lint mutate screenshots
 
 # Where scripts/bootstrap.sh installs uv when the machine has none (it runs in its own shell).
 export PATH := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gym-telemetry/uv/bin:$(HOME)/.local/bin:$(PATH)
@@ -16,6 +16,13 @@ screenshots:
 
 bench:
 	bash scripts/bootstrap.sh && uv run --frozen python -m bench
+
+# Mutation testing of the data-critical modules (slow; not part of make test): see
+# docs/testing.md#mutation-testing. `make mutate MODULES="disk_queue sender" WORKERS=2`.
+MODULES ?=
+WORKERS ?= 1
+mutate:
+	bash scripts/bootstrap.sh && uv run --frozen --group mutate python scripts/mutate.py $(MODULES) --max-children $(WORKERS)
 
 lint:
 	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar demo tests bench && uv run --frozen mypy

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -382,3 +383,34 @@ def test_fastapi_builtin_spans_are_gated_as_server(
         assert fastapi_spans() == before
     finally:
         agent.stop()
+
+
+def test_a_garbled_answer_is_a_failure_logged_on_one_escaped_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server answering a status line with terminal controls and a newline in it: the
+    poll fails (it does not raise) and its log line quotes the bytes escaped."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"\x1b[2JNGARBLED \x1b]8;;x\x1b\\ok\x07\r\n\r\n")
+
+    server = threading.Thread(target=answer, daemon=True)
+    server.start()
+    applied: list[frozenset[str]] = []
+    poller = RemoteConfigPoller(f"http://127.0.0.1:{port}", SERVICE, 1.0, applied.append)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gym_telemetry.remote_config"):
+            assert not poller.poll_once()
+    finally:
+        server.join(30)
+        listener.close()
+    assert poller.failures == 1 and not applied
+    messages = [r.getMessage() for r in caplog.records if "NGARBLED" in r.getMessage()]
+    assert len(messages) == 1, [r.getMessage() for r in caplog.records]
+    assert "\\x1b[2JNGARBLED" in messages[0] and "\\x07\\x0d\\x0a" in messages[0]
+    assert not any(c in messages[0] for c in "\x1b\x07\r\n"), repr(messages[0])

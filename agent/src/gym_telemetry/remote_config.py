@@ -22,6 +22,7 @@ Environment: ``GYM_TELEMETRY_SIDECAR_ADMIN_URL`` (default ``http://localhost:131
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.safetext import escape_controls
 
 from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups
@@ -145,7 +147,9 @@ class RemoteConfigPoller:
                 return False
             self._failed(f"HTTP {exc.code}")
             return False
-        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad URL
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # URLError, timeouts, resets, a bad URL; HTTPException: a garbled answer
+            # (BadStatusLine quotes the server's bytes, which _failed escapes)
             self._failed(str(getattr(exc, "reason", exc)))
             return False
         groups = self._parse(body)
@@ -177,10 +181,10 @@ class RemoteConfigPoller:
         self.failures += 1
         if not self._failing:
             self._failing = True
-            _log.warning(
+            _log.warning(  # the reason may quote the server's bytes: escaped, one line
                 "gym_telemetry: cannot fetch span groups from %s (%s); keeping %s",
-                self.url,
-                reason,
+                escape_controls(self.url),
+                escape_controls(reason),
                 "the last known set" if self.last_groups is not None else "the local config",
             )
 

@@ -13,7 +13,9 @@ It also holds the one helper both programs share, not re-exported here:
 :mod:`~gym_telemetry_semconv.ratelimit`, the rate-limited logging filter. It lives here,
 and not in either program, so that the agent and the sidecar apply one rate-limit rule to
 the lines that repeat in their logs (one line per logger and message per interval, then
-the count suppressed) without the sidecar depending on the agent.
+the count suppressed) without the sidecar depending on the agent. Likewise
+:mod:`~gym_telemetry_semconv.safetext`: the one rule for client-supplied text in terminal
+output and log lines (control characters shown escaped, long values cut visibly).
 
 Standard library only. The names hold no process state; the filter's state lives in the
 filters a program installs on its loggers.

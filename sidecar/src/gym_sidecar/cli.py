@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gym_telemetry_semconv.safetext import SafeFormatter, escape_controls
+
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
 from gym_sidecar.webhook.cli import add_webhook
@@ -89,7 +91,7 @@ def _load(args: argparse.Namespace, config_file: str | None) -> SidecarConfig | 
     try:
         return load_config(config_file, os.environ, flag_overrides(args))
     except ConfigError as exc:
-        print(f"gym-sidecar: {exc}", file=sys.stderr)
+        print(f"gym-sidecar: {exc}", file=sys.stderr)  # ConfigError escapes
         return None
 
 
@@ -110,7 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args, args.config)
     if cfg is None:
         return EXIT_BAD_CONFIG
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     from gym_sidecar.server import SidecarServer
 
     try:
@@ -138,7 +140,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     import yaml  # the run command never needs it (see config.read_yaml_file)
 
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-    print(f"{args.file}: OK", file=sys.stderr)
+    print(f"{escape_controls(args.file)}: OK", file=sys.stderr)
     return EXIT_OK
 
 
@@ -153,12 +155,16 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 ]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level`` through ``SafeFormatter``: a client-supplied string in a
+    message (a span name, a request path, a backend's error) cannot start a new line or
+    carry control characters (``gym_telemetry_semconv.safetext``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def version() -> str:

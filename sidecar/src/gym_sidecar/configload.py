@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+from gym_telemetry_semconv.safetext import escape_controls
 from pydantic import AfterValidator, BaseModel, PlainSerializer, ValidationError
 
 from gym_sidecar.hostport import split_host_port
@@ -42,11 +43,14 @@ M = TypeVar("M", bound=BaseModel)
 
 class ConfigError(Exception):
     """The configuration could not be loaded; ``errors`` lists every problem found, each
-    prefixed by its key path (or the file / variable it came from)."""
+    prefixed by its key path (or the file / variable it came from). Keys and values in
+    them come from the file or the environment: their control characters are escaped
+    (``gym_telemetry_semconv.safetext``), so each error is one printable line."""
 
     header = "invalid configuration"
 
     def __init__(self, errors: list[str]) -> None:
+        errors = [escape_controls(e) for e in errors]
         super().__init__(f"{self.header}:\n  " + "\n  ".join(errors))
         self.errors = errors
 
