@@ -75,7 +75,7 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
         yield Webhook(port, cert)
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err.decode()
 
 
@@ -335,7 +335,7 @@ def test_rotated_certificate_is_served_without_restart(tmp_path: Path) -> None:
     assert ssl.DER_cert_to_PEM_cert(second).strip() == new_pem.strip()
 
 
-def run_cli(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gym_sidecar.cli", "webhook", *args],
         capture_output=True,
