@@ -23,6 +23,11 @@ VERIFY_SUCCEEDED: Final = "succeeded"
 ROLLOUT_NESTED: Final = "nemo.gym.rollout.nested"
 """``true`` on a ``gym.rollout`` span started inside another rollout (a relayed ``/run``);
 derived rollout metrics count only the outermost span."""
+KEEP_TRACE: Final = "nemo.gym.trace.keep"
+"""Boolean, on any span of a trace: ``true`` asks the gateway tier's tail sampling to keep
+the whole trace whatever the other policies say (``deploy/gateway/tier2.yaml``, policy
+``keep-mark``). Set it from a handler with
+``opentelemetry.trace.get_current_span().set_attribute(KEEP_TRACE, True)``."""
 FAILURE_STAGE: Final = "nemo.gym.failure.stage"
 """The stage of an episode failure Gym reported in-band (``seed``, ``agent``, ...)."""
 
