@@ -281,11 +281,18 @@ class GymServers:
         return self.processes[name].url
 
 
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> tuple[int, Any]:
-    """POST ``body`` as JSON; return (status, parsed JSON or text). Raises OSError when
-    the server cannot be reached."""
+def post_json(
+    url: str,
+    body: dict[str, Any],
+    timeout_s: float = 60.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """POST ``body`` as JSON (plus ``headers``, e.g. a caller's ``traceparent``); return
+    (status, parsed JSON or text). Raises OSError when the server cannot be reached."""
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

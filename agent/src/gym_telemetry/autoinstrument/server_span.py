@@ -165,7 +165,7 @@ def _is_run(path: str) -> bool:
     return (
         path.startswith(ROLLOUT_PATH_PREFIX)
         and path.endswith(_RUN_SUFFIX)
-        and path.count("/") == 3  # noqa: PLR2004 - /ng-rollout/<id>/run
+        and path.count("/") == 3  # /ng-rollout/<id>/run
     )
 
 
@@ -220,9 +220,13 @@ class ServerSpanMiddleware:
                 outer = outer_rollout_in_baggage(baggage)
             parent = extract_parent(traceparent, tracestate) if traceparent else None
             link: context_api.Context | None = None
-            if parent is not None and not outer and _is_run(scope["path"]):
-                if TRAINER_CONTEXT.links():
-                    link, parent = parent, _ROOT_CONTEXT
+            if (
+                parent is not None
+                and not outer
+                and _is_run(scope["path"])
+                and TRAINER_CONTEXT.links()
+            ):
+                link, parent = parent, _ROOT_CONTEXT
         except Exception:  # bad headers must not fail the request
             _record_failure("header parsing")
             await self.app(scope, receive, send)
@@ -231,11 +235,11 @@ class ServerSpanMiddleware:
         if outer:
             token = _ENCLOSING.set(True)
             try:
-                await self._serve(scope, receive, send, parent, rollout_id, link)
+                await self._serve(scope, receive, send, parent, rollout_id, link=link)
             finally:
                 _ENCLOSING.reset(token)
         else:
-            await self._serve(scope, receive, send, parent, rollout_id, link)
+            await self._serve(scope, receive, send, parent, rollout_id, link=link)
 
     async def _serve(
         self,
@@ -244,12 +248,13 @@ class ServerSpanMiddleware:
         send: Send,
         parent: context_api.Context | None,
         rollout_id: str | None,
+        *,
         link: context_api.Context | None,
     ) -> None:
         if _GROUP not in _ENABLED.groups:
             await self._without_span(scope, receive, send, parent, rollout_id)
         else:
-            await self._with_span(scope, receive, send, parent, rollout_id, link)
+            await self._with_span(scope, receive, send, parent, rollout_id, link=link)
 
     async def _call(
         self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
@@ -280,6 +285,7 @@ class ServerSpanMiddleware:
         send: Send,
         parent: context_api.Context | None,
         rollout_id: str | None,
+        *,
         link: context_api.Context | None = None,
     ) -> None:
         method = scope.get("method") or "HTTP"
