@@ -10,7 +10,8 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import recording, span_groups
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry import span_groups
 from gym_telemetry.autoinstrument import server_span
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware
@@ -47,7 +48,7 @@ def _drive(path: str, headers: list[tuple[bytes, bytes]]) -> None:
 @pytest.fixture(params=["lean", "sdk"])
 def active(spans: Spans, monkeypatch: pytest.MonkeyPatch, request: Any) -> Iterator[Spans]:
     if request.param == "sdk":
-        monkeypatch.setenv(recording.ENV_RECORDER, "sdk")
+        monkeypatch.setenv(env_vars.GYM_TELEMETRY_RECORDER, "sdk")
     was = RUNTIME.active
     RUNTIME.active = True
     span_groups.set_enabled({semconv.GROUP_SERVER})
@@ -86,7 +87,7 @@ def test_link_mode_starts_a_new_trace_linked_to_the_trainer(active: Spans, path:
 def test_continue_mode_keeps_the_trainer_trace(
     active: Spans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(server_span.ENV_TRAINER_CONTEXT, "continue")
+    monkeypatch.setenv(env_vars.GYM_TELEMETRY_TRAINER_CONTEXT, "continue")
     _drive("/run", [TRACEPARENT])
     span = _server(active)
     assert span.parent is not None and span.parent.span_id == TRAINER_SPAN
@@ -117,7 +118,7 @@ def test_without_traceparent_nothing_changes(active: Spans) -> None:
 def test_unknown_mode_warns_and_links(
     active: Spans, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(server_span.ENV_TRAINER_CONTEXT, "nest")
+    monkeypatch.setenv(env_vars.GYM_TELEMETRY_TRAINER_CONTEXT, "nest")
     _drive("/run", [TRACEPARENT])
     assert len(_server(active).links) == 1
     assert "GYM_TELEMETRY_TRAINER_CONTEXT" in caplog.text
