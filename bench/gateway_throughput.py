@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         total = args.requests * args.spans
 
         def received() -> float:
-            return sum(c.metric("otelcol_receiver_accepted_spans_total") for c in tier2)
+            return sum(c.metric("otelcol_receiver_accepted_spans") for c in tier2)
 
         deadline = time.monotonic() + 600
         while received() < total and time.monotonic() < deadline:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in collectors:
             pid = pids[c.name]
             cpu = _cpu_s(pid) - before[c.name][0]
-            spans = total if c is tier1 else c.metric("otelcol_receiver_accepted_spans_total")
+            spans = total if c is tier1 else c.metric("otelcol_receiver_accepted_spans")
             entry: dict[str, object] = {
                 "spans": spans,
                 "cpu_s": round(cpu, 2),

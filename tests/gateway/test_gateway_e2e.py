@@ -207,23 +207,22 @@ def _read_truth(stores: list[Path]) -> Truth:
 
 def _decided(tier2: list[Collector]) -> float:
     return sum(
-        c.metric("otelcol_processor_tail_sampling_global_count_traces_sampled_total") for c in tier2
+        c.metric("otelcol_processor_tail_sampling_global_count_traces_sampled") for c in tier2
     )
 
 
 def _sent(tier2: list[Collector]) -> float:
     return sum(
-        c.metric("otelcol_exporter_sent_spans_total")
-        + c.metric("otelcol_exporter_send_failed_spans_total")
+        c.metric("otelcol_exporter_sent_spans") + c.metric("otelcol_exporter_send_failed_spans")
         for c in tier2
     )
 
 
 def _exporter_settled(tier2: list[Collector]) -> bool:
     for c in tier2:
-        out = c.metric("otelcol_processor_outgoing_items_total", processor="batch")
-        done = c.metric("otelcol_exporter_sent_spans_total") + c.metric(
-            "otelcol_exporter_send_failed_spans_total"
+        out = c.metric("otelcol_processor_outgoing_items", processor="batch")
+        done = c.metric("otelcol_exporter_sent_spans") + c.metric(
+            "otelcol_exporter_send_failed_spans"
         )
         if out != done:
             return False

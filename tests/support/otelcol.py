@@ -136,8 +136,8 @@ class Collector:
             return False
 
     def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` in its own telemetry whose labels include
-        ``labels`` (0 when absent)."""
+        """Sum of the samples of ``name`` (or ``name_total``, a counter's exposition
+        name) in its own telemetry whose labels include ``labels`` (0 when absent)."""
         from prometheus_client.parser import text_string_to_metric_families
 
         with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
@@ -145,7 +145,7 @@ class Collector:
         total = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name and all(
+                if sample.name in (name, name + "_total") and all(
                     sample.labels.get(k) == v for k, v in labels.items()
                 ):
                     total += sample.value
