@@ -16,7 +16,7 @@ import pytest
 from scripts import otelcol_build
 from tests.support.otelcol import TIER1, TIER1_DNS, TIER2
 
-pytestmark = [pytest.mark.backends, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.backends, pytest.mark.gateway, pytest.mark.timeout(3600)]
 
 
 @pytest.mark.parametrize("config", [TIER1, TIER1_DNS, TIER2], ids=lambda p: p.name)

@@ -64,7 +64,12 @@ from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.gym,
+    pytest.mark.backends,
+    pytest.mark.gateway,
+    pytest.mark.timeout(3600),
+]
 
 ROLLOUTS = 220
 FAILING = 22  # ~10%
