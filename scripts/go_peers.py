@@ -20,7 +20,9 @@ Contract:
   default: it works for modules whose go.mod has ``replace`` lines, which ``go install
   pkg@version`` refuses), optionally with ``replace`` lines of the recipe's own, or the
   module's own source copied out of the module cache and built in place (for modules
-  whose go.mod has ``exclude`` lines, which ``go get`` of a dependent ignores).
+  whose go.mod has ``exclude`` lines, which ``go get`` of a dependent ignores), or a
+  module the recipe generates itself (``generate``: for instance the Collector builder's
+  output from a manifest), built in place.
 - A binary of the pinned version already on the machine (on PATH) is used instead of a
   build when the recipe says how to recognise it (``path_version``).
 - Timings (fetch, build) are printed on stderr; stdout carries only results.
@@ -101,6 +103,12 @@ class GoTool:
     build_in_module: bool = False
     env: dict[str, str] = field(default_factory=dict)
     recipe: str = "1"
+    generate: Callable[[Path, dict[str, str]], None] | None = None
+    """When set, called with a new, empty work directory and the Go build environment; it
+    writes a complete Go module there (go.mod, go.sum, sources), and each of ``programs``
+    is a package path relative to it (``"."``). ``module``/``version`` then only name the
+    build; put what the generator reads (a manifest digest) into ``recipe`` so a changed
+    input is rebuilt."""
     path_version: Callable[[str], bool] | None = None
     """Given a binary found on PATH under the first program's name, True when it is the
     pinned version (then no build happens)."""
@@ -157,7 +165,12 @@ def _build(tool: GoTool) -> None:
     (root / "bin").mkdir(parents=True)
     go, env = go_binary(), go_env(tool.env)
     started = time.monotonic()
-    if tool.build_in_module:
+    if tool.generate is not None:
+        workdir = root / "src"
+        workdir.mkdir()
+        _log(tool.name, f"generating the module to build in {workdir}")
+        tool.generate(workdir, env)
+    elif tool.build_in_module:
         workdir = root / "src"
         _copy_module_source(tool, go, env, workdir)
         _run(tool, [go, "mod", "download"], workdir, env)
@@ -182,7 +195,7 @@ def _build(tool: GoTool) -> None:
             target = "." + package[len(tool.module) :] or "."
         _run(tool, [go, "build", *flags, "-o", str(root / "bin" / program), target], workdir, env)
     built = time.monotonic()
-    if tool.build_in_module:
+    if tool.build_in_module or tool.generate is not None:
         shutil.rmtree(workdir, ignore_errors=True)  # only the binaries are needed afterwards
     out = subprocess.run(
         [str(tool.binary()), *tool.check],

@@ -354,11 +354,11 @@ def _scenarios(launched: Any) -> dict[str, Any]:
             CHAT_KEEPALIVE_S + 6,
         ),
         "verify_disconnect": lambda: _disconnect_after(
-            ports["weather"], "/verify", _verify_body(verify_sleep_s=40), _headers(401, "401-0"), 3
+            ports["weather"], "/verify", _verify_body(verify_delay_s=40), _headers(401, "401-0"), 3
         ),
         "verify_timeout": lambda: _timeout(
             launched.url("weather", "/verify"),
-            _verify_body(verify_sleep_s=40),
+            _verify_body(verify_delay_s=40),
             _headers(402, "402-0"),
         ),
         "run_timeout": lambda: _timeout(

@@ -56,6 +56,11 @@ GYM_TELEMETRY_ENCODER: Final = "GYM_TELEMETRY_ENCODER"
 """``sdk`` makes the OTLP/gRPC exporter use its stock encoder
 (``gym_telemetry._lean.exporter``). Default: ``lean``."""
 
+GYM_TELEMETRY_TRAINER_CONTEXT: Final = "GYM_TELEMETRY_TRAINER_CONTEXT"
+"""How an agent's outermost ``/run`` treats an incoming ``traceparent`` (a trainer's):
+``link`` starts a new trace whose root links to the caller's span, ``continue`` keeps
+the caller's trace (``autoinstrument.server_span``). Default: ``link``."""
+
 # --- NeMo Gym's ---------------------------------------------------------------------------
 
 NEMO_GYM_CONFIG_PATH: Final = "NEMO_GYM_CONFIG_PATH"

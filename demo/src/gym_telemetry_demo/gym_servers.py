@@ -184,6 +184,9 @@ class GymServers:
     resolved_yaml: str = ""
     repo: Path | None = None
     """The source tree whose ``examples/gym_stack`` servers win (None: :func:`repo_root`)."""
+    server_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per server name, environment added after ``env`` (a sidecar of its own per server,
+    as in a pod per server)."""
 
     def _assign_ports(self) -> None:
         self.config.setdefault("head_server", {})
@@ -229,6 +232,7 @@ class GymServers:
             entrypoint = str(block.get("entrypoint", "app.py"))
             env = dict(os.environ)
             env.update(self.env)
+            env.update(self.server_env.get(name, {}))
             env["NEMO_GYM_CONFIG_DICT"] = resolved
             env["NEMO_GYM_CONFIG_PATH"] = name
             env["PYTHONPATH"] = ":".join(p for p in (str(directory), env.get("PYTHONPATH")) if p)
@@ -277,11 +281,18 @@ class GymServers:
         return self.processes[name].url
 
 
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> tuple[int, Any]:
-    """POST ``body`` as JSON; return (status, parsed JSON or text). Raises OSError when
-    the server cannot be reached."""
+def post_json(
+    url: str,
+    body: dict[str, Any],
+    timeout_s: float = 60.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """POST ``body`` as JSON (plus ``headers``, e.g. a caller's ``traceparent``); return
+    (status, parsed JSON or text). Raises OSError when the server cannot be reached."""
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -31,6 +31,11 @@ VERIFY_SUCCEEDED: Final = "succeeded"
 ROLLOUT_NESTED: Final = "nemo.gym.rollout.nested"
 """``true`` on a ``gym.rollout`` span started inside another rollout (a relayed ``/run``);
 derived rollout metrics count only the outermost span."""
+KEEP_TRACE: Final = "nemo.gym.trace.keep"
+"""Boolean, on any span of a trace: ``true`` asks the gateway tier's tail sampling to keep
+the whole trace whatever the other policies say (``deploy/gateway/tier2.yaml``, policy
+``keep-mark``). Set it from a handler with
+``opentelemetry.trace.get_current_span().set_attribute(KEEP_TRACE, True)``."""
 ROLLOUT_OUTER_BAGGAGE: Final = "nemo.gym.rollout.outer"
 """W3C baggage key (not a span attribute): ``1`` on a hop made inside a recorded
 ``gym.rollout`` span, so the ``/run`` it reaches marks itself nested."""

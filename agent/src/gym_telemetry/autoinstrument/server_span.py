@@ -30,6 +30,15 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    ``http.request.method``, ``http.route``, ``http.response.status_code`` and the
    rollout id. Status ERROR for an exception or a 5xx.
 
+5. A ``/run`` (agent route, plain or ``/ng-rollout/<id>/run``) that arrives with a
+   ``traceparent`` but without the outer-rollout marker is the outermost rollout under a
+   caller that is not Gym (a trainer's rollout dispatch). In ``link`` mode (the default,
+   ``GYM_TELEMETRY_TRAINER_CONTEXT=link``) it starts a new trace: its SERVER span is a
+   root with a span link to the incoming span context, so each rollout stays one trace
+   (per-rollout tail sampling, rollout search) and still points at the training step.
+   ``continue`` keeps the caller's trace (the rollout becomes a subtree of it). With the
+   ``server`` group off the ``/run`` still starts its own trace, without the link.
+
 FastAPI's built-in telemetry is switched off for Gym's apps by the integration, so this
 is the only SERVER span. A nested app (a mounted FastAPI) sees the marker this layer
 puts in the scope and does not add a second span. Telemetry failures are counted
@@ -39,6 +48,7 @@ puts in the scope and does not add a second span. Telemetry failures are counted
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
@@ -46,7 +56,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry import span_groups
+from gym_telemetry import environment_variables, span_groups
 from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
@@ -64,6 +74,14 @@ from gym_telemetry.rollout_correlation import (
 )
 
 _log = logging.getLogger(__name__)
+
+#: How an outermost ``/run`` treats an incoming ``traceparent`` (module doc, point 5).
+ENV_TRAINER_CONTEXT: Final = environment_variables.GYM_TELEMETRY_TRAINER_CONTEXT
+TRAINER_CONTEXT_LINK: Final = "link"
+TRAINER_CONTEXT_CONTINUE: Final = "continue"
+TRAINER_CONTEXT_MODES: Final = (TRAINER_CONTEXT_LINK, TRAINER_CONTEXT_CONTINUE)
+_ROOT_CONTEXT: Final = context_api.Context()
+_RUN_SUFFIX: Final = "/run"
 
 
 #: Scope key marking that an outer layer already handles this request.
@@ -112,6 +130,47 @@ class _Failures:
 
 
 _FAILURES: Final = _Failures()
+
+
+class _TrainerContext:
+    """The ``GYM_TELEMETRY_TRAINER_CONTEXT`` mode, read once (first request) from the
+    environment; an unknown value warns once and means ``link``."""
+
+    __slots__ = ("link",)
+
+    def __init__(self) -> None:
+        self.link: bool | None = None
+
+    def links(self) -> bool:
+        link = self.link
+        if link is None:
+            raw = os.environ.get(ENV_TRAINER_CONTEXT, TRAINER_CONTEXT_LINK).strip().lower()
+            if raw not in TRAINER_CONTEXT_MODES:
+                _log.warning(
+                    "gym_telemetry: %s=%r is not one of %s; using %r",
+                    ENV_TRAINER_CONTEXT,
+                    raw,
+                    "/".join(TRAINER_CONTEXT_MODES),
+                    TRAINER_CONTEXT_LINK,
+                )
+                raw = TRAINER_CONTEXT_LINK
+            link = self.link = raw == TRAINER_CONTEXT_LINK
+        return link
+
+
+TRAINER_CONTEXT: Final = _TrainerContext()
+"""Tests reset ``TRAINER_CONTEXT.link = None`` after changing the environment."""
+
+
+def _is_run(path: str) -> bool:
+    """``/run`` or ``/ng-rollout/<id>/run`` (the agent's rollout route)."""
+    if path == _RUN_SUFFIX:
+        return True
+    return (
+        path.startswith(ROLLOUT_PATH_PREFIX)
+        and path.endswith(_RUN_SUFFIX)
+        and path.count("/") == 3  # /ng-rollout/<id>/run
+    )
 
 
 def failures() -> int:
@@ -164,6 +223,14 @@ class ServerSpanMiddleware:
                     rollout_id = rollout_id_from_baggage(baggage)
                 outer = outer_rollout_in_baggage(baggage)
             parent = extract_parent(traceparent, tracestate) if traceparent else None
+            link: context_api.Context | None = None
+            if (
+                parent is not None
+                and not outer
+                and _is_run(scope["path"])
+                and TRAINER_CONTEXT.links()
+            ):
+                link, parent = parent, _ROOT_CONTEXT
         except Exception:  # bad headers must not fail the request
             _record_failure("header parsing")
             await self.app(scope, receive, send)
@@ -172,11 +239,11 @@ class ServerSpanMiddleware:
         if outer:
             token = _ENCLOSING.set(True)
             try:
-                await self._serve(scope, receive, send, parent, rollout_id)
+                await self._serve(scope, receive, send, parent, rollout_id, link=link)
             finally:
                 _ENCLOSING.reset(token)
         else:
-            await self._serve(scope, receive, send, parent, rollout_id)
+            await self._serve(scope, receive, send, parent, rollout_id, link=link)
 
     async def _serve(
         self,
@@ -185,11 +252,13 @@ class ServerSpanMiddleware:
         send: Send,
         parent: context_api.Context | None,
         rollout_id: str | None,
+        *,
+        link: context_api.Context | None,
     ) -> None:
         if _GROUP not in _ENABLED.groups:
             await self._without_span(scope, receive, send, parent, rollout_id)
         else:
-            await self._with_span(scope, receive, send, parent, rollout_id)
+            await self._with_span(scope, receive, send, parent, rollout_id, link=link)
 
     async def _call(
         self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
@@ -220,6 +289,8 @@ class ServerSpanMiddleware:
         send: Send,
         parent: context_api.Context | None,
         rollout_id: str | None,
+        *,
+        link: context_api.Context | None = None,
     ) -> None:
         method = scope.get("method") or "HTTP"
         try:
@@ -231,6 +302,11 @@ class ServerSpanMiddleware:
             _record_failure("span start")
             await self._call(scope, receive, send, rollout_id)
             return
+        if link is not None:
+            try:
+                span.add_link(trace.get_current_span(link).get_span_context())
+            except Exception:  # the request goes on without the link
+                _record_failure("span link")
         send_with_status = _StatusSend(send)
         failed: BaseException | None = None
         try:

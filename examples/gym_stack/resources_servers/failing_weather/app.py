@@ -4,10 +4,13 @@
 (same routes: ``/seed_session``, ``/get_weather``, ``/verify``, ...) whose ``verify``
 raises ``VerifierCrash`` when the verify request carries ``"fail_verify": true``
 (simple_agent forwards the ``/run`` body's extra fields to ``/verify``), or always
-when the server's config sets ``always_fail: true``. ``"verify_sleep_s": <s>`` makes the
-verification take that long first (a slow verifier, for the cancellation tests). It
-exists to check that a verifier that raises shows up as a failed verification
-(``succeeded=false``).
+when the server's config sets ``always_fail: true``. It exists to check that a verifier
+that raises shows up as a failed verification (``succeeded=false``).
+
+``"verify_delay_s": X`` in the request makes the verifier wait X seconds first (at most
+the config's ``max_verify_delay_s``, 300 by default): a slow rollout on purpose, whose
+slowness comes from this configured delay and not from the machine (the gateway test's
+slow-rollout policy, the cancellation tests).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class FailingWeatherConfig(SimpleWeatherResourcesServerConfig):
     """``always_fail``: raise on every verification, whatever the request says."""
 
     always_fail: bool = False
+    max_verify_delay_s: float = 300.0
 
 
 class FailableVerifyRequest(BaseVerifyRequest):
@@ -33,7 +37,7 @@ class FailableVerifyRequest(BaseVerifyRequest):
 
     model_config = ConfigDict(extra="allow")
     fail_verify: bool = False
-    verify_sleep_s: float = 0.0
+    verify_delay_s: float = 0.0
 
 
 class VerifierCrash(RuntimeError):
@@ -46,8 +50,9 @@ class FailingWeatherResourcesServer(SimpleWeatherResourcesServer):
     config: FailingWeatherConfig
 
     async def verify(self, body: FailableVerifyRequest) -> BaseVerifyResponse:  # type: ignore[override]
-        if body.verify_sleep_s > 0:
-            await asyncio.sleep(body.verify_sleep_s)
+        delay = min(max(body.verify_delay_s, 0.0), self.config.max_verify_delay_s)
+        if delay > 0:
+            await asyncio.sleep(delay)
         if self.config.always_fail or body.fail_verify:
             raise VerifierCrash("verifier crashed on purpose (fail_verify)")
         return await super().verify(body)
