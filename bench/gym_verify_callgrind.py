@@ -11,7 +11,9 @@ The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's 
 spec (``default``: the SERVER span and ``gym.verify`` in ``metrics`` mode; ``all``).
 
 - **Instructions**: each variant once under ``valgrind --tool=callgrind`` with
-  ``PYTHONHASHSEED=0``, counters zeroed right before the measured loop and dumped right
+  ``PYTHONHASHSEED=0``, start-up and warm-up uninstrumented (``--instr-atstart=no``; the
+  child switches instrumentation on with ``callgrind_control -i on`` and waits for its
+  OK), counters zeroed right before the measured loop and dumped right
   after it (``--zero-before=getpgrp --dump-before=getsid``; the child calls those two
   libc functions around the loop), every thread counted (``--separate-threads=yes``, so
   the main thread's share is printed too). Instructions per request and the ratio to
@@ -86,6 +88,7 @@ def callgrind(python: str, variant: str, args: argparse.Namespace, export: str) 
     cmd = [
         "valgrind",
         "--tool=callgrind",
+        "--instr-atstart=no",
         "--zero-before=getpgrp",
         "--dump-before=getsid",
         "--separate-threads=yes",
@@ -96,7 +99,13 @@ def callgrind(python: str, variant: str, args: argparse.Namespace, export: str) 
     ]
     t0 = time.monotonic()
     done = subprocess.run(
-        cmd, env=_env(), cwd="/", capture_output=True, text=True, timeout=3600, check=False
+        cmd,
+        env=_env() | {"BENCH_CALLGRIND": "1"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=7200,
+        check=False,
     )
     if done.returncode:
         raise SystemExit(f"callgrind {variant}: {done.stderr.strip()[-1500:]}")
