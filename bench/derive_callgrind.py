@@ -123,8 +123,11 @@ def child(bodies: Path, repeats: int) -> None:
     )
 
 
-def _run(bodies: Path, callgrind: bool, repeats: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(REPO))
+def _run(
+    bodies: Path, callgrind: bool, repeats: int, sidecar_src: Path | None = None
+) -> dict[str, float]:
+    path = [str(sidecar_src)] if sidecar_src else []
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=os.pathsep.join([*path, str(REPO)]))
     cmd = [sys.executable, "-m", "bench.derive_callgrind", "--child", str(bodies)]
     out_dir = None
     if callgrind:
@@ -161,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", default="rollouts,derive-heavy")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-callgrind", action="store_true")
+    p.add_argument(
+        "--sidecar-src",
+        type=Path,
+        help="another gym_sidecar source tree (its src/) first on the path: a before run",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -171,13 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     for load in (x for x in args.loads.split(",") if x):
         bodies = tmp / f"{load}.bin"
         _write_bodies(load, bodies)
-        native = _run(bodies, False, args.repeats)
+        native = _run(bodies, False, args.repeats, args.sidecar_src)
         line = (
             f"  {load:>12}: {native['derived']}/{native['spans']} spans derived; extract "
             f"{native['extract_us']:.2f} us, record {native['record_us']:.2f} us per derived span"
         )
         if not args.no_callgrind:
-            cg = _run(bodies, True, 1)
+            cg = _run(bodies, True, 1, args.sidecar_src)
             both = cg["extract_instr"] + cg["record_instr"]
             line += (
                 f"; instructions per derived span: extract {cg['extract_instr']:,.0f}, record "
