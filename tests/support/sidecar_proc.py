@@ -41,7 +41,7 @@ class SidecarProcess:
         env: Mapping[str, str] | None = None,
         config: Mapping[str, Any] | None = None,
         log_dir: str | Path | None = None,
-        startup_timeout_s: float = 30.0,
+        startup_timeout_s: float = 120.0,
     ) -> None:
         self.grpc_port = free_port()
         self.http_port = free_port()
