@@ -1,5 +1,5 @@
 # The two README commands live here: `make demo` (the main job) and `make test`.
-.PHONY: demo test bench bench-round3 lint
+.PHONY: demo test bench bench-round3 lint mutate screenshots
 
 # Where scripts/bootstrap.sh installs uv when the machine has none (it runs in its own shell).
 export PATH := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gym-telemetry/uv/bin:$(HOME)/.local/bin:$(PATH)
@@ -10,6 +10,10 @@ demo:
 test:
 	bash scripts/test.sh
 
+# The web view's pictures in docs/images/ (runs the demo for a store, then Chromium).
+screenshots:
+	bash scripts/bootstrap.sh && uv run --frozen python scripts/ui_screenshots.py
+
 bench:
 	bash scripts/bootstrap.sh && uv run --frozen python -m bench
 
@@ -17,6 +21,13 @@ bench:
 # Collector, memory and the 30-minute soak, in one run.
 bench-round3:
 	bash scripts/bootstrap.sh && uv run --frozen python -m bench --round3
+
+# Mutation testing of the data-critical modules (slow; not part of make test): see
+# docs/testing.md#mutation-testing. `make mutate MODULES="disk_queue sender" WORKERS=2`.
+MODULES ?=
+WORKERS ?= 1
+mutate:
+	bash scripts/bootstrap.sh && uv run --frozen --group mutate python scripts/mutate.py $(MODULES) --max-children $(WORKERS)
 
 lint:
 	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar demo tests bench && uv run --frozen mypy

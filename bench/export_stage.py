@@ -27,10 +27,9 @@ from gym_sidecar.assemble import build_export_stage
 from gym_sidecar.core.stage import Backpressure, Batch, Signal
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_telemetry_demo.ports import free_port, wait_listening
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
-from tests.support.ports import free_port, wait_listening
 
 SPANS_PER_REQUEST = 512
 

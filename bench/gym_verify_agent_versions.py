@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.ports import wait_listening  # noqa: E402
+
 from bench.gym_verify_throughput import (  # noqa: E402
     SERVER,
     cpu_seconds,
@@ -47,7 +49,6 @@ from bench.gym_verify_throughput import (  # noqa: E402
     start_sink,
 )
 from tests.gym.stack import GymStack, load_configs  # noqa: E402
-from tests.support.ports import wait_listening  # noqa: E402
 
 # Installed on the servers' path: cyclic-GC time and counts, dumped to a JSON file every 0.5 s.
 _GC_PROBE = """
@@ -270,12 +271,18 @@ def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
     return {name: 1e3 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
-#: Frames of the agent's own work (not the layers that only wrap Gym's handling).
+#: Frames of the agent's own work (not the layers that only wrap Gym's handling), in
+#: this tree's layout and in the one before the lean path moved to ``_lean/`` (older
+#: agents compared side by side).
 _AGENT_WORK = (
+    "gym_telemetry/_lean/",
     "gym_telemetry/recording.py",
     "gym_telemetry/_export/",
     "gym_telemetry/autoinstrument/propagation.py",
     "_finish (gym_telemetry/autoinstrument/server_span.py",
+    "start (gym_telemetry/_engine.py",
+    "finish (gym_telemetry/_engine.py",
+    "_end (gym_telemetry/_engine.py",
     "start (gym_telemetry/endpoints.py",
     "finish (gym_telemetry/endpoints.py",
     "_end (gym_telemetry/endpoints.py",

@@ -43,8 +43,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.ports import free_port, wait_listening  # noqa: E402
+
 from tests.gym.stack import EXAMPLE_TASK, GymStack, load_configs  # noqa: E402
-from tests.support.ports import free_port, wait_listening  # noqa: E402
 
 SERVER = "example_single_tool_call"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -182,9 +182,10 @@ async def _load(url: str, connections: int, warmup: float, seconds: float) -> No
 def one_run(
     variant: str, args: argparse.Namespace, sink: RecordingSink, repeat: int
 ) -> dict[str, Any]:
+    from gym_telemetry_demo.ports import free_port, wait_listening
+
     from bench import pyspy
     from bench.sidecar_vs_rotel.procs import cpu_seconds, pin, status_mib
-    from tests.support.ports import free_port, wait_listening
 
     port = free_port()
     base = sink.span_count

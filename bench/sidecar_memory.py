@@ -23,9 +23,10 @@ import statistics
 import time
 from pathlib import Path
 
+from gym_telemetry_demo.sidecar import SidecarProcess
+
 from bench.sidecar_vs_rotel.procs import status_mib
 from bench.sidecar_vs_rotel.runs import LoadSpec, run
-from tests.support.sidecar_proc import SidecarProcess
 from tests.support.sink import RecordingSink
 
 

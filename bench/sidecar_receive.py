@@ -22,10 +22,10 @@ import time
 
 import grpc
 import httpx
+from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.sidecar import SidecarProcess
 
 from tests.sidecar.otlp_samples import SERVICES, trace_request
-from tests.support.ports import free_port, wait_listening
-from tests.support.sidecar_proc import SidecarProcess
 
 
 def cpu_seconds(pid: int) -> float:

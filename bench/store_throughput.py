@@ -46,11 +46,11 @@ from gym_sidecar.store import db, queries
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter
 from gym_sidecar.store.writer import StoreMetrics
+from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.sidecar import SidecarProcess
 
 from tests.sidecar.otlp_samples import SERVICES
 from tests.sidecar.store.requests import Rollout, trace_request
-from tests.support.ports import free_port, wait_listening
-from tests.support.sidecar_proc import SidecarProcess
 
 BASE_SPANS_PER_ROLLOUT = 5
 """Spans of a ``tests.sidecar.store.requests.Rollout`` without extra spans."""

@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -48,7 +49,17 @@ from pathlib import Path
 GYM_PACKAGE = "nemo-gym"
 GYM_VERSION = os.environ.get("GYM_TELEMETRY_NEMO_GYM_VERSION", "0.7.0")
 # Bump when the build steps change, so old caches are not reused.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
+#: Third-party packages the real-Gym tests need beyond Gym and the agent, installed in the
+#: same resolver run: the SWE harness ``mini_swe_agent_2`` imports (``minisweagent``,
+#: ``swebench``) and the OpenTelemetry instrumentations the agent turns on for a harness's
+#: own HTTP clients (``gym_telemetry.autoinstrument.harness_http``). Part of the hash.
+EXTRA_PACKAGES = (
+    "mini-swe-agent==2.1.0",
+    "swebench==4.1.0",
+    "opentelemetry-instrumentation-httpx>=0.48b0",
+    "opentelemetry-instrumentation-aiohttp-client>=0.48b0",
+)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT_DIR = REPO_ROOT / "agent"
 SEMCONV_DIR = REPO_ROOT / "semconv"
@@ -106,7 +117,9 @@ def env_dir() -> Path:
     """Where the env for the current recipe lives (it may not exist yet)."""
     cache = Path(os.environ.get("GYM_TELEMETRY_CACHE", Path.home() / ".cache" / "gym-telemetry"))
     pyver = _python_tag(_base_python())
-    key = "\n".join([GYM_PACKAGE, GYM_VERSION, pyver, RECIPE_VERSION, *_agent_dependencies()])
+    key = "\n".join(
+        [GYM_PACKAGE, GYM_VERSION, pyver, RECIPE_VERSION, *_agent_dependencies(), *EXTRA_PACKAGES]
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache / "gym-env" / f"nemo-gym-{GYM_VERSION}-py{pyver}-{digest}"
 
@@ -160,12 +173,13 @@ def _build(root: Path) -> None:
         ]
     )
     wheel = next(wheels.glob("*.whl"))
-    reqs = [*_gym_requirements(wheel), *_agent_dependencies()]
+    reqs = [*_gym_requirements(wheel), *_agent_dependencies(), *EXTRA_PACKAGES]
     req_file = root / "gym-requirements.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     _run([*pip, "install", "--prefer-binary", "-r", str(req_file)])
     _run([*pip, "install", "--no-deps", "--ignore-requires-python", str(wheel)])
     _run([py, "-c", "import nemo_gym.server_utils, fastapi, aiohttp, opentelemetry.sdk"])
+    _run([py, "-c", "import minisweagent, swebench, opentelemetry.instrumentation.httpx"])
     (root / MARKER).write_text(f"{GYM_PACKAGE}=={GYM_VERSION}\n")
 
 
@@ -184,7 +198,9 @@ def ensure() -> Path:
         try:
             if not (root / MARKER).exists():
                 _log(f"building {root} (takes a few minutes the first time)")
+                started = time.monotonic()
                 _build(root)
+                _log(f"built {root} in {time.monotonic() - started:.0f} s")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return env_python(root)

@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Protocol
 
 import yaml
+from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.sidecar import SidecarProcess
 
-from tests.support.ports import free_port, wait_listening
 from tests.support.rotel import ROTEL_VERSION, rotel_binary
-from tests.support.sidecar_proc import SidecarProcess
 
 BENCH_RESOURCE = {"deployment.environment.name": "bench", "k8s.cluster.name": "gym-bench"}
 _TICKS = os.sysconf("SC_CLK_TCK")

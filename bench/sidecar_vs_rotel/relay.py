@@ -14,7 +14,7 @@ import contextlib
 import socket
 import threading
 
-from tests.support.ports import free_port
+from gym_telemetry_demo.ports import free_port
 
 _CHUNK = 256 * 1024
 

@@ -26,7 +26,7 @@ COPY semconv/ semconv/
 COPY agent/pyproject.toml agent/
 COPY sidecar/ sidecar/
 # --frozen: exactly uv.lock; --no-editable: the venv does not need /src at run time.
-RUN uv sync --frozen --no-dev --no-editable --package gym-telemetry-sidecar
+RUN uv sync --frozen --no-dev --no-editable --package gym-telemetry-sidecar --extra docker
 
 # --- runtime: slim, non-root, no build tools ------------------------------------------
 FROM ${PYTHON_IMAGE}

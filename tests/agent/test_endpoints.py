@@ -22,6 +22,14 @@ from pydantic import BaseModel
 
 from tests.agent.conftest import Spans
 
+SEED_ROLLOUT_ID_KEY = "nemo.gym.rollout.id"
+"""The seed's contract (seeds/endpoints-api.txt), spelled out here on purpose: a test
+that expects ``ROLLOUT_ID_ATTRIBUTE`` itself would pass whatever it were renamed to."""
+
+
+def test_rollout_id_attribute_is_the_seeds_name() -> None:
+    assert ROLLOUT_ID_ATTRIBUTE == SEED_ROLLOUT_ID_KEY
+
 
 class VerifyRequest(BaseModel):
     answer: str
@@ -232,9 +240,9 @@ def test_rollout_id_appears_on_spans(serve: Any, spans: Spans) -> None:
         assert client.post(served.url + "/verify", json={"answer": "a", "expected": "b"}).is_success
         r = client.post(served.url + "/run", json={"prompt": "task-9"})
         assert r.json() == {"rollout_id": "task-9"}
-    by_id = [s.attributes.get(ROLLOUT_ID_ATTRIBUTE) for s in spans.named("gym.verify")]  # type: ignore[union-attr]
+    by_id = [s.attributes.get(SEED_ROLLOUT_ID_KEY) for s in spans.named("gym.verify")]  # type: ignore[union-attr]
     assert by_id == ["7-3", None]
-    assert spans.one("gym.rollout").attributes[ROLLOUT_ID_ATTRIBUTE] == "task-9"  # type: ignore[index]
+    assert spans.one("gym.rollout").attributes[SEED_ROLLOUT_ID_KEY] == "task-9"  # type: ignore[index]
 
 
 def test_verify_semantics_wrong_answer_succeeds_and_raise_fails(serve: Any, spans: Spans) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import remote_config, span_groups
 from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.remote_config import RemoteConfigPoller
@@ -105,14 +107,14 @@ def test_poller_applies_answers_uses_etags_and_keeps_last_set(sidecar: SidecarPr
 
 
 def test_unreachable_from_start_keeps_local_config() -> None:
-    span_groups.configure_from_env({span_groups.ENV_SPAN_GROUPS: "default,sandbox"})
+    span_groups.configure_from_env({env_vars.GYM_TELEMETRY_SPAN_GROUPS: "default,sandbox"})
     before = span_groups.enabled_groups()
     port = free_port()  # nothing listens there
     poller = remote_config.start_polling(
         SERVICE,
         environ={
-            remote_config.ENV_ADMIN_URL: f"http://127.0.0.1:{port}",
-            remote_config.ENV_POLL_INTERVAL_S: "0.05",
+            env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: f"http://127.0.0.1:{port}",
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "0.05",
         },
     )
     try:
@@ -123,7 +125,9 @@ def test_unreachable_from_start_keeps_local_config() -> None:
     finally:
         remote_config.stop_polling()
     assert not poller.running and remote_config.current_poller() is None
-    assert remote_config.start_polling(SERVICE, {remote_config.ENV_POLL_INTERVAL_S: "0"}) is None
+    assert (
+        remote_config.start_polling(SERVICE, {env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "0"}) is None
+    )
 
 
 class _RecordedWaits(threading.Event):
@@ -184,8 +188,8 @@ class AgentApp:
                 "OTEL_BSP_SCHEDULE_DELAY": "100",
                 # Local config without verify: the sidecar's answer must bring it back.
                 "GYM_TELEMETRY_SPAN_GROUPS": "default,-verify",
-                remote_config.ENV_ADMIN_URL: sidecar.admin_url,
-                remote_config.ENV_POLL_INTERVAL_S: str(POLL_INTERVAL_S),
+                env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: sidecar.admin_url,
+                env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: str(POLL_INTERVAL_S),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -319,8 +323,8 @@ def test_a_hanging_sidecar_never_holds_up_handlers(monkeypatch: pytest.MonkeyPat
     poller = remote_config.start_polling(
         SERVICE,
         environ={
-            remote_config.ENV_ADMIN_URL: f"http://127.0.0.1:{silent.getsockname()[1]}",
-            remote_config.ENV_POLL_INTERVAL_S: "300",
+            env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: f"http://127.0.0.1:{silent.getsockname()[1]}",
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "300",
         },
     )
     try:
@@ -379,3 +383,34 @@ def test_fastapi_builtin_spans_are_gated_as_server(
         assert fastapi_spans() == before
     finally:
         agent.stop()
+
+
+def test_a_garbled_answer_is_a_failure_logged_on_one_escaped_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server answering a status line with terminal controls and a newline in it: the
+    poll fails (it does not raise) and its log line quotes the bytes escaped."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"\x1b[2JNGARBLED \x1b]8;;x\x1b\\ok\x07\r\n\r\n")
+
+    server = threading.Thread(target=answer, daemon=True)
+    server.start()
+    applied: list[frozenset[str]] = []
+    poller = RemoteConfigPoller(f"http://127.0.0.1:{port}", SERVICE, 1.0, applied.append)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gym_telemetry.remote_config"):
+            assert not poller.poll_once()
+    finally:
+        server.join(30)
+        listener.close()
+    assert poller.failures == 1 and not applied
+    messages = [r.getMessage() for r in caplog.records if "NGARBLED" in r.getMessage()]
+    assert len(messages) == 1, [r.getMessage() for r in caplog.records]
+    assert "\\x1b[2JNGARBLED" in messages[0] and "\\x07\\x0d\\x0a" in messages[0]
+    assert not any(c in messages[0] for c in "\x1b\x07\r\n"), repr(messages[0])

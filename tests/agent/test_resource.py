@@ -77,3 +77,14 @@ def test_default_service_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
     assert resource.build_resource().attributes["service.name"] == resource.DEFAULT_SERVICE_NAME
+
+
+def test_service_instance_id_is_one_uuid_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    first = resource.build_resource("svc").attributes["service.instance.id"]
+    second = resource.build_resource("svc").attributes["service.instance.id"]
+    assert first == second and uuid.UUID(str(first)).version == 4
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=pod-1")
+    assert resource.build_resource("svc").attributes["service.instance.id"] == "pod-1"

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import yaml
@@ -117,26 +117,18 @@ def _reap_group(pgid: int) -> None:
         time.sleep(2)
 
 
-@contextmanager
-def gym_env_start(
-    env_root: Path,
-    config_path: Path,
-    ports: Mapping[str, int],
-    env: Mapping[str, str],
-    work_dir: Path,
-    *,
-    up_timeout_s: float = 400,
-    stop_timeout_s: float = 90,
-) -> Iterator[Launched]:
-    """Run ``gym-telemetry-run gym env start`` (which sets ``GYM_TELEMETRY=1``) in
-    ``work_dir`` (hydra writes ``outputs/`` there) in its own session; yield once every
-    port listens (the test fails with the log's tail if not). On exit: SIGTERM, as an
-    operator would, SIGKILL after ``stop_timeout_s``, then whatever Ray left in the
-    launcher's process group is killed; ``exit_code`` is set.
-    """
-    log_path = work_dir / "gym-env-start.log"
+#: Ray's own start-up limit (30 s, fixed in Ray) can pass on a loaded machine; the launcher
+#: then exits with this message before any Gym server starts, and is started again.
+RAY_START_TIMEOUT: Final = "The current node timed out during startup"
+#: How many times a launch that failed in Ray's start-up is tried.
+LAUNCH_ATTEMPTS: Final = 5
+
+
+def _start_launcher(
+    env_root: Path, config_path: Path, env: Mapping[str, str], work_dir: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [
                 str(env_root / "bin" / "gym-telemetry-run"),
                 str(env_root / "bin" / "gym"),
@@ -150,22 +142,74 @@ def gym_env_start(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    launched = Launched(process, log_path, dict(ports))
+
+
+def _wait_up(launched: Launched, deadline: float) -> str | None:
+    """None once every port listens; else why not (the launcher exited, or the deadline)."""
+    for port in launched.ports.values():
+        while True:
+            code = launched.process.poll()
+            if code is not None:
+                return f"gym env start exited with {code} before the servers were up"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "gym env start did not bring the servers up in time"
+            try:
+                wait_listening(port, timeout_s=min(5.0, remaining))
+                break
+            except TimeoutError:
+                continue
+    return None
+
+
+@contextmanager
+def gym_env_start(
+    env_root: Path,
+    config_path: Path,
+    ports: Mapping[str, int],
+    env: Mapping[str, str],
+    work_dir: Path,
+    *,
+    up_timeout_s: float = 400,
+    stop_timeout_s: float = 90,
+) -> Iterator[Launched]:
+    """Run ``gym-telemetry-run gym env start`` (which sets ``GYM_TELEMETRY=1``) in
+    ``work_dir`` (hydra writes ``outputs/`` there) in its own session; yield once every
+    port listens (the test fails with the log's tail if not, at once when the launcher
+    exits first). A launch that failed in Ray's own start-up (``RAY_START_TIMEOUT``, a
+    fixed 30 s in Ray that a loaded machine can miss) is tried again, up to
+    ``LAUNCH_ATTEMPTS`` times. On exit: SIGTERM, as an operator would, SIGKILL after
+    ``stop_timeout_s``, then whatever Ray left in the launcher's process group is killed;
+    ``exit_code`` is set.
+    """
+    log_path = work_dir / "gym-env-start.log"
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        process = _start_launcher(env_root, config_path, env, work_dir, log_path)
+        launched = Launched(process, log_path, dict(ports))
+        problem = _wait_up(launched, time.monotonic() + up_timeout_s)
+        if problem is None:
+            break
+        _stop(launched, stop_timeout_s)
+        if RAY_START_TIMEOUT in launched.log() and attempt < LAUNCH_ATTEMPTS:
+            (work_dir / f"gym-env-start.attempt{attempt}.log").write_text(launched.log())
+            continue
+        pytest.fail(f"{problem}:\n{launched.log()[-6000:]}")
     try:
-        try:
-            for port in ports.values():
-                wait_listening(port, timeout_s=up_timeout_s)
-        except TimeoutError:
-            pytest.fail(f"gym env start did not bring the servers up:\n{launched.log()[-6000:]}")
         yield launched
     finally:
+        _stop(launched, stop_timeout_s)
+
+
+def _stop(launched: Launched, stop_timeout_s: float) -> None:
+    process = launched.process
+    if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-        try:
-            launched.exit_code = process.wait(timeout=stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            launched.exit_code = process.wait(timeout=10)
-        _reap_group(process.pid)
+    try:
+        launched.exit_code = process.wait(timeout=stop_timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        launched.exit_code = process.wait(timeout=10)
+    _reap_group(process.pid)
 
 
 __all__ = [

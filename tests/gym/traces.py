@@ -67,3 +67,32 @@ def by_rollout(spans: list[RecordedSpan]) -> dict[object, set[bytes]]:
     for s in spans:
         out[s.attributes.get(semconv.ROLLOUT_ID)].add(s.span.trace_id)
     return dict(out)
+
+
+def shape(spans: list[RecordedSpan]) -> dict[str, object]:
+    """A summary of one trace's shape, for reports: spans per service, roots, orphans, and
+    how many spans carry a rollout id."""
+    per_service: dict[str, int] = defaultdict(int)
+    for s in spans:
+        per_service[str(s.resource.get(semconv.SERVICE_NAME))] += 1
+    trace = Trace(spans[0].span.trace_id if spans else b"", list(spans))
+    return {
+        "spans": len(spans),
+        "per_service": dict(sorted(per_service.items())),
+        "roots": [r.span.name for r in trace.roots()],
+        "orphans": len(trace.orphans()),
+        "with_rollout_id": sum(1 for s in spans if s.attributes.get(semconv.ROLLOUT_ID)),
+        "names": sorted(s.span.name for s in spans),
+    }
+
+
+def write_shapes(path_env: str, groups: dict[str, list[RecordedSpan]]) -> None:
+    """Write ``{case: shape}`` as JSON to the file named by environment variable
+    ``path_env``, when it is set (for before/after reports; tests do not need it)."""
+    import json
+    import os
+
+    target = os.environ.get(path_env)
+    if target:
+        with open(target, "w", encoding="utf-8") as fh:
+            json.dump({k: shape(v) for k, v in groups.items()}, fh, indent=1)

@@ -381,3 +381,40 @@ def test_many_slow_clients_do_not_starve_the_listener(sidecar: SidecarProcess) -
         sock.close()
     assert len(closed) == len(socks)
     assert_serving(sidecar)
+
+
+def _head_at(size: int, body: bytes) -> bytes:
+    """A POST head whose header bytes, as the listener counts them (the URL, plus each
+    header's name and value and 4 for ``": "`` and CRLF), are exactly ``size``."""
+    url = b"/v1/traces"
+    headers = [
+        (b"Host", b"x"),
+        (b"Content-Type", b"application/x-protobuf"),
+        (b"Connection", b"close"),
+        (b"Content-Length", str(len(body)).encode()),
+    ]
+    used = len(url) + sum(len(n) + len(v) + 4 for n, v in headers) + len(b"X-Pad") + 4
+    headers.append((b"X-Pad", b"p" * (size - used)))
+    assert len(url) + sum(len(n) + len(v) + 4 for n, v in headers) == size
+    return (
+        b"POST " + url + b" HTTP/1.1\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
+    ) + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("size", "status"),
+    [(SMALL_HEADER_CAP, b"200"), (SMALL_HEADER_CAP + 1, b"431")],
+    ids=["exactly the cap", "one byte over"],
+)
+def test_header_cap_at_its_exact_boundary(
+    small_cap_sidecar: SidecarProcess, size: int, status: bytes
+) -> None:
+    """``http_max_header_bytes`` is the most allowed: a head of exactly that many bytes
+    is served, one byte more is 431 (the head is one small write, so one socket read)."""
+    sc = small_cap_sidecar
+    before = header_limit_hits(sc)
+    with connect(sc.http_port) as sock:
+        sock.sendall(_head_at(size, BODY) + BODY)
+        answer = read_until_closed(sock)
+    assert statuses(answer) == [status], answer[:300]
+    assert header_limit_hits(sc) - before == (status == b"431")

@@ -22,6 +22,7 @@ Environment: ``GYM_TELEMETRY_SIDECAR_ADMIN_URL`` (default ``http://localhost:131
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -34,13 +35,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.safetext import escape_controls
 
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups
 
 _log = logging.getLogger(__name__)
 
-ENV_ADMIN_URL: Final = "GYM_TELEMETRY_SIDECAR_ADMIN_URL"
-ENV_POLL_INTERVAL_S: Final = "GYM_TELEMETRY_POLL_INTERVAL_S"
 DEFAULT_ADMIN_URL: Final = f"http://localhost:{semconv.DEFAULT_ADMIN_PORT}"
 DEFAULT_POLL_INTERVAL_S: Final = 10.0
 #: Relative jitter applied to every wait between polls.
@@ -146,7 +147,9 @@ class RemoteConfigPoller:
                 return False
             self._failed(f"HTTP {exc.code}")
             return False
-        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad URL
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # URLError, timeouts, resets, a bad URL; HTTPException: a garbled answer
+            # (BadStatusLine quotes the server's bytes, which _failed escapes)
             self._failed(str(getattr(exc, "reason", exc)))
             return False
         groups = self._parse(body)
@@ -178,10 +181,10 @@ class RemoteConfigPoller:
         self.failures += 1
         if not self._failing:
             self._failing = True
-            _log.warning(
+            _log.warning(  # the reason may quote the server's bytes: escaped, one line
                 "gym_telemetry: cannot fetch span groups from %s (%s); keeping %s",
-                self.url,
-                reason,
+                escape_controls(self.url),
+                escape_controls(reason),
                 "the last known set" if self.last_groups is not None else "the local config",
             )
 
@@ -210,7 +213,7 @@ _PROCESS: Final = _Process()
 def poll_interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     """``GYM_TELEMETRY_POLL_INTERVAL_S`` as a float (default 10; bad values: default)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_POLL_INTERVAL_S, "").strip()
+    raw = env.get(env_vars.GYM_TELEMETRY_POLL_INTERVAL_S, "").strip()
     if not raw:
         return DEFAULT_POLL_INTERVAL_S
     try:
@@ -218,7 +221,7 @@ def poll_interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         _log.warning(
             "gym_telemetry: %s=%r is not a number; using %s",
-            ENV_POLL_INTERVAL_S,
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S,
             raw,
             DEFAULT_POLL_INTERVAL_S,
         )
@@ -236,13 +239,16 @@ def start_polling(
     """
     env = os.environ if environ is None else environ
     interval = poll_interval_from_env(env)
-    admin_url = env.get(ENV_ADMIN_URL, "").strip() or DEFAULT_ADMIN_URL
+    admin_url = env.get(env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL, "").strip() or DEFAULT_ADMIN_URL
     with _PROCESS.lock:
         if _PROCESS.poller is not None:
             _PROCESS.poller.stop()
             _PROCESS.poller = None
         if interval <= 0:
-            _log.info("gym_telemetry: span-group polling disabled (%s=0)", ENV_POLL_INTERVAL_S)
+            _log.info(
+                "gym_telemetry: span-group polling disabled (%s=0)",
+                env_vars.GYM_TELEMETRY_POLL_INTERVAL_S,
+            )
             return None
         poller = RemoteConfigPoller(admin_url, service_name, interval)
         poller.start()

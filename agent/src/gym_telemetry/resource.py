@@ -2,7 +2,12 @@
 
 ``build_resource`` merges, lowest precedence first:
 
-1. what is detected here (``container.id`` when the process runs in a container);
+1. what is detected here (``container.id`` when the process runs in a container) and
+   ``service.instance.id``, a random UUID made once per process (OpenTelemetry's
+   recommendation), so two workers of one Gym server (``num_workers``) or two replicas
+   can be told apart. Recent SDKs (1.45 here) put one of their own in
+   ``Resource.create``, which then wins; this one covers the older SDKs the agent
+   supports;
 2. the SDK's defaults and environment (``telemetry.sdk.*``, ``OTEL_RESOURCE_ATTRIBUTES``,
    ``OTEL_SERVICE_NAME``), through ``Resource.create``;
 3. the caller's arguments (``service_name``, ``server_name``, ``server_type``,
@@ -23,15 +28,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.sdk.resources import Resource
 
+from gym_telemetry import environment_variables
+
 _log = logging.getLogger(__name__)
 
 CONTAINER_ID: Final = "container.id"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
 DEFAULT_SERVICE_NAME: Final = "nemo-gym"
 
 _CGROUP_PATH: Final = "/proc/self/cgroup"
@@ -98,6 +107,19 @@ def detect_container_id(
         return None
 
 
+_INSTANCE: dict[int, str] = {}
+
+
+def _instance_id() -> str:
+    """This process's ``service.instance.id``: one UUID per process id (a forked child
+    gets its own on its first call)."""
+    pid = os.getpid()
+    value = _INSTANCE.get(pid)
+    if value is None:
+        value = _INSTANCE[pid] = str(uuid.uuid4())
+    return value
+
+
 def build_resource(
     service_name: str | None = None,
     *,
@@ -108,7 +130,7 @@ def build_resource(
 ) -> Resource:
     """The resource for this Gym server process (see the module docstring for precedence)."""
     env = os.environ if environ is None else environ
-    detected: dict[str, Any] = {}
+    detected: dict[str, Any] = {SERVICE_INSTANCE_ID: _instance_id()}
     container_id = detect_container_id()
     if container_id:
         detected[CONTAINER_ID] = container_id
@@ -125,8 +147,8 @@ def build_resource(
 
     resource = Resource(detected).merge(Resource.create(explicit))
     current = resource.attributes.get(semconv.SERVICE_NAME)
-    env_names_service = bool(env.get("OTEL_SERVICE_NAME")) or (
-        "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    env_names_service = bool(env.get(environment_variables.OTEL_SERVICE_NAME)) or (
+        "service.name=" in env.get(environment_variables.OTEL_RESOURCE_ATTRIBUTES, "")
     )
     if (
         not service_name

@@ -13,7 +13,9 @@ It also holds the one helper both programs share, not re-exported here:
 :mod:`~gym_telemetry_semconv.ratelimit`, the rate-limited logging filter. It lives here,
 and not in either program, so that the agent and the sidecar apply one rate-limit rule to
 the lines that repeat in their logs (one line per logger and message per interval, then
-the count suppressed) without the sidecar depending on the agent.
+the count suppressed) without the sidecar depending on the agent. Likewise
+:mod:`~gym_telemetry_semconv.safetext`: the one rule for client-supplied text in terminal
+output and log lines (control characters shown escaped, long values cut visibly).
 
 Standard library only. The names hold no process state; the filter's state lives in the
 filters a program installs on its loggers.
@@ -37,11 +39,16 @@ from gym_telemetry_semconv.attributes import (
     HTTP_ROUTE,
     ROLLOUT_ID,
     ROLLOUT_NESTED,
+    ROLLOUT_OUTER_BAGGAGE,
     SERVER_NAME,
     SERVER_TYPE,
     SERVER_TYPES,
     SERVICE_NAME,
+    SPAN_AGENT_RESPONSES,
     SPAN_ENV_STEP,
+    SPAN_MODEL_CHAT,
+    SPAN_MODEL_MESSAGES,
+    SPAN_MODEL_RESPONSES,
     SPAN_ROLLOUT,
     SPAN_VERIFY,
     URL_FULL,
@@ -117,14 +124,19 @@ __all__ = [
     "READYZ_PATH",
     "ROLLOUT_ID",
     "ROLLOUT_NESTED",
+    "ROLLOUT_OUTER_BAGGAGE",
     "SCOPE_PREFIX",
     "SERVER_NAME",
     "SERVER_TYPE",
     "SERVER_TYPES",
     "SERVICE_NAME",
     "SOURCE_GROUP",
+    "SPAN_AGENT_RESPONSES",
     "SPAN_ENV_STEP",
     "SPAN_GROUPS_PATH",
+    "SPAN_MODEL_CHAT",
+    "SPAN_MODEL_MESSAGES",
+    "SPAN_MODEL_RESPONSES",
     "SPAN_ROLLOUT",
     "SPAN_VERIFY",
     "URL_FULL",

@@ -39,7 +39,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.configload import bound_address, split_host_port
+from gym_sidecar.hostport import bound_address, split_host_port
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)

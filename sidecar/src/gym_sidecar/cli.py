@@ -9,6 +9,8 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
 - ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
   (see :mod:`gym_sidecar.inspect.commands`).
+- ``ui``: serve the web view and the Jaeger-compatible query API over the local store
+  (see :mod:`gym_sidecar.webui.command`).
 
 ``gym-sidecar --version`` prints the installed version.
 
@@ -27,9 +29,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gym_telemetry_semconv.safetext import SafeFormatter, escape_controls
+
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
 from gym_sidecar.webhook.cli import add_webhook
+from gym_sidecar.webui.command import add_ui
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -86,7 +91,7 @@ def _load(args: argparse.Namespace, config_file: str | None) -> SidecarConfig | 
     try:
         return load_config(config_file, os.environ, flag_overrides(args))
     except ConfigError as exc:
-        print(f"gym-sidecar: {exc}", file=sys.stderr)
+        print(f"gym-sidecar: {exc}", file=sys.stderr)  # ConfigError escapes
         return None
 
 
@@ -107,7 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args, args.config)
     if cfg is None:
         return EXIT_BAD_CONFIG
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     from gym_sidecar.server import SidecarServer
 
     try:
@@ -135,7 +140,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     import yaml  # the run command never needs it (see config.read_yaml_file)
 
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-    print(f"{args.file}: OK", file=sys.stderr)
+    print(f"{escape_controls(args.file)}: OK", file=sys.stderr)
     return EXIT_OK
 
 
@@ -146,15 +151,20 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_rollouts,
     add_trace,
     add_stats,
+    add_ui,
 ]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level`` through ``SafeFormatter``: a client-supplied string in a
+    message (a span name, a request path, a backend's error) cannot start a new line or
+    carry control characters (``gym_telemetry_semconv.safetext``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def version() -> str:

@@ -38,12 +38,12 @@ from gym_sidecar.configload import (
     deep_merge,
     load_layers,
     read_yaml_file,
-    split_host_port,
 )
-from gym_sidecar.enrich import downward_api
+from gym_sidecar.core import downward_api
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
+from gym_sidecar.hostport import split_host_port
 from gym_sidecar.malloc import MemoryConfig
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.store.config import LocalStoreConfig
@@ -53,7 +53,7 @@ ENV_PREFIX = "GYM_SIDECAR_"
 ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
 """Env twin of ``--config`` (a path, not a config key)."""
 # GYM_SIDECAR_PODINFO_DIR is set by the injection webhook for the enrich stage's
-# Kubernetes source (enrich/downward_api.py); it is not a config override.
+# Kubernetes source (core/downward_api.py); it is not a config override.
 _NOT_CONFIG_ENV = frozenset({ENV_PREFIX, ENV_CONFIG_FILE, downward_api.PODINFO_DIR_ENV})
 
 MiB = 1024 * 1024

@@ -22,13 +22,15 @@ A program adds a setting by adding a field to its model; nothing here changes.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+from gym_telemetry_semconv.safetext import escape_controls
 from pydantic import AfterValidator, BaseModel, PlainSerializer, ValidationError
+
+from gym_sidecar.hostport import split_host_port
 
 ENV_NESTED_DELIMITER = "__"
 """Separator of nested keys in environment variable names."""
@@ -41,11 +43,14 @@ M = TypeVar("M", bound=BaseModel)
 
 class ConfigError(Exception):
     """The configuration could not be loaded; ``errors`` lists every problem found, each
-    prefixed by its key path (or the file / variable it came from)."""
+    prefixed by its key path (or the file / variable it came from). Keys and values in
+    them come from the file or the environment: their control characters are escaped
+    (``gym_telemetry_semconv.safetext``), so each error is one printable line."""
 
     header = "invalid configuration"
 
     def __init__(self, errors: list[str]) -> None:
+        errors = [escape_controls(e) for e in errors]
         super().__init__(f"{self.header}:\n  " + "\n  ".join(errors))
         self.errors = errors
 
@@ -72,42 +77,6 @@ as ``[REDACTED]`` in JSON mode (``check-config`` prints that dump)."""
 
 
 # -- host:port ---------------------------------------------------------------------------
-def split_host_port(value: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6]:PORT`` for IPv6) and validate both parts.
-
-    Raises ValueError with a readable message. The host is an IP address or a host name
-    (never empty: all interfaces only when written so, ``0.0.0.0`` or ``[::]``); port 0
-    is allowed (the OS picks one; listeners log the port actually bound).
-    """
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"invalid IPv6 address in {value!r}") from None
-    elif ":" in host:
-        raise ValueError(f"IPv6 addresses must be bracketed, e.g. [::1]:4317; got {value!r}")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"port must be an integer in 0..65535, got {port_text!r}")
-    return host, int(port_text)
-
-
-def join_host_port(host: str, port: int) -> str:
-    """``HOST:PORT`` again (IPv6 bracketed), e.g. with the port a ``:0`` listener got."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def bound_address(listen: str, port: int | None) -> str:
-    """``listen`` with the port actually bound (what logs show: ``127.0.0.1:0`` is not
-    an address anyone can connect to)."""
-    if port is None:
-        return listen
-    return join_host_port(split_host_port(listen)[0], port)
-
-
 def _check_listen(value: str) -> str:
     split_host_port(value)
     return value

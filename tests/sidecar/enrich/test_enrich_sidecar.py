@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gym_sidecar.enrich import downward_api
+from gym_sidecar.core import downward_api
 
 from tests.sidecar.otlp_samples import grpc_export, kv, logs_request, metrics_request, trace_request
 from tests.support.docker_engine import EngineContractServer, FakeContainer

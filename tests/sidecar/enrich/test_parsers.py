@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from gym_sidecar.core.downward_api import SERVER_NAME_LABEL
 from gym_sidecar.enrich.config import KubernetesConfig
 from gym_sidecar.enrich.docker_lookup import (
     container_attributes,
@@ -14,7 +15,6 @@ from gym_sidecar.enrich.docker_lookup import (
     parse_image_reference,
     peer_ip,
 )
-from gym_sidecar.enrich.downward_api import SERVER_NAME_LABEL
 from gym_sidecar.enrich.environment import (
     ResourceAttributesError,
     environment_attributes,

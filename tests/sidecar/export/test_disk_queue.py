@@ -142,14 +142,79 @@ def test_replay_after_close_keeps_unacked_and_leased(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
-def test_fsync_interval_mode_writes_before_answering(tmp_path: Path) -> None:
+def test_leased_records_keep_their_segments_until_acked(tmp_path: Path) -> None:
+    """A lease is not an acknowledgement: records leased (every one of them, across
+    several segments) and never acked keep their bytes in the bound and their segment
+    files, and all of them are replayed after a restart."""
+
     async def run() -> None:
-        q = make(tmp_path, SelfMetrics(), fsync="interval", fsync_interval_s=0.05)
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(20):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        files_before = segments.list_segments(tmp_path)
+        assert len(files_before) > 1  # 1 KiB segments: the lease spans several
+        lease = await q.get(1 << 20, 0.0)
+        assert lease is not None and len(lease.entries) == 20
+        assert q.used_bytes == 20 * 100  # still held: nothing was acknowledged
+        await q.close()  # awaits any deletion a wrong release might have started
+        assert segments.list_segments(tmp_path) == files_before
+        q2 = make(tmp_path, m)
+        assert sorted(await drain_all(q2)) == [payload(i) for i in range(20)]
+        await q2.close()
+
+    asyncio.run(run())
+
+
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:
+    """The ``fsync`` flag of every append, and every ``os.fsync`` of the segment files
+    (the real ones still run)."""
+    appends: list[bool] = []
+    fsyncs: list[int] = []
+    real_append = segments.SegmentWriter.append
+    real_fsync = segments.os.fsync
+
+    def append(self: segments.SegmentWriter, records: Any, fsync: bool) -> Any:
+        appends.append(fsync)
+        return real_append(self, records, fsync)
+
+    def fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(segments.SegmentWriter, "append", append)
+    monkeypatch.setattr(segments.os, "fsync", fsync)
+    return appends, fsyncs
+
+
+def test_fsync_interval_mode_writes_before_answering_and_fsyncs_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``interval``: put answers once the record is written (another reader sees it),
+    without an fsync of its own; the sync loop fsyncs it afterwards."""
+    appends, fsyncs = _record_fsyncs(monkeypatch)
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics(), fsync="interval", fsync_interval_s=0.2)
         assert await q.put(Signal.METRICS, payload(7), 3)
-        # Written to the file (page cache) before put returned: another reader sees it.
+        assert appends == [False]  # the write did not wait for the disk
         records = [r for _, p in segments.list_segments(tmp_path) for r in segments.scan(p).records]
         assert [(r.signal, r.items) for r in records] == [(Signal.METRICS, 3)]
-        await asyncio.sleep(0.15)
+        assert await wait_for_async(lambda: fsyncs, 60, describe=lambda: (appends, fsyncs))
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_fsync_always_mode_fsyncs_before_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    appends, fsyncs = _record_fsyncs(monkeypatch)
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics(), fsync="always", fsync_interval_s=3600)
+        assert await q.put(Signal.METRICS, payload(7), 3)
+        assert appends == [True] and fsyncs  # before put answered (the loop waits an hour)
         await q.close()
 
     asyncio.run(run())
@@ -268,5 +333,106 @@ def test_a_get_cancelled_while_reading_puts_its_records_back(tmp_path: Path) -> 
         q._reader.read = original  # type: ignore[method-assign]
         assert await drain_all(q) == [payload(i) for i in range(5)]
         await q.close()
+
+    asyncio.run(run())
+
+
+def test_a_lease_holds_as_many_records_as_fit_and_at_least_one(tmp_path: Path) -> None:
+    """``get(max_bytes)`` takes records in order while they fit (a batch of exactly
+    ``max_bytes`` included), one record even when it alone is larger, and says which
+    signal they are, with each record's item count and enqueue time."""
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics())
+        for i in range(10):
+            assert await q.put(Signal.LOGS, payload(i), i + 1)
+        got: list[list[bytes]] = []
+        for max_bytes in (350, 300, 50, 1 << 20):
+            lease = await q.get(max_bytes, 0.0)
+            assert lease is not None and lease.signal is Signal.LOGS
+            got.append([e.payload for e in lease.entries])
+            for e in lease.entries:
+                assert e.items == int(e.payload[:8]) + 1
+                assert isinstance(e.enqueued_at, float) and e.enqueued_at > 0
+            await q.ack(lease)
+        assert got == [
+            [payload(0), payload(1), payload(2)],  # 300 <= 350 < 400
+            [payload(3), payload(4), payload(5)],  # exactly 300
+            [payload(6)],  # larger than 50 alone: still taken
+            [payload(7), payload(8), payload(9)],
+        ]
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_the_bytes_left_pending_decide_when_a_batch_is_ready(tmp_path: Path) -> None:
+    """With a long linger a batch is ready only once ``max_bytes`` are pending: after a
+    lease takes 200 of 300 bytes, the 100 left are not a batch of 200 (this gives the
+    queue a moment to answer wrongly; a slow machine only gives it more)."""
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics())
+        for i in range(3):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        lease = await q.get(200, 3600.0)
+        assert lease is not None and len(lease.entries) == 2
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(q.get(200, 3600.0), 0.5)
+        assert await q.put(Signal.TRACES, payload(3), 1)  # now 200 pending: ready
+        second = await asyncio.wait_for(q.get(200, 3600.0), 60)
+        assert second is not None
+        assert [e.payload for e in second.entries] == [payload(2), payload(3)]
+        await q.close()
+
+    asyncio.run(run())
+
+
+def test_two_leases_are_acked_apart(tmp_path: Path) -> None:
+    """Two leases outstanding, the first acked twice (harmless), the second never: after
+    a restart every record of the second comes back, and the first's segment, all of
+    it acked, is gone (replay is per segment: acked records that share a segment with
+    unacked ones come back too; at least once)."""
+
+    async def run() -> None:
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(20):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        first = await q.get(1000, 0.0)
+        second = await q.get(1000, 0.0)
+        assert first is not None and second is not None and first.id != second.id
+        assert len(first.entries) == len(second.entries) == 10
+        await q.ack(first)
+        await q.ack(first)
+        await q.close()
+        q2 = make(tmp_path, m)
+        replayed = set(await drain_all(q2))
+        assert {payload(i) for i in range(10, 20)} <= replayed
+        assert payload(0) not in replayed  # its segment held only acked records
+        await q2.close()
+
+    asyncio.run(run())
+
+
+def test_records_appended_after_everything_was_acked_survive_a_restart(tmp_path: Path) -> None:
+    """Acking every record must not delete the segment still being appended to: what is
+    written next goes there (or to a new one) and is replayed after a restart."""
+
+    async def run() -> None:
+        m = SelfMetrics()
+        q = make(tmp_path, m)
+        for i in range(3):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        lease = await q.get(1 << 20, 0.0)
+        assert lease is not None
+        await q.ack(lease)
+        for i in range(3, 6):
+            assert await q.put(Signal.TRACES, payload(i), 1)
+        await q.close()
+        q2 = make(tmp_path, m)
+        # the acked 0-2 may come back with them (same segment: at least once)
+        assert {payload(i) for i in range(3, 6)} <= set(await drain_all(q2))
+        await q2.close()
 
     asyncio.run(run())

@@ -6,7 +6,7 @@ Every test that uses the ``sink`` fixture runs once per gRPC client
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -55,6 +55,24 @@ def make_stage(
     return stage
 
 
+def seen(sink: RecordingSink, metrics: SelfMetrics) -> Callable[[], str]:
+    """What a classification test was waiting on, for its timeout message."""
+
+    def describe() -> str:
+        return (
+            f"spans={sink.span_count} calls={sink.calls} rejected={sink.rejected_calls} "
+            f"exported={exported(metrics)} dropped_permanent={dropped(metrics, 'permanent_error')} "
+            "retryable_errors="
+            + str(
+                sample(
+                    metrics, "gym_sidecar_export_errors_total", signal="traces", kind="retryable"
+                )
+            )
+        )
+
+    return describe
+
+
 def test_unavailable_is_retried_until_everything_arrives(sink: RecordingSink) -> None:
     async def body() -> None:
         metrics = SelfMetrics()
@@ -62,7 +80,7 @@ def test_unavailable_is_retried_until_everything_arrives(sink: RecordingSink) ->
         sink.fail_next(3, grpc.StatusCode.UNAVAILABLE)
         await stage.consume(trace_batch("r", 4))
         await stage.start()
-        assert await wait_until(lambda: sink.span_count == 4)
+        assert await wait_until(lambda: sink.span_count == 4, describe=seen(sink, metrics))
         await stage.shutdown(5)
         assert (sink.calls, sink.rejected_calls) == (4, 3)
         assert sample(metrics, "gym_sidecar_export_attempts_total", signal="traces") == 4
@@ -86,9 +104,9 @@ def test_invalid_argument_is_dropped_counted_and_the_sender_carries_on(
         sink.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT)
         await stage.start()
         await stage.consume(trace_batch("bad", 2))
-        assert await wait_until(lambda: sink.calls == 1)
+        assert await wait_until(lambda: sink.calls == 1, describe=seen(sink, metrics))
         await stage.consume(trace_batch("good", 3))
-        assert await wait_until(lambda: sink.span_count == 3)
+        assert await wait_until(lambda: sink.span_count == 3, describe=seen(sink, metrics))
         await stage.shutdown(5)
         assert sink.calls == 2  # the permanent error was not retried
         assert dropped(metrics, "permanent_error") == 2
@@ -114,7 +132,9 @@ def test_retry_info_delay_is_honoured_over_a_long_backoff(sink: RecordingSink) -
         sink.fail_next(1, grpc.StatusCode.RESOURCE_EXHAUSTED, retry_after_s=0.05)
         await stage.consume(trace_batch("hint", 2))
         await stage.start()
-        assert await wait_until(lambda: sink.span_count == 2, timeout_s=20)
+        assert await wait_until(
+            lambda: sink.span_count == 2, timeout_s=20, describe=seen(sink, metrics)
+        )
         await stage.shutdown(5)
         assert (sink.calls, sink.rejected_calls) == (3, 2)
 
@@ -128,7 +148,9 @@ def test_resource_exhausted_without_retry_info_is_permanent(sink: RecordingSink)
         sink.fail_next(1, grpc.StatusCode.RESOURCE_EXHAUSTED)
         await stage.consume(trace_batch("x", 5))
         await stage.start()
-        assert await wait_until(lambda: dropped(metrics, "permanent_error") == 5)
+        assert await wait_until(
+            lambda: dropped(metrics, "permanent_error") == 5, describe=seen(sink, metrics)
+        )
         await stage.shutdown(5)
         assert sink.calls == 1
 

@@ -161,6 +161,29 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode().rstrip("=")  # gRPC may send it unpadded
 
 
+@pytest.mark.parametrize(
+    ("http_status", "code", "outcome"),
+    [
+        (400, "INTERNAL", Outcome.PERMANENT),
+        (401, "UNAUTHENTICATED", Outcome.PERMANENT),
+        (403, "PERMISSION_DENIED", Outcome.PERMANENT),
+        (404, "UNIMPLEMENTED", Outcome.PERMANENT),
+        (429, "UNAVAILABLE", Outcome.RETRYABLE),
+        (502, "UNAVAILABLE", Outcome.RETRYABLE),
+        (503, "UNAVAILABLE", Outcome.RETRYABLE),
+        (504, "UNAVAILABLE", Outcome.RETRYABLE),
+        (500, "UNKNOWN", Outcome.PERMANENT),
+    ],
+)
+def test_http_status_without_grpc_status_maps_like_the_grpc_spec(
+    http_status: int, code: str, outcome: Outcome
+) -> None:
+    """gRPC's HTTP-to-gRPC table (a proxy in front of the backend answering on its own):
+    429, 502, 503 and 504 are UNAVAILABLE, so retried; the others are not."""
+    result = _outcome(Signal.TRACES, _finished([(":status", str(http_status))]), 1)
+    assert (result.outcome, result.message.split(":", 1)[0]) == (outcome, code), result
+
+
 def test_answers_map_to_outcomes_like_grpc_core() -> None:
     # No grpc-status: the HTTP status decides (gRPC's HTTP-to-gRPC table).
     unavailable = _outcome(Signal.TRACES, _finished([(":status", "503")]), 1)

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import pytest
 from aiohttp import web
 from gym_sidecar.assemble import build_export_stage
+from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig, QueueConfig
-from gym_sidecar.export.otlp_http import parse_retry_after, signal_urls
+from gym_sidecar.export.otlp_http import classify_status, parse_retry_after, signal_urls
 from gym_sidecar.export.stage import QueueStage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -87,13 +89,14 @@ def make_stage(url: str, metrics: SelfMetrics, **backend: object) -> QueueStage:
     return stage
 
 
-def test_503_and_429_with_retry_after_are_retried_then_everything_arrives() -> None:
+def test_503_502_and_429_with_retry_after_are_retried_then_everything_arrives() -> None:
     # Backoff is 30 s; only honouring Retry-After (0 s, and a date in the past) lets the
     # batch through within the wait.
     async def body() -> None:
         async with http_backend() as backend:
             backend.script = [
                 (503, {"Retry-After": "0"}, b"busy"),
+                (502, {"Retry-After": "0"}, b"bad gateway"),  # a proxy whose upstream fell over
                 (429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, b"slow down"),
                 (504, {"Retry-After": "0"}, b""),
             ]
@@ -103,7 +106,7 @@ def test_503_and_429_with_retry_after_are_retried_then_everything_arrives() -> N
             await stage.start()
             assert await wait_until(lambda: backend.span_count() == 4)
             await stage.shutdown(5)
-        assert backend.statuses == [503, 429, 504, 200]
+        assert backend.statuses == [503, 502, 429, 504, 200]
         path, headers, _ = backend.received[0]
         assert path == "/v1/traces"
         assert headers["X-Tenant"] == "t1"
@@ -113,9 +116,31 @@ def test_503_and_429_with_retry_after_are_retried_then_everything_arrives() -> N
         errors = sample(
             metrics, "gym_sidecar_export_errors_total", signal="traces", kind="retryable"
         )
-        assert errors == 3
+        assert errors == 4
 
     run(body())
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (400, Outcome.PERMANENT),
+        (401, Outcome.PERMANENT),
+        (404, Outcome.PERMANENT),
+        (413, Outcome.PERMANENT),
+        (429, Outcome.RETRYABLE),
+        (500, Outcome.PERMANENT),
+        (501, Outcome.PERMANENT),
+        (502, Outcome.RETRYABLE),
+        (503, Outcome.RETRYABLE),
+        (504, Outcome.RETRYABLE),
+    ],
+)
+def test_each_status_is_classified_as_the_otlp_spec_says(status: int, outcome: Outcome) -> None:
+    """OTLP/HTTP: 429, 502, 503, 504 are retryable; other non-2xx statuses are not."""
+    result = classify_status(status, None, "upstream said no")
+    assert result.outcome is outcome
+    assert result.message == f"HTTP {status}: upstream said no"  # what the drop log quotes
 
 
 def test_400_is_dropped_and_counted_and_the_sender_carries_on() -> None:
@@ -167,6 +192,11 @@ def test_urls_and_retry_after_parsing() -> None:
     assert signal_urls("https://h/base/")[Signal.LOGS] == "https://h/base/v1/logs"
     assert signal_urls("http://h/x/v1/metrics")[Signal.TRACES] == "http://h/x/v1/traces"
     assert parse_retry_after("7") == 7.0
+    # "retry now" and a date already past are 0 s, never a made-up minimum
+    assert parse_retry_after("0") == 0.0
+    assert parse_retry_after("0.25") == 0.25
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777 + 60) == 0.0
     assert parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now=784111777 - 5) == 5.0
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None

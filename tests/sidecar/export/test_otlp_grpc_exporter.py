@@ -178,3 +178,53 @@ def test_gzip_compresses_what_goes_over_the_wire(make: Make) -> None:
         assert received == [payload, payload]  # inflated back to the same bytes
 
     run(body())
+
+
+def _retry_info(seconds: int, nanos: int = 0) -> error_details_pb2.RetryInfo:
+    return error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=seconds, nanos=nanos)
+    )
+
+
+def _status_details(*details: Any) -> bytes:
+    from google.rpc import status_pb2
+
+    status = status_pb2.Status(code=8, message="busy")
+    for detail in details:
+        status.details.add().Pack(detail)
+    return status.SerializeToString()
+
+
+def test_retry_delay_is_read_from_the_trailers_whatever_comes_first() -> None:
+    from gym_sidecar.export.otlp_grpc import retry_delay_s
+
+    details = _status_details(error_details_pb2.DebugInfo(detail="x"), _retry_info(1, 500_000_000))
+    trailers = [("x-other", "text"), ("x-bin", b"\x00"), ("grpc-status-details-bin", details)]
+    assert retry_delay_s(trailers) == 1.5
+    assert retry_delay_s([("grpc-status-details-bin", _status_details(_retry_info(0)))]) == 0.0
+    bare = _retry_info(0, 250_000_000).SerializeToString()
+    assert retry_delay_s([("x-bin", b"\x01"), ("google.rpc.retryinfo-bin", bare)]) == 0.25
+    assert retry_delay_s([("grpc-status-details-bin", _status_details())]) is None
+    assert retry_delay_s([("grpc-status-details-bin", b"\xff\xff")]) is None
+    assert retry_delay_s(None) is None
+
+
+def test_classify_keeps_the_message_and_the_hint() -> None:
+    from gym_sidecar.export.otlp_grpc import classify
+
+    code = grpc.StatusCode
+    unavailable = classify(code.UNAVAILABLE, "backend restarting", 2.5)
+    assert (unavailable.outcome, unavailable.message, unavailable.retry_after_s) == (
+        Outcome.RETRYABLE,
+        "UNAVAILABLE: backend restarting",
+        2.5,
+    )
+    busy = classify(code.RESOURCE_EXHAUSTED, "quota", 0.5)
+    assert (busy.outcome, busy.message, busy.retry_after_s) == (
+        Outcome.RETRYABLE,
+        "RESOURCE_EXHAUSTED: quota",
+        0.5,
+    )
+    assert classify(code.RESOURCE_EXHAUSTED, "quota", None).outcome is Outcome.PERMANENT
+    # a hint does not make a permanent error retryable
+    assert classify(code.INVALID_ARGUMENT, "bad span", 1.0).outcome is Outcome.PERMANENT

@@ -89,16 +89,29 @@ def safe_set_span_attributes(
 
 
 @contextmanager
-def _current(span: Span, before_end: Callable[[Span, bool], None] | None = None) -> Iterator[Span]:
-    """``span`` current while the block runs; ``before_end(span, raised)`` runs before end."""
+def _current(
+    span: Span,
+    before_end: Callable[[Span, bool], None] | None = None,
+    *,
+    exception_text: bool = True,
+) -> Iterator[Span]:
+    """``span`` current while the block runs; ``before_end(span, raised)`` runs before end.
+
+    An exception sets ERROR and ``error.type``; with ``exception_text`` it is also
+    recorded as an event and its message becomes the status description. Without it
+    (sandbox spans: a provider's message may quote the command) only its type is kept.
+    """
     token = context_api.attach(trace.set_span_in_context(span))
     raised = False
     try:
         yield span
     except BaseException as exc:
         raised = True
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        if exception_text:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        else:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
         raise
     finally:
@@ -125,8 +138,38 @@ def managed_span(
         return
     span = span_groups.tracer_for(group).start_span(name, attributes=_with_rollout({}))
     safe_set_span_attributes(span, attributes)
+    if group == semconv.GROUP_SANDBOX:
+        with _current(span, _finish_sandbox_span, exception_text=False):
+            yield span
+        return
     with _current(span):
         yield span
+
+
+#: Gym's own attribute for an exec that did not complete (``timeout``, a provider's
+#: runtime error class); a command that ran and exited non-zero leaves it unset.
+SANDBOX_ERROR_TYPE: Final = "nemo.gym.sandbox.error_type"
+
+
+def _finish_sandbox_span(span: Span, raised: bool) -> None:
+    """A ``gym.sandbox.*`` span whose result carries Gym's ``error_type`` is an error.
+
+    Gym's sandbox API returns a timed-out exec as a result (``error_type="timeout"``,
+    no exception), so the span would end UNSET: status ERROR and ``error.type`` = that
+    value instead. A command that ran and exited non-zero (a cell that raised) is the
+    task's outcome, not the sandbox's: it stays UNSET with its return code. An
+    exception (a provider error) already set ERROR and its type. Never raises.
+    """
+    if raised:
+        return
+    try:
+        attributes = getattr(span, "attributes", None)
+        value = attributes.get(SANDBOX_ERROR_TYPE) if attributes else None
+        if isinstance(value, str) and value:
+            span.set_status(Status(StatusCode.ERROR, value))
+            span.set_attribute(semconv.ERROR_TYPE, value)
+    except Exception:  # status is best effort
+        _log.debug("gym_telemetry: could not finish a sandbox span", exc_info=True)
 
 
 @contextmanager
@@ -177,7 +220,7 @@ MAX_ROUTE_SEGMENTS: Final = 4
 #: Longest path (after the rollout prefix) a client span name may carry.
 MAX_ROUTE_CHARS: Final = 128
 #: What the high-cardinality ``/ng-rollout/<id>`` prefix reads as in a template.
-ROLLOUT_ROUTE_TEMPLATE: Final = propagation.ROLLOUT_PATH_PREFIX + "{rollout_id}"
+ROLLOUT_ROUTE_TEMPLATE: Final = rollout_correlation.ROLLOUT_PATH_PREFIX + "{rollout_id}"
 
 
 def _route_segment(segment: str) -> bool:
@@ -213,8 +256,8 @@ def url_template(url: str) -> str | None:
     else:
         path = url
     prefix = ""
-    if path.startswith(propagation.ROLLOUT_PATH_PREFIX):
-        start = len(propagation.ROLLOUT_PATH_PREFIX)
+    if path.startswith(rollout_correlation.ROLLOUT_PATH_PREFIX):
+        start = len(rollout_correlation.ROLLOUT_PATH_PREFIX)
         slash = path.find("/", start)
         if slash <= start:  # no id, or nothing after it
             return None

@@ -15,6 +15,10 @@
   (``gym_primitives.REPLACEMENTS``, ``routes.ENDPOINT_REPLACEMENTS``).
 - ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` first runs
   ``identity.start_server_telemetry(self)`` (identity + SDK), then Gym's own.
+- ``nemo_gym.mcp_auto_exposure``: a span per MCP tool call (``mcp``).
+- ``ray._private.worker`` / ``ray.util.tracing.tracing_helper``: a Ray cluster started
+  here gets Ray's tracing startup hook; the rollout id travels into tasks
+  (``ray_tasks``).
 - ``uvicorn.server``: ``Server.shutdown`` flushes this process's spans once the graceful
   shutdown is done (``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S``, default 2 s, ``0``: off).
   uvicorn re-raises SIGTERM after that shutdown, so a server stopped by SIGTERM
@@ -36,6 +40,7 @@ import threading
 from types import ModuleType
 from typing import Any, Final
 
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry.autoinstrument.import_hooks import when_imported
 
 _log = logging.getLogger(__name__)
@@ -65,8 +70,6 @@ class _Installed:
 _INSTALLED: Final = _Installed()
 
 
-#: Bound on the span flush at the end of a uvicorn server's graceful shutdown.
-ENV_STOP_FLUSH_TIMEOUT_S: Final = "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S"
 DEFAULT_STOP_FLUSH_TIMEOUT_S: Final = 2.0
 
 
@@ -74,7 +77,7 @@ def stop_flush_timeout_s(environ: dict[str, str] | None = None) -> float:
     """``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S`` (default 2; 0 or less: no flush; a bad
     value: the default, logged)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_STOP_FLUSH_TIMEOUT_S, "").strip()
+    raw = env.get(env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S, "").strip()
     if not raw:
         return DEFAULT_STOP_FLUSH_TIMEOUT_S
     try:
@@ -82,7 +85,7 @@ def stop_flush_timeout_s(environ: dict[str, str] | None = None) -> float:
     except ValueError:
         _log.warning(
             "gym_telemetry: %s=%r is not a number; using %s",
-            ENV_STOP_FLUSH_TIMEOUT_S,
+            env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S,
             raw,
             DEFAULT_STOP_FLUSH_TIMEOUT_S,
         )
@@ -222,4 +225,25 @@ def install() -> bool:
         when_imported(module_name, patch_gym_telemetry_module)
     when_imported("nemo_gym.server_utils", patch_server_utils)
     when_imported("uvicorn.server", patch_uvicorn_server)
+    when_imported("nemo_gym.mcp_auto_exposure", _patch_mcp)
+    when_imported("ray._private.worker", _patch_ray_worker)
+    when_imported("ray.util.tracing.tracing_helper", _patch_ray_tracing)
     return True
+
+
+def _patch_ray_worker(module: ModuleType) -> None:
+    from gym_telemetry.autoinstrument.ray_tasks import patch_ray_worker
+
+    patch_ray_worker(module)
+
+
+def _patch_ray_tracing(module: ModuleType) -> None:
+    from gym_telemetry.autoinstrument.ray_tasks import patch_tracing_helper
+
+    patch_tracing_helper(module, stop_flush_timeout_s)
+
+
+def _patch_mcp(module: ModuleType) -> None:
+    from gym_telemetry.autoinstrument.mcp import patch_mcp_auto_exposure
+
+    patch_mcp_auto_exposure(module)

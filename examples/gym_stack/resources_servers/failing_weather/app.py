@@ -4,11 +4,15 @@
 (same routes: ``/seed_session``, ``/get_weather``, ``/verify``, ...) whose ``verify``
 raises ``VerifierCrash`` when the verify request carries ``"fail_verify": true``
 (simple_agent forwards the ``/run`` body's extra fields to ``/verify``), or always
-when the server's config sets ``always_fail: true``. It exists to check that a verifier
-that raises shows up as a failed verification (``succeeded=false``).
+when the server's config sets ``always_fail: true``. ``"verify_sleep_s": <s>`` makes the
+verification take that long first (a slow verifier, for the cancellation tests). It
+exists to check that a verifier that raises shows up as a failed verification
+(``succeeded=false``).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from nemo_gym.base_resources_server import BaseVerifyRequest, BaseVerifyResponse
 from pydantic import ConfigDict
@@ -29,6 +33,7 @@ class FailableVerifyRequest(BaseVerifyRequest):
 
     model_config = ConfigDict(extra="allow")
     fail_verify: bool = False
+    verify_sleep_s: float = 0.0
 
 
 class VerifierCrash(RuntimeError):
@@ -41,6 +46,8 @@ class FailingWeatherResourcesServer(SimpleWeatherResourcesServer):
     config: FailingWeatherConfig
 
     async def verify(self, body: FailableVerifyRequest) -> BaseVerifyResponse:  # type: ignore[override]
+        if body.verify_sleep_s > 0:
+            await asyncio.sleep(body.verify_sleep_s)
         if self.config.always_fail or body.fail_verify:
             raise VerifierCrash("verifier crashed on purpose (fail_verify)")
         return await super().verify(body)

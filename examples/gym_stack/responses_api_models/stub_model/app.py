@@ -15,14 +15,27 @@ gets HTTP 500, as an unavailable model would. The real-Gym tests make an LLM jud
 on request this way (a marker in a task's expected answer, which only the judge's prompt
 contains) and a policy call fail (a marker in the user message).
 
-``chat_completions()`` answers with one fixed assistant message. Nothing here is random,
-so a rollout through ``simple_agent`` and ``example_single_tool_call`` always earns
-reward 1.0.
+The first turn calls the first tool the request offers: ``get_weather`` (any tool with
+a ``city`` parameter) gets ``{"city": <stub_city>}``; any other tool gets its first
+parameter set to the last user message (``litmus_agent``'s code tool then runs that
+message as a cell).
+
+``SLEEP:<seconds>`` in the input text (or a chat message) makes the call wait that long
+first (a slow model, for the cancellation and streaming tests).
+
+``chat_completions()`` answers with one fixed assistant message; when the request offers
+tools and no tool result is in the messages yet, it calls the first tool offered with
+``{"command": <chat_command>}`` (default ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``,
+which makes mini-swe-agent submit at once). ``fail_markers`` apply to it too. Nothing
+here is random, so a rollout through ``simple_agent`` and ``example_single_tool_call``
+always earns reward 1.0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -47,6 +60,16 @@ class StubModelServerConfig(BaseResponsesAPIModelConfig):
     stub_city: str = "San Francisco"
     stub_text: str = "stub answer"
     fail_markers: list[str] = []
+    chat_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+_SLEEP = re.compile(r"SLEEP:([0-9]+(?:\.[0-9]+)?)")
+
+
+async def _maybe_sleep(text: str) -> None:
+    match = _SLEEP.search(text)
+    if match is not None:
+        await asyncio.sleep(float(match.group(1)))
 
 
 def _item_type(item: Any) -> str | None:
@@ -95,11 +118,9 @@ class StubModelServer(SimpleResponsesAPIModel):
         self,
         body: NeMoGymResponseCreateParamsNonStreaming = Body(),  # noqa: B008 - FastAPI's own idiom, as in Gym's base class
     ) -> NeMoGymResponse:
-        if self.config.fail_markers:
-            text = _input_text(body.input)
-            for marker in self.config.fail_markers:
-                if marker and marker in text:
-                    raise HTTPException(status_code=500, detail=f"stub model fails on {marker!r}")
+        text = _input_text(body.input)
+        await _maybe_sleep(text)
+        self._maybe_fail(text)
         items = body.input if isinstance(body.input, list) else []
         tool_outputs = [item for item in items if _item_type(item) == "function_call_output"]
         output: list[dict[str, Any]]
@@ -113,8 +134,8 @@ class StubModelServer(SimpleResponsesAPIModel):
                     "id": f"fc_{uuid.uuid4().hex}",
                     "type": "function_call",
                     "call_id": f"call_{uuid.uuid4().hex}",
-                    "name": "get_weather",
-                    "arguments": json.dumps({"city": self.config.stub_city}),
+                    "name": _tool_field(body.tools[0], "name") or "get_weather",
+                    "arguments": json.dumps(self._tool_arguments(body.tools[0], items)),
                     "status": "completed",
                 }
             ]
@@ -131,25 +152,67 @@ class StubModelServer(SimpleResponsesAPIModel):
             }
         )
 
+    def _tool_arguments(self, tool: Any, items: list[Any]) -> dict[str, Any]:
+        parameters = _tool_field(tool, "parameters") or {}
+        names = list((parameters.get("properties") or {}) if isinstance(parameters, dict) else {})
+        if not names or "city" in names:
+            return {"city": self.config.stub_city}
+        users = [item for item in items if _role(item) == "user"]
+        return {names[0]: _input_text(users[-1:])}
+
+    def _maybe_fail(self, text: str) -> None:
+        for marker in self.config.fail_markers:
+            if marker and marker in text:
+                raise HTTPException(status_code=500, detail=f"stub model fails on {marker!r}")
+
     async def chat_completions(
         self,
         body: NeMoGymChatCompletionCreateParamsNonStreaming = Body(),  # noqa: B008 - FastAPI's own idiom, as in Gym's base class
     ) -> NeMoGymChatCompletion:
+        messages = list(body.messages)
+        text = _input_text(messages)
+        await _maybe_sleep(text)
+        self._maybe_fail(text)
+        tools = list(body.tools or [])
+        answered = any(_role(message) == "tool" for message in messages)
+        message: dict[str, Any] = {"role": "assistant", "content": self.config.stub_text}
+        finish_reason = "stop"
+        if tools and not answered:
+            function = tools[0].get("function", {}) if isinstance(tools[0], dict) else {}
+            message = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": f"call_{uuid.uuid4().hex}",
+                        "type": "function",
+                        "function": {
+                            "name": function.get("name", "bash"),
+                            "arguments": json.dumps({"command": self.config.chat_command}),
+                        },
+                    }
+                ],
+            }
+            finish_reason = "tool_calls"
         return NeMoGymChatCompletion.model_validate(
             {
                 "id": f"chatcmpl_{uuid.uuid4().hex}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": "stub-model",
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": self.config.stub_text},
-                    }
-                ],
+                "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         )
+
+
+def _tool_field(tool: Any, key: str) -> Any:
+    return tool.get(key) if isinstance(tool, dict) else getattr(tool, key, None)
+
+
+def _role(message: Any) -> str | None:
+    value = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+    return value if isinstance(value, str) else None
 
 
 if __name__ == "__main__":

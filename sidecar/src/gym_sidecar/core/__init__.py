@@ -7,7 +7,9 @@
 - :mod:`.exporter`: the exporter contract (:class:`~.exporter.Exporter`,
   :class:`~.exporter.ExportResult`, :class:`~.exporter.Outcome`);
 - :mod:`.otlp`: the one per-signal OTLP table (message classes, gRPC service and method,
-  HTTP path, content types, item counting, ``partial_success`` fields).
+  HTTP path, content types, item counting, ``partial_success`` fields);
+- :mod:`.downward_api`: the Kubernetes downward-API names (podinfo volume, variables)
+  the injection webhook sets and the Kubernetes enrichment reads.
 
 Layering (checked by ``tests/sidecar/test_layers.py``): ``core`` imports only the
 standard library, protobuf / opentelemetry-proto and the leaf

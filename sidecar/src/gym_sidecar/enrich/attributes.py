@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 AttributeValue = str | tuple[str, ...]
 """A string, or a string array (e.g. ``container.image.tags``)."""
@@ -19,8 +19,3 @@ def to_any_value(value: AttributeValue) -> AnyValue:
     out = AnyValue()
     out.array_value.values.extend(AnyValue(string_value=v) for v in value)
     return out
-
-
-def to_key_values(attrs: Attributes) -> Sequence[KeyValue]:
-    """OTLP KeyValues for ``attrs`` in their mapping order."""
-    return [KeyValue(key=k, value=to_any_value(v)) for k, v in attrs.items()]

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gym_sidecar.enrich.downward_api import SERVER_NAME_LABEL
+from gym_sidecar.core.downward_api import SERVER_NAME_LABEL
 
 SourceName = Literal["attributes", "environment", "gym", "kubernetes", "docker", "host"]
 """Names of the enrichment sources, as used by ``overwrite.sources``."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -188,6 +189,13 @@ class DockerLookup:
                 logger.info("Docker enrichment skipped: no Docker socket at %s", path)
                 self.enabled = False
                 return
+        if importlib.util.find_spec("docker") is None:
+            logger.warning(
+                "Docker enrichment skipped: the docker SDK is not installed "
+                "(install gym-telemetry-sidecar[docker])"
+            )
+            self.enabled = False
+            return
         logger.info("Docker enrichment on: looking containers up at %s", self.cfg.base_url)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.cfg.lookup_threads, thread_name_prefix="enrich-docker"

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gym_sidecar.enrich import downward_api
+from gym_sidecar.core import downward_api
 from gym_sidecar.enrich.attributes import AttributeValue
 from gym_sidecar.enrich.config import KubernetesConfig
 from gym_sidecar.enrich.keys import K8S_POD_ANNOTATION_PREFIX, K8S_POD_LABEL_PREFIX

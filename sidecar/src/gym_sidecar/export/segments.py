@@ -30,7 +30,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -357,12 +357,3 @@ def lock_directory(directory: Path) -> int:
 
 def delete_segment(directory: Path, seq: int) -> None:
     segment_path(directory, seq).unlink(missing_ok=True)
-
-
-def iter_sizes(directory: Path) -> Iterator[int]:
-    """Sizes of the segment files on disk (for tests and diagnostics)."""
-    for _, path in list_segments(directory):
-        try:
-            yield path.stat().st_size
-        except FileNotFoundError:
-            continue

@@ -28,9 +28,6 @@ import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.span_groups import Mode
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
-#: Environment variable that supplies the PUT token when the file does not.
-ENV_TOKEN = "GYM_SIDECAR_SPAN_GROUPS__TOKEN"
-
 
 def unknown_names(spec: str) -> list[str]:
     """Names in ``spec`` that are neither a group, a preset nor ``none``.

@@ -20,12 +20,15 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gym_telemetry_semconv.safetext import escape_controls
+
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, load_config
 
 if TYPE_CHECKING:
     import sqlite3
 
     from rich.console import Console
+    from rich.text import Text
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -68,22 +71,33 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _open(args: argparse.Namespace, console: Console) -> sqlite3.Connection | int:
     import sqlite3
 
+    from rich.text import Text
+
     from gym_sidecar.store import db
 
     try:
         path = store_path(args.config, args.store_dir)
     except ConfigError as exc:
-        print(f"gym-sidecar: {exc}", file=sys.stderr)
+        print(f"gym-sidecar: {exc}", file=sys.stderr)  # ConfigError escapes
         return EXIT_BAD_ARGS
     try:
         return db.connect(path, readonly=True)
     except FileNotFoundError as exc:
-        console.print(f"[red]cannot open the local store:[/red] {exc}")
+        console.print(Text("cannot open the local store: ", style="red") + _plain(exc))
         console.print("Is a sidecar running with the local store (no --backend, or --local-store)?")
         return EXIT_NOT_FOUND
     except (sqlite3.Error, db.StoreVersionError) as exc:
-        console.print(f"[red]cannot open the local store {path}:[/red] {exc}")
+        console.print(
+            Text(f"cannot open the local store {_plain(path)}: ", style="red") + _plain(exc)
+        )
         return EXIT_NOT_FOUND
+
+
+def _plain(value: object) -> Text:
+    """``value`` as unparsed text with its control characters escaped (see render.py)."""
+    from rich.text import Text
+
+    return Text(escape_controls(str(value)))
 
 
 def add_rollouts(subparsers: Any) -> None:
@@ -143,7 +157,7 @@ def add_trace(subparsers: Any) -> None:
 
 
 def cmd_trace(args: argparse.Namespace, console: Console | None = None) -> int:
-    from gym_sidecar.inspect.render import make_console, trace_waterfall
+    from gym_sidecar.inspect.render import make_console, trace_waterfall, untrusted
     from gym_sidecar.store import queries
 
     console = console or make_console()
@@ -153,7 +167,9 @@ def cmd_trace(args: argparse.Namespace, console: Console | None = None) -> int:
     with closing(conn):
         trace_ids = queries.find_traces(conn, args.ident)
         if not trace_ids:
-            console.print(f"[red]no rollout or trace {args.ident!r} in the local store[/red]")
+            console.print(
+                untrusted(f"no rollout or trace {args.ident!r} in the local store", 200, "red")
+            )
             return EXIT_NOT_FOUND
         for trace_id in trace_ids:
             console.print(trace_waterfall(queries.trace_spans(conn, trace_id)))

@@ -1,6 +1,12 @@
 """``rich`` renderables for the rollouts table, the trace waterfall and the stats.
 
 Pure functions of the query results: no I/O, so the demo and the CLI print the same.
+
+Every string that came from a client (span and service names, rollout ids, attribute
+values, status messages) reaches the table through ``untrusted()``: a ``Text`` (never
+parsed as rich markup) of ``gym_telemetry_semconv.safetext.clip`` (control characters
+shown as ``\\xNN``, over-long values cut with ``…``). Titles quoting such strings are
+``Text`` too, for the same reason.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.safetext import clip
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -32,6 +39,19 @@ KEY_ATTRIBUTES: Final[tuple[str, ...]] = (
 )
 """Span attributes shown in the waterfall (when present), in this order."""
 _KINDS: Final = {1: "int", 2: "srv", 3: "cli", 4: "prod", 5: "cons"}
+MAX_ID_CHARS: Final = 64
+"""Longest rollout id (or service name) shown; longer ones end in ``…``."""
+MAX_NAME_CHARS: Final = 120
+"""Longest span name shown."""
+SPAN_COLUMN_WIDTH: Final = 56
+"""Widest the waterfall's span column gets (depth indent included)."""
+MAX_VALUE_CHARS: Final = 80
+"""Longest attribute value or status message shown."""
+
+
+def untrusted(value: object, max_chars: int = MAX_VALUE_CHARS, style: str = "") -> Text:
+    """A client-supplied value as rich ``Text``: no markup, controls escaped, clipped."""
+    return Text(clip(str(value), max_chars), style=style)
 
 
 def _ms(value: float | None) -> str:
@@ -56,7 +76,7 @@ def _when(ns: int) -> str:
 
 
 def _short_service(service: str) -> str:
-    return service.rsplit("/", 1)[-1]
+    return clip(service.rsplit("/", 1)[-1], MAX_ID_CHARS)
 
 
 def rollouts_table(rows: Sequence[RolloutSummary], title: str = "Rollouts") -> Table:
@@ -73,13 +93,13 @@ def rollouts_table(rows: Sequence[RolloutSummary], title: str = "Rollouts") -> T
         verify = Text(r.verify, style={"ok": "green", "failed": "bold red"}.get(r.verify, "dim"))
         duration = Text(_ms(r.duration_ms), style="red" if r.error else "")
         table.add_row(
-            r.rollout_id,
-            r.trace_id[:TRACE_ID_CHARS],
+            untrusted(r.rollout_id, MAX_ID_CHARS),
+            untrusted(r.trace_id[:TRACE_ID_CHARS]),
             _when(r.start_ns),
             duration,
             verify,
             str(r.span_count),
-            ", ".join(_short_service(s) for s in r.services),
+            Text(", ".join(_short_service(s) for s in r.services)),
         )
     if not rows:
         table.caption = "no rollouts match"
@@ -118,11 +138,15 @@ def _bar(span: SpanRecord, t0: int, total_ns: int) -> Text:
     )
 
 
-def _key_attributes(span: SpanRecord) -> str:
-    parts = [f"{k}={span.attributes[k]}" for k in KEY_ATTRIBUTES if k in span.attributes]
+def _key_attributes(span: SpanRecord) -> Text:
+    parts = [
+        f"{k}={clip(str(span.attributes[k]), MAX_VALUE_CHARS)}"
+        for k in KEY_ATTRIBUTES
+        if k in span.attributes
+    ]
     if span.status_code == STATUS_ERROR and span.status_message:
-        parts.append(f"error: {span.status_message[:60]}")
-    return " ".join(parts)
+        parts.append(f"error: {clip(span.status_message, MAX_VALUE_CHARS)}")
+    return Text(" ".join(parts))
 
 
 def trace_waterfall(spans: Sequence[SpanRecord]) -> Table:
@@ -137,23 +161,24 @@ def trace_waterfall(spans: Sequence[SpanRecord]) -> Table:
     t0 = min(s.start_ns for s in spans)
     t1 = max(s.end_ns for s in spans)
     total = max(1, t1 - t0)
-    rollout_ids = sorted({s.rollout_id for s in spans if s.rollout_id})
-    title = f"trace {spans[0].trace_id}"
+    rollout_ids = sorted({clip(s.rollout_id, MAX_ID_CHARS) for s in spans if s.rollout_id})
+    title = Text(f"trace {clip(spans[0].trace_id, MAX_ID_CHARS)}")
     if rollout_ids:
-        title += f"  rollout {', '.join(rollout_ids)}"
-    title += f"  {len(spans)} spans  {_ms(total / 1e6)} ms"
+        title.append(f"  rollout {', '.join(rollout_ids)}")
+    title.append(f"  {len(spans)} spans  {_ms(total / 1e6)} ms")
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("span", no_wrap=True, overflow="ellipsis")
+    # a long span name is cut (visibly) rather than squeezing the other columns away
+    table.add_column("span", no_wrap=True, overflow="ellipsis", max_width=SPAN_COLUMN_WIDTH)
     table.add_column("service", no_wrap=True, overflow="ellipsis", max_width=30)
-    table.add_column("kind")
-    table.add_column("ms", justify="right")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("ms", justify="right", no_wrap=True)
     table.add_column("timeline", no_wrap=True)
-    table.add_column("attributes")
+    table.add_column("attributes", overflow="fold", min_width=30)
     by_id = {s.span_id: s for s in spans}
     for depth, span, orphan in _ordered(spans):
         parent = by_id.get(span.parent_span_id or "")
         crossed = parent is not None and parent.service != span.service
-        name = Text("  " * depth + ("└ " if depth else "") + span.name)
+        name = Text("  " * depth + ("└ " if depth else "") + clip(span.name, MAX_NAME_CHARS))
         if orphan:
             name.append(" (orphan)", style="dim")
         service = Text(("⇢ " if crossed else "") + _short_service(span.service))

@@ -1,4 +1,4 @@
-"""Turn a :class:`~gym_sidecar.metrics.store.Snapshot` into an OTLP metrics request.
+"""Turn a :class:`~gym_sidecar.metrics.derived.Snapshot` into an OTLP metrics request.
 
 One ResourceMetrics per resource (overflow series under an empty resource), one
 ScopeMetrics named :data:`SCOPE_NAME` in each, and in it the metrics that have points
@@ -30,8 +30,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 
 from gym_sidecar import __version__
+from gym_sidecar.metrics.derived import GaugePoint, HistogramPoint, Snapshot, SumPoint
 from gym_sidecar.metrics.series import Attrs
-from gym_sidecar.metrics.store import GaugePoint, HistogramPoint, Snapshot, SumPoint
 
 SCOPE_NAME: Final = "gym_sidecar.derived"
 """Instrumentation scope of every derived metric."""

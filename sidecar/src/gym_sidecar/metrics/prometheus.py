@@ -40,8 +40,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.samples import Exemplar, Sample
 
+from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.metrics.series import Attrs, HistogramSeries
-from gym_sidecar.metrics.store import DerivedMetrics
 
 _INVALID: Final = re.compile(r"[^a-zA-Z0-9_]")
 

@@ -11,7 +11,7 @@ and the windowed success rate are differences against that snapshot, and an expo
 was refused (backpressure) simply leaves the snapshot where it was: the next export
 covers both intervals and nothing is lost.
 
-Thread-safety: none here. :class:`gym_sidecar.metrics.store.DerivedMetrics` guards every
+Thread-safety: none here. :class:`gym_sidecar.metrics.derived.DerivedMetrics` guards every
 table with one lock.
 """
 

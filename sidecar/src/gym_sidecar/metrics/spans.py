@@ -55,8 +55,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from gym_sidecar.metrics.derived import NESTED_ROLLOUT_SPANS, DerivedMetrics
 from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs, HistogramTable
-from gym_sidecar.metrics.store import NESTED_ROLLOUT_SPANS, DerivedMetrics
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
 """``error.type`` of a failed verification whose span names no error type (semconv's

@@ -38,10 +38,10 @@ from gym_telemetry_semconv.ratelimit import rate_limit
 
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.metrics.otlp import build_request
 from gym_sidecar.metrics.prometheus import DerivedCollector
 from gym_sidecar.metrics.spans import EnabledGroups, Pending, SpanDeriver
-from gym_sidecar.metrics.store import DerivedMetrics
 from gym_sidecar.selfmetrics import SelfMetrics
 
 _log = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[i
 from grpc_status import rpc_status  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.configload import bound_address
 from gym_sidecar.core.otlp import SPECS, SignalSpec
 from gym_sidecar.core.stage import Batch, Stage
+from gym_sidecar.hostport import bound_address
 from gym_sidecar.receiver.otlp import (
     BadRequest,
     build_response,

@@ -10,7 +10,6 @@ for data points), never individual spans' contents.
 from __future__ import annotations
 
 import binascii
-import enum
 import json
 import logging
 from typing import Any
@@ -52,11 +51,6 @@ class BadRequest(Exception):
 
 def _too_deep(max_depth: int) -> BadRequest:
     return BadRequest(too_deep_message(max_depth), TOO_DEEP, DEPTH_LIMIT)
-
-
-class Outcome(enum.Enum):
-    ACCEPTED = "accepted"
-    BACKPRESSURE = "backpressure"
 
 
 DEFAULT_MAX_MESSAGES = 1_000_000

@@ -85,13 +85,13 @@ def run_webhook(args: argparse.Namespace) -> int:
     try:
         config = load_injector_config(args.config, overrides=overrides)
     except InjectorConfigError as exc:
-        print(f"gym-sidecar webhook: {exc}", file=sys.stderr)
+        print(f"gym-sidecar webhook: {exc}", file=sys.stderr)  # ConfigError escapes
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from gym_telemetry_semconv.safetext import SafeFormatter  # pod names are client text
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     logging.getLogger(__name__).info(
         "injecting %s as a %s",
         config.image,

@@ -21,7 +21,8 @@ from typing import Any, Literal
 import gym_telemetry_semconv as semconv
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gym_sidecar.configload import ConfigError, ListenAddress, load_layers, split_host_port
+from gym_sidecar.configload import ConfigError, ListenAddress, load_layers
+from gym_sidecar.hostport import split_host_port
 
 ENV_PREFIX = "GYM_INJECTOR_"
 """Prefix of every environment variable the injector reads."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 
-from gym_sidecar.enrich.downward_api import (
+from gym_sidecar.core.downward_api import (
     ENV_TO_ATTRIBUTE,
     PODINFO_ANNOTATIONS_FILE,
     PODINFO_DEFAULT_DIR,

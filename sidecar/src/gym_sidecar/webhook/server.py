@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from gym_sidecar.configload import join_host_port, split_host_port
+from gym_sidecar.hostport import join_host_port, split_host_port
 from gym_sidecar.webhook.admission import encode_review
 from gym_sidecar.webhook.config import InjectorConfig
 from gym_sidecar.webhook.review import Outcome, fail_open, handle_review

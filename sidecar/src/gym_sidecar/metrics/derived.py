@@ -1,4 +1,5 @@
-"""The derived-metrics store: the series tables of one sidecar, and export snapshots.
+"""The derived-metrics tables: the series of one sidecar, and export snapshots (not a
+store: "store" is the SQLite trace store, ``gym_sidecar.store``).
 
 Lifecycle of an export (driven by the derive stage):
 
