@@ -56,11 +56,15 @@ def containers(stored: dict[str, Any], key: str = "containers") -> dict[str, dic
     return {c["name"]: c for c in stored["spec"].get(key) or []}
 
 
-def audit_annotations(plane: ControlPlane, namespace: str, name: str) -> dict[str, str]:
-    """The audit annotations of the (last) create of pod ``namespace/name``."""
+def audit_annotations(
+    plane: ControlPlane, namespace: str, name: str, creates: int = 1
+) -> dict[str, str]:
+    """The audit annotations of the ``creates``-th create of pod ``namespace/name``
+    (waiting for its event to be written)."""
     found: dict[str, str] = {}
 
     def seen() -> bool:
+        count = 0
         for event in plane.audit_events():
             ref = event.get("objectRef") or {}
             if (
@@ -70,9 +74,11 @@ def audit_annotations(plane: ControlPlane, namespace: str, name: str) -> dict[st
                 and ref.get("name") == name
                 and event.get("stage") == "ResponseComplete"
             ):
-                found.clear()
-                found.update(event.get("annotations") or {})
-        return bool(found)
+                count += 1
+                if count == creates:
+                    found.update(event.get("annotations") or {})
+                    return True
+        return False
 
     assert wait_for(seen, timeout_s=60, interval_s=0.2), f"no audit event for {namespace}/{name}"
     return found
@@ -188,7 +194,7 @@ def test_recreating_an_injected_pod_converges(control_plane: ControlPlane, names
     second = create(control_plane, namespace, again)
     assert second["spec"] == first["spec"]
     assert [c["name"] for c in second["spec"]["initContainers"]].count(SIDECAR) == 1
-    calls = webhook_calls(audit_annotations(control_plane, namespace, name))
+    calls = webhook_calls(audit_annotations(control_plane, namespace, name, creates=2))
     assert calls and all(c["webhook"] == POD_OPT_IN for c in calls)
     assert not any(c["mutated"] for c in calls)  # called, and nothing left to change
 

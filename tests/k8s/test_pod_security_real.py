@@ -42,7 +42,7 @@ PLUGIN_WORDS = {
     "Privilege Escalation": "allowPrivilegeEscalation != false",
     "Running as Non-root user": "runAsUser=0",
     "Running as Non-root": "runAsNonRoot != true",
-    "Host Probes": "probe or lifecycle host",
+    "Host Probes / Lifecycle Hooks": "probe or lifecycle host",
 }
 
 
@@ -117,6 +117,13 @@ COMPLIANT: dict[str, Callable[[Pod], None]] = {
             {"name": "pvc", "persistentVolumeClaim": {"claimName": "data"}},
         ],
     ),
+    "safe-sysctl-tcp-rmem": _spec(
+        "securityContext",
+        {"sysctls": [{"name": "net.ipv4.tcp_rmem", "value": "4096 87380 6291456"}]},
+    ),
+    "probe-without-host": lambda p: p["spec"]["containers"][0].update(
+        readinessProbe={"tcpSocket": {"port": 8080}}
+    ),
     "selinux-container-t": _set("seLinuxOptions", {"type": "container_t", "level": "s0:c1,c2"}),
     "apparmor-runtime-default": _set("appArmorProfile", {"type": "RuntimeDefault"}),
 }
@@ -146,6 +153,9 @@ BREACHES: dict[str, Callable[[Pod], None]] = {
     "apparmor-unconfined": _set("appArmorProfile", {"type": "Unconfined"}),
     "proc-mount-unmasked": _unmasked_proc,
     "probe-host": _probe_host,
+    "lifecycle-host": lambda p: p["spec"]["containers"][1].update(
+        lifecycle={"preStop": {"httpGet": {"host": "127.0.0.2", "port": 80, "path": "/"}}}
+    ),
 }
 
 
