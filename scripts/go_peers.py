@@ -42,7 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER = ".complete"
-BUILD_TIMEOUT_S = 3600
+BUILD_TIMEOUT_S = float(os.environ.get("GYM_TELEMETRY_GO_BUILD_TIMEOUT_S", "3600"))
+"""Per build step. A cut build keeps what it compiled in the shared build cache, so the
+next call resumes rather than restarts (a Kubernetes build at load average 40 took more
+than one hour)."""
 
 
 def _log(name: str, msg: str) -> None:
