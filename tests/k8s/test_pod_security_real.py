@@ -138,7 +138,7 @@ BREACHES: dict[str, Callable[[Pod], None]] = {
     "seccomp-unconfined": _set("seccompProfile", {"type": "Unconfined"}),
     "capabilities-not-dropped": _set("capabilities", {"drop": ["NET_RAW"]}),
     "capability-added": _set("capabilities", {"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
-    "privileged": _set("privileged", True),
+    "privileged": lambda p: _app(p).update(privileged=True, allowPrivilegeEscalation=True),
     "host-network": _spec("hostNetwork", True),
     "host-pid": _spec("hostPID", True),
     "host-path": _spec("volumes", [{"name": "host", "hostPath": {"path": "/var/log"}}]),

@@ -361,6 +361,8 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # No "kubernetes" Service endpoints: they may not be loopback addresses.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.port}",
                 f"--tls-cert-file={server_crt}",
                 f"--tls-private-key-file={server_key}",
@@ -370,6 +372,8 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=RBAC",
+                # As clusters do: privileged pods are valid, PodSecurity decides.
+                "--allow-privileged=true",
                 "--enable-admission-plugins="
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,PodSecurity",
                 f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
@@ -505,11 +509,11 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+def metric_value(text: str, metric: str, /, **labels: str) -> float:
+    """The sum of the samples of ``metric`` whose labels include ``labels`` (0 if none)."""
     total = 0.0
     for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
+        if not line.startswith(metric + "{") and not line.startswith(metric + " "):
             continue
         head, _, value = line.rpartition(" ")
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
