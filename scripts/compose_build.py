@@ -18,7 +18,7 @@ The version variable is the one Compose's Makefile sets, so ``docker compose ver
 names the release.
 
 The binary lands in ``<peers>/compose-v2.40.3/bin/docker-compose``; the engine tooling
-(``tests/support/docker_engine.py``) installs it as a CLI plugin under a
+(``tests/support/docker_daemon.py``) installs it as a CLI plugin under a
 ``DOCKER_CONFIG`` of its own. Caches, lock, marker and timings: :mod:`go_peers`.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import go_peers  # noqa: E402
+import go_peers
 
 MODULE = "github.com/docker/compose/v2"
 VERSION = "v2.40.3"

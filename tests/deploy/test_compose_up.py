@@ -38,8 +38,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 
 from tests.deploy.support import REPO
-from tests.support.docker_daemon import Engine, EngineUnavailable, ensure_engine, skip_or_fail
-from tests.support.docker_images import ensure_standins
+from tests.support.docker_daemon import Engine
 from tests.support.jaeger import JaegerTrace, same_trace_id
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
@@ -141,23 +140,8 @@ def _driver_rollouts(log: str, task: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    try:
-        found = ensure_engine()
-    except EngineUnavailable as exc:
-        skip_or_fail(exc)
-        raise
-    try:
-        yield found
-    finally:
-        found.release()
-
-
-@pytest.fixture(scope="module")
-def stack(engine: Engine) -> Iterator[Stack]:
-    started = time.monotonic()
-    ensure_standins(engine)
-    standins_s = time.monotonic() - started
+def stack(docker_engine: Engine) -> Iterator[Stack]:
+    engine = docker_engine
     socket_gid = os.stat("/var/run/docker.sock").st_gid
     jaeger_port, prometheus_port = free_port(), free_port()
     env = {
@@ -172,7 +156,6 @@ def stack(engine: Engine) -> Iterator[Stack]:
         f"http://127.0.0.1:{jaeger_port}",
         f"http://127.0.0.1:{prometheus_port}",
     )
-    stack.timings["stand-ins"] = standins_s
     try:
         up = time.monotonic()
         stack.compose("up", "--build", "--detach", timeout_s=3000)
@@ -280,8 +263,9 @@ def test_spans_carry_each_sidecars_docker_enrichment_from_the_real_engine(stack:
         assert tags.get("container.image.tag") == tag, (service, tags)
         labels = doc["Config"]["Labels"]
         assert tags.get("container.label.com.docker.compose.service") == service, tags
-        assert tags.get("container.label.com.docker.compose.project") == (
-            labels["com.docker.compose.project"]
+        assert (
+            tags.get("container.label.com.docker.compose.project")
+            == (labels["com.docker.compose.project"])
         )
 
 
@@ -367,9 +351,9 @@ def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
     thread.join(1800)
     assert not thread.is_alive()
     restarted = _driver_rollouts(driver["out"], 1)
-    assert len(restarted) == RESTART_ROLLOUTS and set(restarted.values()) == {"reward=1.0"}, (
-        driver["out"][-4000:]
-    )
+    assert len(restarted) == RESTART_ROLLOUTS and set(restarted.values()) == {"reward=1.0"}, driver[
+        "out"
+    ][-4000:]
     # and rollouts after the restart, on the restarted sidecar
     after = stack.compose(
         "run", "--rm", "--no-deps", "-e", f"ROLLOUTS={AFTER_ROLLOUTS}",

@@ -93,7 +93,9 @@ def install_engine() -> None:
     cmd = [*apt, "install", "-y", "--no-install-recommends", "docker.io"]
     if subprocess.run(cmd, env=env, stdout=2, timeout=APT_TIMEOUT_S, check=False).returncode:
         subprocess.run([*apt, "update"], env=env, stdout=2, timeout=APT_TIMEOUT_S, check=False)
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT_S)
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT_S, check=False
+        )
         if done.returncode:
             raise EngineUnavailable(f"apt-get install docker.io failed: {done.stderr[-2000:]}")
     log(f"docker.io installed in {time.monotonic() - started:.0f} s")
@@ -369,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "up":
         engine = ensure_engine()
-        print(f"DOCKER_HOST={engine.env['DOCKER_HOST']} DOCKER_CONFIG={engine.env['DOCKER_CONFIG']}")
+        print(f"export DOCKER_HOST={engine.env['DOCKER_HOST']}")
+        print(f"export DOCKER_CONFIG={engine.env['DOCKER_CONFIG']}")
         return 0
     marker = cache_dir() / "started-by-tooling"
     if marker.exists():

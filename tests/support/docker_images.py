@@ -203,7 +203,5 @@ def ensure_standins(engine: Engine) -> list[str]:
                 raise RuntimeError(
                     f"stand-in {standin.dockerfile} failed to build: {done.stderr[-3000:]}"
                 )
-            log(
-                f"stand-in {', '.join(standin.tags)} built in {time.monotonic() - started:.0f} s"
-            )
+            log(f"stand-in {', '.join(standin.tags)} built in {time.monotonic() - started:.0f} s")
     return tags
