@@ -213,8 +213,18 @@ class Engine:
             users.close()
 
 
+def _is_our_dockerd(pid: int) -> bool:
+    """Whether ``pid`` is a dockerd with the tooling's exec root (a stale marker's pid may
+    have been reused by anything else: that is never signalled)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and argv[0].endswith(b"dockerd") and str(EXEC_ROOT).encode() in argv
+
+
 def _stop_daemon(pid: int) -> None:
-    if not _pid_alive(pid):
+    if not _pid_alive(pid) or not _is_our_dockerd(pid):
         return
     log(f"stopping dockerd (pid {pid}) that the tooling started")
     os.kill(pid, signal.SIGTERM)
@@ -344,7 +354,10 @@ def ensure_engine() -> Engine:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     marker = state / "started-by-tooling"
-    started_here = marker.exists()
+    try:
+        started_here = _is_our_dockerd(int(marker.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        started_here = False
     try:
         plugin = _install_compose(state, env)
     except BaseException:
