@@ -43,7 +43,10 @@ from tests.support.jaeger import JaegerTrace, same_trace_id
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.timeout(5400),
+]  # a cold first run builds Compose and images
 
 FILES = [
     REPO / "docker-compose.yml",

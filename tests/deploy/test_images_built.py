@@ -25,7 +25,10 @@ from tests.support.docker_daemon import Engine
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.timeout(5400),
+]  # a cold first run builds Compose and images
 
 IMAGES_FILE = REPO / "tests" / "deploy" / "images.yaml"
 GYM_SERVER = "gym-server:0.1.0"
