@@ -341,7 +341,7 @@ def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
 
     def drive() -> None:
         driver["out"] = stack.compose(
-            "run", "--rm", "--no-deps", "-e", f"ROLLOUTS={RESTART_ROLLOUTS}",
+            "run", "--rm", "--no-deps", "-T", "-e", f"ROLLOUTS={RESTART_ROLLOUTS}",
             "-e", "TASK_INDEX=1", "rollout-driver",
             timeout_s=1800, check=False,
         )  # fmt: skip
@@ -359,7 +359,7 @@ def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
     ][-4000:]
     # and rollouts after the restart, on the restarted sidecar
     after = stack.compose(
-        "run", "--rm", "--no-deps", "-e", f"ROLLOUTS={AFTER_ROLLOUTS}",
+        "run", "--rm", "--no-deps", "-T", "-e", f"ROLLOUTS={AFTER_ROLLOUTS}",
         "-e", "TASK_INDEX=2", "rollout-driver", timeout_s=1800,
     )  # fmt: skip
     assert set(_driver_rollouts(after, 2).values()) == {"reward=1.0"}, after[-4000:]
@@ -379,6 +379,7 @@ def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
     }
     log = stack.logs("tool-server-sidecar")
     assert "export queue drained" in log, log[-4000:]
+    assert "could not be sent" not in log, log[-4000:]  # nothing lost at the deadline
     assert stack.container("tool-server-sidecar")["RestartCount"] == 0  # restarted, not crashed
 
 
