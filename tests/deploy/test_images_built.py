@@ -89,11 +89,17 @@ def test_versions(docker_engine: Engine, images: dict[str, dict[str, Any]]) -> N
     assert driver.returncode != 0 and "not healthy" in driver.stderr, driver
 
 
-PROBE = (
-    "import importlib.util as u, json; print(json.dumps({m: u.find_spec(m) is not None for m in "
-    "['gym_sidecar', 'gym_telemetry_semconv', 'gym_telemetry', 'opentelemetry.sdk', "
-    "'opentelemetry.exporter.otlp', 'aiohttp', 'jsonpatch']}))"
-)
+PROBE = """
+import importlib.util, json
+def found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+print(json.dumps({m: found(m) for m in ['gym_sidecar', 'gym_telemetry_semconv',
+    'gym_telemetry', 'opentelemetry.sdk', 'opentelemetry.exporter.otlp', 'aiohttp',
+    'jsonpatch']}))
+"""
 
 
 def test_sidecar_image_holds_no_agent_and_no_sdk(
