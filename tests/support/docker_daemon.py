@@ -123,6 +123,13 @@ def _answers(env: Mapping[str, str]) -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a dockerd this process started and that exited is reaped
+    here (else it would linger as a zombie, which ``kill(pid, 0)`` still finds)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: started by another test process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
