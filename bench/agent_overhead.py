@@ -49,9 +49,11 @@ from fastapi import FastAPI
 from gym_telemetry import (
     endpoints,
     fastapi_telemetry_off,
-    recording,
     rollout_correlation,
     span_groups,
+)
+from gym_telemetry import (
+    environment_variables as env_vars,
 )
 from gym_telemetry._export.processor import GymSpanProcessor
 from opentelemetry import trace
@@ -115,11 +117,11 @@ def build_variants(tracer: trace.Tracer) -> dict[str, Handler]:
     rollout = endpoints.traced_rollout_endpoint(handler, static)
     # The same wrapper forced onto the SDK's own recording path (Tracer.start_span).
     endpoint_sdk = endpoints.traced_endpoint("server", "gym.endpoint", handler, static)
-    os.environ[recording.ENV_RECORDER] = "sdk"
+    os.environ[env_vars.GYM_TELEMETRY_RECORDER] = "sdk"
     try:
         run_batch("endpoint-sdk", endpoint_sdk, 10)  # resolves its recorder now
     finally:
-        del os.environ[recording.ENV_RECORDER]
+        del os.environ[env_vars.GYM_TELEMETRY_RECORDER]
     return {
         "bare": handler,
         "disabled": disabled,

@@ -270,12 +270,18 @@ def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
     return {name: 1e3 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
-#: Frames of the agent's own work (not the layers that only wrap Gym's handling).
+#: Frames of the agent's own work (not the layers that only wrap Gym's handling), in
+#: this tree's layout and in the one before the lean path moved to ``_lean/`` (older
+#: agents compared side by side).
 _AGENT_WORK = (
+    "gym_telemetry/_lean/",
     "gym_telemetry/recording.py",
     "gym_telemetry/_export/",
     "gym_telemetry/autoinstrument/propagation.py",
     "_finish (gym_telemetry/autoinstrument/server_span.py",
+    "start (gym_telemetry/_engine.py",
+    "finish (gym_telemetry/_engine.py",
+    "_end (gym_telemetry/_engine.py",
     "start (gym_telemetry/endpoints.py",
     "finish (gym_telemetry/endpoints.py",
     "_end (gym_telemetry/endpoints.py",

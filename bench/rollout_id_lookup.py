@@ -5,7 +5,7 @@ Cases, each timed with ``timeit`` in a fresh child process:
 - ``own``: no NeMo Gym, the id in gym_telemetry's own ContextVar;
 - ``gym``: a stand-in ``nemo_gym.rollout_correlation`` module, the id in Gym's var;
 - ``gym+fallback``: the same with the Gym integration's fallback bound
-  (``autoinstrument.correlation.bind()``), the id only in telemetry's var (the path a
+  (``rollout_correlation.bind_fallback()``), the id only in telemetry's var (the path a
   Gym server without rollout capture takes on every span).
 
 ``--before <agent src>`` runs another agent tree (for example a ``git archive`` of
@@ -41,8 +41,7 @@ if case == "own":
 elif case == "gym":
     var.set("r-1")
 else:
-    from gym_telemetry.autoinstrument import correlation
-    correlation.bind()
+    rc.bind_fallback()
     own = getattr(correlation, "TELEMETRY_ROLLOUT_ID", rc.ROLLOUT_ID_VAR)
     own.set("r-1")
 f = rc.current_rollout_id

@@ -1,5 +1,5 @@
 """Cost of encoding a batch of ended spans for OTLP: the stock ``encode_spans`` against
-the agent's ``gym_telemetry._export.span_encoding`` (plus the protobuf parse the gRPC exporter
+the agent's ``gym_telemetry._lean.span_encoding`` (plus the protobuf parse the gRPC exporter
 then does), per span, interleaved rounds, medians.
 
 The batch looks like a Gym ``/verify`` server's: half SERVER spans recorded by the SERVER
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gym_telemetry._export.span_encoding import encode_request
-from gym_telemetry.recording import recorder_for
+from gym_telemetry._lean.recorder import recorder_for
+from gym_telemetry._lean.span_encoding import encode_request
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

@@ -34,9 +34,9 @@ os.environ.update(
 )
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from gym_telemetry._export import grpc_exporter
+from gym_telemetry._lean import grpc_exporter
 from gym_telemetry._export.processor import GymSpanProcessor, TrackingExporter
-from gym_telemetry.recording import LeanRecorder, context_api, recorder_for
+from gym_telemetry._lean.recorder import LeanRecorder, context_api, recorder_for
 mode, n = sys.argv[1], int(sys.argv[2])
 exporter = grpc_exporter.make_grpc_exporter("127.0.0.1:9", insecure=True)
 type(exporter).accepts_span_records = mode == "records"

@@ -185,14 +185,19 @@ def _build(tool: GoTool) -> None:
     if tool.build_in_module:
         shutil.rmtree(workdir, ignore_errors=True)  # only the binaries are needed afterwards
     out = subprocess.run(
-        [str(tool.binary()), *tool.check], capture_output=True, text=True, timeout=120, check=False
+        [str(tool.binary()), *tool.check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,  # the exit code is checked below, with the output in the message
     )
     if out.returncode != 0:
         raise RuntimeError(
             f"{tool.binary()} {' '.join(tool.check)} exited {out.returncode}: {out.stderr[-2000:]}"
         )
-    said = (out.stdout or out.stderr).strip()[:200]
-    _log(tool.name, f"built; {' '.join(tool.check)} says {said}")
+    _log(
+        tool.name, f"built; {' '.join(tool.check)} says {(out.stdout or out.stderr).strip()[:200]}"
+    )
     (root / MARKER).write_text(tool.marker_text())
     _log(
         tool.name,

@@ -16,9 +16,9 @@ import sys
 from importlib.metadata import version
 
 from gym_telemetry import init_telemetry, rollout_correlation, shutdown_telemetry, span_groups
-from gym_telemetry._export import grpc_exporter
+from gym_telemetry._lean import grpc_exporter
+from gym_telemetry._lean.recorder import LeanRecorder, recorder_for
 from gym_telemetry.endpoints import traced_verify_endpoint
-from gym_telemetry.recording import LeanRecorder, recorder_for
 
 
 async def verify(n: int) -> int:

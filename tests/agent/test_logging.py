@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from gym_telemetry import endpoints
+from gym_telemetry import _engine
 from gym_telemetry._export.processor import EXPORT_LOGGERS, rate_limit_export_logs
 from gym_telemetry_semconv.ratelimit import RateLimitFilter
 
@@ -23,8 +23,8 @@ def test_export_loggers_are_rate_limited() -> None:
 def test_endpoint_failures_are_counted_each_time_and_logged_once_a_minute(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = hand_clock(endpoints._failure_log.name, monkeypatch)
-    counter = endpoints._ErrorCounter()
+    clock = hand_clock(_engine._failure_log.name, monkeypatch)
+    counter = _engine._ErrorCounter()
     with caplog.at_level(logging.WARNING, logger="gym_telemetry.endpoints"):
         for _ in range(5):
             counter.record("start", RuntimeError("tracer broke"))

@@ -19,6 +19,7 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import remote_config, span_groups
 from gym_telemetry.endpoints import traced_verify_endpoint
 from gym_telemetry.remote_config import RemoteConfigPoller
@@ -105,14 +106,14 @@ def test_poller_applies_answers_uses_etags_and_keeps_last_set(sidecar: SidecarPr
 
 
 def test_unreachable_from_start_keeps_local_config() -> None:
-    span_groups.configure_from_env({span_groups.ENV_SPAN_GROUPS: "default,sandbox"})
+    span_groups.configure_from_env({env_vars.GYM_TELEMETRY_SPAN_GROUPS: "default,sandbox"})
     before = span_groups.enabled_groups()
     port = free_port()  # nothing listens there
     poller = remote_config.start_polling(
         SERVICE,
         environ={
-            remote_config.ENV_ADMIN_URL: f"http://127.0.0.1:{port}",
-            remote_config.ENV_POLL_INTERVAL_S: "0.05",
+            env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: f"http://127.0.0.1:{port}",
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "0.05",
         },
     )
     try:
@@ -123,7 +124,9 @@ def test_unreachable_from_start_keeps_local_config() -> None:
     finally:
         remote_config.stop_polling()
     assert not poller.running and remote_config.current_poller() is None
-    assert remote_config.start_polling(SERVICE, {remote_config.ENV_POLL_INTERVAL_S: "0"}) is None
+    assert (
+        remote_config.start_polling(SERVICE, {env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "0"}) is None
+    )
 
 
 class _RecordedWaits(threading.Event):
@@ -184,8 +187,8 @@ class AgentApp:
                 "OTEL_BSP_SCHEDULE_DELAY": "100",
                 # Local config without verify: the sidecar's answer must bring it back.
                 "GYM_TELEMETRY_SPAN_GROUPS": "default,-verify",
-                remote_config.ENV_ADMIN_URL: sidecar.admin_url,
-                remote_config.ENV_POLL_INTERVAL_S: str(POLL_INTERVAL_S),
+                env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: sidecar.admin_url,
+                env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: str(POLL_INTERVAL_S),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -319,8 +322,8 @@ def test_a_hanging_sidecar_never_holds_up_handlers(monkeypatch: pytest.MonkeyPat
     poller = remote_config.start_polling(
         SERVICE,
         environ={
-            remote_config.ENV_ADMIN_URL: f"http://127.0.0.1:{silent.getsockname()[1]}",
-            remote_config.ENV_POLL_INTERVAL_S: "300",
+            env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL: f"http://127.0.0.1:{silent.getsockname()[1]}",
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S: "300",
         },
     )
     try:

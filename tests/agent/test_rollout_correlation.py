@@ -145,12 +145,11 @@ def test_a_raising_fallback_reads_as_no_id(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_gym_integration_binds_through_the_public_hook(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gym_telemetry.autoinstrument import correlation
 
     gym_var = _fake_gym(monkeypatch)
     rc.resolve(force=True)
-    correlation.bind()
-    correlation.bind()  # idempotent
+    rc.bind_fallback()
+    rc.bind_fallback()  # idempotent
     try:
         with rc.own_rollout_context("from-telemetry"):
             assert rc.current_rollout_id() == "from-telemetry"

@@ -7,6 +7,7 @@ import threading
 
 import gym_telemetry_semconv as semconv
 import pytest
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups
 
 from tests.agent.conftest import Spans
@@ -55,18 +56,20 @@ def test_set_enabled_swaps_a_frozenset_and_drops_unknown_groups() -> None:
 
 
 def test_configure_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(span_groups.ENV_SPAN_GROUPS, raising=False)
+    monkeypatch.delenv(env_vars.GYM_TELEMETRY_SPAN_GROUPS, raising=False)
     # issue 15.1: with no configuration, verify spans are created (metrics mode) too.
     assert span_groups.configure_from_env() == semconv.PRESETS["default"] | {"verify"}
-    monkeypatch.setenv(span_groups.ENV_SPAN_GROUPS, "per_rollout,sandbox")
+    monkeypatch.setenv(env_vars.GYM_TELEMETRY_SPAN_GROUPS, "per_rollout,sandbox")
     span_groups.configure_from_env()
     assert span_groups.enabled_groups() == semconv.PRESETS["per_rollout"] | {"sandbox"}
-    assert span_groups.configure_from_env({span_groups.ENV_SPAN_GROUPS: "none"}) == frozenset()
-    no_verify = {span_groups.ENV_SPAN_GROUPS: "default,-verify"}
+    assert (
+        span_groups.configure_from_env({env_vars.GYM_TELEMETRY_SPAN_GROUPS: "none"}) == frozenset()
+    )
+    no_verify = {env_vars.GYM_TELEMETRY_SPAN_GROUPS: "default,-verify"}
     assert span_groups.configure_from_env(no_verify) == semconv.PRESETS["default"]
-    only_job = {span_groups.ENV_SPAN_GROUPS: "job"}
+    only_job = {env_vars.GYM_TELEMETRY_SPAN_GROUPS: "job"}
     assert span_groups.configure_from_env(only_job) == {"job", "rollout", "verify"}
-    assert span_groups.ENV_SPAN_GROUPS == "GYM_TELEMETRY_SPAN_GROUPS"
+    assert env_vars.GYM_TELEMETRY_SPAN_GROUPS == "GYM_TELEMETRY_SPAN_GROUPS"
 
 
 def test_swaps_from_another_thread_are_seen_whole() -> None:

@@ -3,8 +3,9 @@
 Runs what a user runs (bootstrap, the cached Gym environment, the cached Jaeger build,
 the sidecar forwarding to Jaeger while keeping its local store, five real Gym servers,
 rollouts, the report) and checks that it printed the Jaeger API URL of a failed
-rollout's trace, for a rollout the local store also lists as failed, and stopped
-cleanly. The demo itself fetched that trace from Jaeger before printing the URL.
+rollout's trace, for a rollout the local store also lists as failed, the web view's page
+and API URL of the same trace, and stopped cleanly. The demo itself fetched that trace
+from Jaeger before printing the URL.
 """
 
 from __future__ import annotations
@@ -40,8 +41,18 @@ def test_demo_prints_a_failed_rollouts_trace_url_in_jaeger(
     assert f"failing 500: {FAILING}" in out
     [(rollout_id, spans)] = re.findall(r"Jaeger: failed rollout (\S+), (\d+) spans from 3 ", out)
     assert int(spans) > 0
-    [url] = re.findall(r"^  (http://127\.0\.0\.1:\d+/api/traces/[0-9a-f]{32})$", out, re.M)
+    [url] = re.findall(
+        r"^  (http://127\.0\.0\.1:\d+/api/traces/[0-9a-f]{32})$",
+        out.split("in the web view:")[0],
+        re.M,
+    )
     assert url
     failed_table = out.split("Failed rollouts", 1)[1].split("└", 1)[0]
     assert rollout_id in failed_table
+    # the web view's page and Jaeger-compatible API URL of the same rollout's trace
+    assert f"The same failed rollout {rollout_id} in the web view:" in out
+    web = out.split("in the web view:")[1]
+    page = re.findall(r"^  (http://127\.0\.0\.1:\d+/trace/[0-9a-f]{32})$", web, re.M)[0]
+    [view_api] = re.findall(r"^  (http://127\.0\.0\.1:\d+/api/traces/[0-9a-f]{32})$", web, re.M)
+    assert page.rsplit("/", 1)[1] == view_api.rsplit("/", 1)[1] == url.rsplit("/", 1)[1]
     assert "stopped cleanly." in out

@@ -18,6 +18,12 @@ whether ``verify`` spans are forwarded or only counted into metrics.
 Everything is checked only from the outside, as an operator would: Jaeger through the
 HTTP query API its UI calls, Prometheus through PromQL and its HTTP API. The only value
 read from the sidecar is its own ``gym_sidecar_exported_items_total{signal="traces"}``.
+
+The sidecar also keeps its local store (``--local-store``), served by ``gym-sidecar ui``,
+whose Jaeger-compatible query API answers the same calls. Every Jaeger assertion below
+runs against both backends (the ``backend`` parameter: ``jaeger``, ``store``); where
+Jaeger 2.13 itself answers wrongly (the ``error=true`` search), the test is marked a strict
+xfail for Jaeger alone.
 """
 
 from __future__ import annotations
@@ -46,10 +52,17 @@ from tests.gym.stack import (
     run_body,
     telemetry_env,
 )
-from tests.support.jaeger import JaegerServer, JaegerTrace, same_trace_id
+from tests.support.jaeger import (
+    JaegerAPI,
+    JaegerQueryClient,
+    JaegerServer,
+    JaegerTrace,
+    same_trace_id,
+)
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.wait import wait_for
+from tests.support.webview import WebViewProcess
 
 pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
 
@@ -81,16 +94,33 @@ class Run:
     exported_spans: int
     """What the sidecar says it exported (its own counter) once everything settled."""
     traces: dict[str, JaegerTrace]
-    """Rollout id -> its one trace, as ``/api/traces/{id}`` returns it."""
+    """Rollout id -> its one trace, as Jaeger's ``/api/traces/{id}`` returns it."""
+    store: JaegerAPI
+    """The web view's Jaeger-compatible API over the sidecar's local store."""
+    store_traces: dict[str, JaegerTrace]
+    """Rollout id -> its one trace, as the store's ``/api/traces/{id}`` returns it."""
 
 
-def _sidecar_config(jaeger: JaegerServer, transport: dict[str, str]) -> dict[str, Any]:
+@dataclass
+class Backend:
+    """One of the two query APIs the Jaeger assertions run against."""
+
+    name: str
+    api: JaegerQueryClient
+    traces: dict[str, JaegerTrace]
+
+
+def _sidecar_config(
+    jaeger: JaegerServer, transport: dict[str, str], store_dir: Path
+) -> dict[str, Any]:
     grpc = transport["protocol"] == "grpc"
     return {
         "backend": {
             "url": jaeger.otlp_grpc_endpoint if grpc else jaeger.otlp_http_endpoint,
             **transport,
         },
+        # the same spans into the local store too: the second backend of the API suite
+        "local_store": {"enabled": True, "data_dir": str(store_dir)},
         # explicit, so a change of the defaults does not change what reaches Jaeger
         "span_groups": {"spec": "per_rollout", "modes": {semconv.GROUP_VERIFY: "on"}},
         # The success-rate gauge (and a bucket's exemplar) shows one exported window and is
@@ -100,7 +130,7 @@ def _sidecar_config(jaeger: JaegerServer, transport: dict[str, str]) -> dict[str
     }
 
 
-def _rollout_trace_ids(jaeger: JaegerServer, rollout_id: str, svc: str) -> set[str]:
+def _rollout_trace_ids(jaeger: JaegerQueryClient, rollout_id: str, svc: str) -> set[str]:
     found = jaeger.find_traces(service(svc), {semconv.ROLLOUT_ID: rollout_id})
     return {t.trace_id for t in found}
 
@@ -133,6 +163,53 @@ def _settled_export_count(sidecar: SidecarProcess) -> int:
     return int(sidecar.metric(EXPORTED, signal="traces"))
 
 
+def _wait_for_traces(
+    api: JaegerQueryClient,
+    what: str,
+    ok: dict[str, tuple[int, Any]],
+    failing: dict[str, tuple[int, Any]],
+    exported: int,
+) -> dict[str, JaegerTrace]:
+    """Rollout id -> its one trace, once ``api`` holds every exported span."""
+    traces: dict[str, JaegerTrace] = {}
+
+    def all_there() -> bool:
+        for rollout_id, agent in [
+            *((r, AGENT) for r in ok),
+            *((r, FAILING_AGENT) for r in failing),
+        ]:
+            if rollout_id not in traces:
+                ids = _rollout_trace_ids(api, rollout_id, agent)
+                if len(ids) != 1:
+                    return False
+                found = api.trace(ids.pop())
+                if found is None:
+                    return False
+                traces[rollout_id] = found
+        total = sum(len(t.spans) for t in traces.values())
+        if total < exported:  # spans of a trace still arriving: read them again
+            traces.clear()
+        return total >= exported
+
+    if not wait_for(all_there, WAIT_S, 0.5):
+        seen = {r: len(t.spans) for r, t in traces.items()}
+        log = api.log_tail() if isinstance(api, JaegerServer) else ""
+        pytest.fail(
+            f"{what} never held one trace per rollout with {exported} spans in all: "
+            f"spans by rollout {seen}; answers {ok} {failing}\n{log}"
+        )
+    return traces
+
+
+@pytest.fixture(params=["jaeger", "store"])
+def backend(request: pytest.FixtureRequest, run: Run) -> Backend:
+    """Jaeger's query API, or the web view's Jaeger-compatible one over the local store
+    (same spans, same calls, same assertions)."""
+    if request.param == "jaeger":
+        return Backend("jaeger", run.jaeger, run.traces)
+    return Backend("store", run.store, run.store_traces)
+
+
 @pytest.fixture(scope="module", params=list(TRANSPORTS))
 def run(
     request: pytest.FixtureRequest,
@@ -145,10 +222,14 @@ def run(
     jaeger = JaegerServer(workdir / "jaeger", jaeger_bin).start()
     sidecar: SidecarProcess | None = None
     prometheus: PrometheusServer | None = None
+    webview: WebViewProcess | None = None
+    store_dir = workdir / "store"
     try:
         sidecar = SidecarProcess(
-            config=_sidecar_config(jaeger, TRANSPORTS[request.param]), log_dir=workdir
+            config=_sidecar_config(jaeger, TRANSPORTS[request.param], store_dir), log_dir=workdir
         ).start()
+        webview = WebViewProcess(store_dir, workdir).start()
+        store = JaegerAPI(webview.url)
         admin = sidecar.admin_url.removeprefix("http://")
         prometheus = PrometheusServer(workdir / "prometheus", [admin], prometheus_bin).start()
         env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
@@ -157,34 +238,12 @@ def run(
             ok, failing = _drive(stack)
         # the servers flushed their last spans when they stopped (SIGTERM)
         exported = _settled_export_count(sidecar)
-        traces: dict[str, JaegerTrace] = {}
-
-        def all_in_jaeger() -> bool:
-            for rollout_id, agent in [
-                *((r, AGENT) for r in ok),
-                *((r, FAILING_AGENT) for r in failing),
-            ]:
-                if rollout_id not in traces:
-                    ids = _rollout_trace_ids(jaeger, rollout_id, agent)
-                    if len(ids) != 1:
-                        return False
-                    found = jaeger.trace(ids.pop())
-                    if found is None:
-                        return False
-                    traces[rollout_id] = found
-            total = sum(len(t.spans) for t in traces.values())
-            if total < exported:  # spans of a trace still arriving: read them again
-                traces.clear()
-            return total >= exported
-
-        if not wait_for(all_in_jaeger, WAIT_S, 0.5):
-            seen = {r: len(t.spans) for r, t in traces.items()}
-            pytest.fail(
-                f"Jaeger never held one trace per rollout with {exported} spans in all: "
-                f"spans by rollout {seen}; answers {ok} {failing}\n{jaeger.log_tail()}"
-            )
-        yield Run(jaeger, prometheus, sidecar, ok, failing, exported, traces)
+        traces = _wait_for_traces(jaeger, "Jaeger", ok, failing, exported)
+        store_traces = _wait_for_traces(store, "the local store", ok, failing, exported)
+        yield Run(jaeger, prometheus, sidecar, ok, failing, exported, traces, store, store_traces)
     finally:
+        if webview is not None:
+            webview.stop()
         if prometheus is not None:
             prometheus.stop()
         if sidecar is not None:
@@ -200,32 +259,34 @@ def test_every_rollout_answered(run: Run) -> None:
     assert all(status == 500 for status, _ in run.failing.values()), run.failing
 
 
-def test_services_are_the_gym_server_names(run: Run) -> None:
+def test_services_are_the_gym_server_names(run: Run, backend: Backend) -> None:
     # only the servers that took part in a rollout send spans
-    assert sorted(run.jaeger.services()) == sorted(service(name) for name in SERVERS)
+    assert sorted(backend.api.services()) == sorted(service(name) for name in SERVERS)
 
 
-def test_tag_search_finds_exactly_one_trace_per_rollout(run: Run) -> None:
+def test_tag_search_finds_exactly_one_trace_per_rollout(run: Run, backend: Backend) -> None:
     for rollout_id in run.ok:
         # the same one trace, whichever of its three services the search names
-        found = [_rollout_trace_ids(run.jaeger, rollout_id, s) for s in (AGENT, MODEL, RESOURCES)]
+        found = [_rollout_trace_ids(backend.api, rollout_id, s) for s in (AGENT, MODEL, RESOURCES)]
         assert len(found[0]) == 1 and found[0] == found[1] == found[2], (rollout_id, found)
     for rollout_id in run.failing:
-        assert len(_rollout_trace_ids(run.jaeger, rollout_id, FAILING_AGENT)) == 1
+        assert len(_rollout_trace_ids(backend.api, rollout_id, FAILING_AGENT)) == 1
     # and no trace beyond those: every trace of every service belongs to a driven rollout
-    every = {t.trace_id for name in SERVERS for t in run.jaeger.find_traces(service(name))}
-    assert every == {t.trace_id for t in run.traces.values()}
+    every = {t.trace_id for name in SERVERS for t in backend.api.find_traces(service(name))}
+    assert every == {t.trace_id for t in backend.traces.values()}
     assert len(every) == OK_ROLLOUTS + FAILING_ROLLOUTS
 
 
-def test_a_rollout_never_driven_finds_nothing(run: Run) -> None:
+def test_a_rollout_never_driven_finds_nothing(run: Run, backend: Backend) -> None:
     for name in (AGENT, MODEL, RESOURCES, FAILING_AGENT):
-        assert _rollout_trace_ids(run.jaeger, "999999-0", name) == set()
+        assert _rollout_trace_ids(backend.api, "999999-0", name) == set()
 
 
-def test_trace_holds_all_three_services_with_cross_process_edges(run: Run) -> None:
+def test_trace_holds_all_three_services_with_cross_process_edges(
+    run: Run, backend: Backend
+) -> None:
     for rollout_id in run.ok:
-        trace = run.traces[rollout_id]
+        trace = backend.traces[rollout_id]
         assert trace.services() == {service(MODEL), service(RESOURCES), service(AGENT)}
         assert trace.tag_values(semconv.ROLLOUT_ID) == {rollout_id}
         assert trace.orphans() == [] and trace.warnings == [], rollout_id
@@ -254,13 +315,13 @@ def test_trace_holds_all_three_services_with_cross_process_edges(run: Run) -> No
         assert verify.tags[semconv.VERIFY_SUCCEEDED] is True
 
 
-def test_span_count_equals_what_the_sidecar_exported(run: Run) -> None:
+def test_span_count_equals_what_the_sidecar_exported(run: Run, backend: Backend) -> None:
     assert run.exported_spans > 0
-    assert sum(len(t.spans) for t in run.traces.values()) == run.exported_spans
+    assert sum(len(t.spans) for t in backend.traces.values()) == run.exported_spans
     # and each trace read through the search equals the same trace read by id
     for rollout_id in run.ok:
-        [searched] = run.jaeger.find_traces(service(AGENT), {semconv.ROLLOUT_ID: rollout_id})
-        assert len(searched.spans) == len(run.traces[rollout_id].spans)
+        [searched] = backend.api.find_traces(service(AGENT), {semconv.ROLLOUT_ID: rollout_id})
+        assert len(searched.spans) == len(backend.traces[rollout_id].spans)
 
 
 #: Why the UI's ``error=true`` search finds nothing in the Jaeger these tests run.
@@ -273,22 +334,27 @@ JAEGER_ERROR_SEARCH_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=JAEGER_ERROR_SEARCH_BUG)
-def test_failed_verifications_are_found_by_error_true(run: Run) -> None:
-    # strict: once a fixed Jaeger is pinned this passes, and the marker must go
-    failing = {run.traces[r].trace_id for r in run.failing}
+def test_failed_verifications_are_found_by_error_true(
+    run: Run, backend: Backend, request: pytest.FixtureRequest
+) -> None:
+    if backend.name == "jaeger":
+        # strict: once a fixed Jaeger is pinned this passes, and the marker must go
+        request.applymarker(pytest.mark.xfail(strict=True, reason=JAEGER_ERROR_SEARCH_BUG))
+    failing = {backend.traces[r].trace_id for r in run.failing}
     for name in (FAILING_AGENT, FAILING_RESOURCES):
-        found = run.jaeger.find_traces(service(name), {"error": "true"})
+        found = backend.api.find_traces(service(name), {"error": "true"})
         assert {t.trace_id for t in found} == failing, name
 
 
-def test_failed_verifications_are_marked_as_errors_and_found_by_error_type(run: Run) -> None:
+def test_failed_verifications_are_marked_as_errors_and_found_by_error_type(
+    run: Run, backend: Backend
+) -> None:
     """What the UI shows instead: the failed verifications' spans carry ``error=true``
     (drawn red), no successful rollout's span does, and a tag search on the verify
     span's ``error.type`` finds exactly the failed rollouts."""
-    failing = {run.traces[r].trace_id for r in run.failing}
+    failing = {backend.traces[r].trace_id for r in run.failing}
     for rollout_id in run.failing:
-        trace = run.traces[rollout_id]
+        trace = backend.traces[rollout_id]
         [verify] = trace.named(semconv.SPAN_VERIFY)
         assert verify.tags["error"] is True and verify.tags["otel.status_code"] == "ERROR"
         assert verify.tags[semconv.VERIFY_SUCCEEDED] is False
@@ -301,13 +367,13 @@ def test_failed_verifications_are_marked_as_errors_and_found_by_error_type(run: 
         assert call is not None and call.kind == "client", verify
         assert call.tags["error"] is True and call.tags[semconv.ERROR_TYPE] == "500"
     for rollout_id in run.ok:
-        assert True not in run.traces[rollout_id].tag_values("error"), rollout_id
+        assert True not in backend.traces[rollout_id].tag_values("error"), rollout_id
     # the attribute is on the verify span, so the search names the resources server
-    found = run.jaeger.find_traces(
+    found = backend.api.find_traces(
         service(FAILING_RESOURCES), {semconv.ERROR_TYPE: "VerifierCrash"}
     )
     assert {t.trace_id for t in found} == failing
-    assert run.jaeger.find_traces(service(RESOURCES), {semconv.ERROR_TYPE: "VerifierCrash"}) == []
+    assert backend.api.find_traces(service(RESOURCES), {semconv.ERROR_TYPE: "VerifierCrash"}) == []
 
 
 # -- Prometheus, through PromQL and its HTTP API ------------------------------------------
@@ -373,8 +439,10 @@ def test_verify_success_rate_is_a_fraction(run: Run) -> None:
         assert 0.0 <= float(series["value"][1]) <= 1.0, series
 
 
-def test_exemplars_lead_from_a_bucket_to_the_rollouts_trace_in_jaeger(run: Run) -> None:
-    by_trace = {t.trace_id: rollout_id for rollout_id, t in run.traces.items()}
+def test_exemplars_lead_from_a_bucket_to_the_rollouts_trace_in_jaeger(
+    run: Run, backend: Backend
+) -> None:
+    by_trace = {t.trace_id: rollout_id for rollout_id, t in backend.traces.items()}
 
     def exemplars() -> list[dict[str, Any]]:
         found = run.prometheus.query_exemplars("gym_rollout_duration_ms_bucket")
@@ -383,7 +451,7 @@ def test_exemplars_lead_from_a_bucket_to_the_rollouts_trace_in_jaeger(run: Run) 
     assert wait_for(exemplars, WAIT_S, 0.5), run.prometheus.log_tail()
     for exemplar in exemplars():
         trace_id = exemplar["labels"]["trace_id"]
-        trace = run.jaeger.trace(trace_id)
+        trace = backend.api.trace(trace_id)
         assert trace is not None, trace_id
         [rollout_id] = [r for t, r in by_trace.items() if same_trace_id(t, trace_id)]
         # the exemplar's span is that rollout's rollout span

@@ -9,6 +9,7 @@ report, a clean stop) and checks what it printed, then reads the same store agai
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,9 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     # Gym server finished gracefully on SIGTERM (not killed after the stop timeout)
     hint = " ".join(out.split())
     assert "docker compose up" in hint and "http://localhost:16686" in hint
+    # it ends by printing the web view's URL (and a failed rollout's page there)
+    assert re.search(r"^  http://127\.0\.0\.1:\d+/$", out.split("Web view", 1)[1], re.M)
+    assert re.search(r"^  http://127\.0\.0\.1:\d+/trace/[0-9a-f]{32}$", out, re.M)
     assert "stopped cleanly" in out
     gym_logs = sorted((tmp_path / "work" / "gym").glob("*.log"))
     assert len(gym_logs) == 5

@@ -10,6 +10,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.policy import Policy
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups
 
 
@@ -30,4 +31,4 @@ def test_unconfigured_agent_and_sidecar_agree() -> None:
 @pytest.mark.parametrize("spec", ["default", "per_rollout", "job", "all,-verify", "none"])
 def test_agent_and_sidecar_agree_for_a_spec(spec: str) -> None:
     enabled, _ = sidecar_answer(spec)
-    assert enabled == span_groups.configure_from_env({span_groups.ENV_SPAN_GROUPS: spec})
+    assert enabled == span_groups.configure_from_env({env_vars.GYM_TELEMETRY_SPAN_GROUPS: spec})

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from gym_telemetry_demo import jaeger as _jaeger
 from gym_telemetry_demo.jaeger import (
+    JaegerAPI,
+    JaegerQueryClient,
     JaegerServer,
     JaegerSpan,
     JaegerTrace,
@@ -30,6 +32,8 @@ def jaeger_binary(report: Callable[[str], object] | None = None) -> Path:
 
 
 __all__ = [
+    "JaegerAPI",
+    "JaegerQueryClient",
     "JaegerServer",
     "JaegerSpan",
     "JaegerTrace",

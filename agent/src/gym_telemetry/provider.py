@@ -9,7 +9,7 @@
 - one ``BatchSpanProcessor`` with a bounded queue (``OTEL_BSP_*`` honoured) feeding an
   OTLP exporter to the local sidecar: gRPC to ``localhost:4317`` by default, plaintext
   (``insecure``) unless the endpoint says ``https://``; the SDK's gRPC exporter with
-  this package's batch encoder (``gym_telemetry._export.grpc_exporter``).
+  this package's batch encoder (``gym_telemetry._lean.grpc_exporter``).
   ``OTEL_EXPORTER_OTLP_PROTOCOL`` / ``..._TRACES_PROTOCOL`` = ``http/protobuf`` selects
   the HTTP exporter when that package is installed;
 - the W3C propagators (tracecontext + baggage) as the global text-map propagator,
@@ -66,33 +66,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups as _span_groups
 from gym_telemetry._export.processor import (
     GymSpanProcessor,
     TrackingExporter,
-    batch_queue,
     rate_limit_export_logs,
 )
+from gym_telemetry._lean.sdk_hooks import batch_queue, shutdown_batch
 from gym_telemetry.resource import build_resource
 
 _log = logging.getLogger(__name__)
 
-# Standard OpenTelemetry environment variables this module reads itself (the SDK and the
-# exporter read the rest: OTEL_BSP_*, OTEL_EXPORTER_OTLP_TIMEOUT/HEADERS/COMPRESSION,
-# OTEL_TRACES_SAMPLER, OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME ...).
-ENV_SDK_DISABLED: Final = "OTEL_SDK_DISABLED"
-ENV_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
-ENV_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-ENV_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_PROTOCOL"
-ENV_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-ENV_INSECURE: Final = "OTEL_EXPORTER_OTLP_INSECURE"
-ENV_PROPAGATORS: Final = "OTEL_PROPAGATORS"
-ENV_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
-ENV_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
-#: Server identity, read when the arguments do not give it (set by the Gym integration
-#: or a deployment).
-ENV_SERVER_NAME: Final = "GYM_TELEMETRY_SERVER_NAME"
-ENV_SERVER_TYPE: Final = "GYM_TELEMETRY_SERVER_TYPE"
 
 DEFAULT_GRPC_ENDPOINT: Final = "localhost:4317"
 DEFAULT_HTTP_ENDPOINT: Final = "http://localhost:4318/v1/traces"
@@ -137,7 +122,11 @@ def _env_true(name: str) -> bool:
 
 
 def _protocol() -> str:
-    value = os.environ.get(ENV_TRACES_PROTOCOL) or os.environ.get(ENV_PROTOCOL) or "grpc"
+    value = (
+        os.environ.get(env_vars.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+        or os.environ.get(env_vars.OTEL_EXPORTER_OTLP_PROTOCOL)
+        or "grpc"
+    )
     return value.strip().lower()
 
 
@@ -163,27 +152,27 @@ def _make_exporter(endpoint: str | None) -> tuple[SpanExporter, tuple[str, int] 
                 OTLPSpanExporter as HttpExporter,
             )
 
-            url = endpoint or os.environ.get(ENV_TRACES_ENDPOINT)
-            if url is None and os.environ.get(ENV_ENDPOINT):
-                url = os.environ[ENV_ENDPOINT].rstrip("/") + "/v1/traces"
+            url = endpoint or os.environ.get(env_vars.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+            if url is None and os.environ.get(env_vars.OTEL_EXPORTER_OTLP_ENDPOINT):
+                url = os.environ[env_vars.OTEL_EXPORTER_OTLP_ENDPOINT].rstrip("/") + "/v1/traces"
             url = url or DEFAULT_HTTP_ENDPOINT
             return HttpExporter(endpoint=url), _address(url, 4318)
         except ImportError:
             _log.warning(
                 "gym_telemetry: %s=%s but the OTLP/HTTP exporter is not installed; using gRPC",
-                ENV_PROTOCOL,
+                env_vars.OTEL_EXPORTER_OTLP_PROTOCOL,
                 _protocol(),
             )
-    from gym_telemetry._export.grpc_exporter import make_grpc_exporter
+    from gym_telemetry._lean.grpc_exporter import make_grpc_exporter
 
     target = (
         endpoint
-        or os.environ.get(ENV_TRACES_ENDPOINT)
-        or os.environ.get(ENV_ENDPOINT)
+        or os.environ.get(env_vars.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+        or os.environ.get(env_vars.OTEL_EXPORTER_OTLP_ENDPOINT)
         or DEFAULT_GRPC_ENDPOINT
     )
     insecure: bool | None = None
-    if "://" not in target and os.environ.get(ENV_INSECURE) is None:
+    if "://" not in target and os.environ.get(env_vars.OTEL_EXPORTER_OTLP_INSECURE) is None:
         insecure = True  # the sidecar is local: plaintext unless told otherwise
     return make_grpc_exporter(target, insecure), _address(target, 4317)
 
@@ -206,9 +195,9 @@ def _make_batch_processor(exporter: SpanExporter) -> BatchSpanProcessor:
     When only the queue size is set and it is below the SDK's default batch size (512),
     the batch size follows it instead of failing the SDK's argument check.
     """
-    max_queue = _env_int(ENV_BSP_MAX_QUEUE_SIZE) or DEFAULT_MAX_QUEUE_SIZE
+    max_queue = _env_int(env_vars.OTEL_BSP_MAX_QUEUE_SIZE) or DEFAULT_MAX_QUEUE_SIZE
     kwargs: dict[str, Any] = {"max_queue_size": max_queue}
-    batch = _env_int(ENV_BSP_MAX_EXPORT_BATCH_SIZE)
+    batch = _env_int(env_vars.OTEL_BSP_MAX_EXPORT_BATCH_SIZE)
     kwargs["max_export_batch_size"] = min(batch or DEFAULT_MAX_EXPORT_BATCH_SIZE, max_queue)
     try:
         return BatchSpanProcessor(exporter, **kwargs)
@@ -222,7 +211,7 @@ def _make_batch_processor(exporter: SpanExporter) -> BatchSpanProcessor:
 
 
 def _install_propagators() -> None:
-    if os.environ.get(ENV_PROPAGATORS):
+    if os.environ.get(env_vars.OTEL_PROPAGATORS):
         return  # the API configured the ones the environment asked for
     propagate.set_global_textmap(
         CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
@@ -254,15 +243,15 @@ def init_telemetry(
     """
     try:
         with _STATE.lock:
-            if _env_true(ENV_SDK_DISABLED):
-                _log.info("gym_telemetry: %s=true, telemetry stays off", ENV_SDK_DISABLED)
+            if _env_true(env_vars.OTEL_SDK_DISABLED):
+                _log.info("gym_telemetry: %s=true, telemetry stays off", env_vars.OTEL_SDK_DISABLED)
                 return False
             if _STATE.active:
                 if span_groups is not None:
                     _apply_span_groups(span_groups)
                 return True
-            server_name = server_name or os.environ.get(ENV_SERVER_NAME) or None
-            server_type = server_type or os.environ.get(ENV_SERVER_TYPE) or None
+            server_name = server_name or os.environ.get(env_vars.GYM_TELEMETRY_SERVER_NAME) or None
+            server_type = server_type or os.environ.get(env_vars.GYM_TELEMETRY_SERVER_TYPE) or None
 
             provider = _STATE.provider
             if provider is None:
@@ -336,15 +325,6 @@ def _stop_polling(timeout_s: float) -> None:
         _log.debug("gym_telemetry: stopping the span-group poller failed: %r", exc)
 
 
-def _shutdown_batch(processor: BatchSpanProcessor, timeout_s: float) -> None:
-    inner = getattr(processor, "_batch_processor", None)
-    timeout_ms = max(0, int(timeout_s * 1000))
-    if inner is not None and "timeout_millis" in inspect.signature(inner.shutdown).parameters:
-        inner.shutdown(timeout_millis=timeout_ms)
-    else:
-        processor.shutdown()  # type: ignore[no-untyped-call]
-
-
 def _in_background(fn: Any) -> None:
     """Run ``fn()`` on a daemon thread without waiting for it. Some exporter versions
     block in ``shutdown`` until an in-flight export ends (up to its timeout)."""
@@ -382,7 +362,7 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
             try:
                 # Leave the batch processor a little less than the deadline, so that
                 # its own join/close finishes before the caller is answered.
-                _shutdown_batch(batch, max(0.0, 0.9 * (deadline - time.monotonic())))
+                shutdown_batch(batch, max(0.0, 0.9 * (deadline - time.monotonic())))
             except Exception as exc:  # background thread: log and finish
                 _log.warning("gym_telemetry: exporter shutdown failed: %r", exc)
             finally:

@@ -35,12 +35,11 @@ from typing import Final
 
 import gym_telemetry_semconv as semconv
 
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups
 
 _log = logging.getLogger(__name__)
 
-ENV_ADMIN_URL: Final = "GYM_TELEMETRY_SIDECAR_ADMIN_URL"
-ENV_POLL_INTERVAL_S: Final = "GYM_TELEMETRY_POLL_INTERVAL_S"
 DEFAULT_ADMIN_URL: Final = f"http://localhost:{semconv.DEFAULT_ADMIN_PORT}"
 DEFAULT_POLL_INTERVAL_S: Final = 10.0
 #: Relative jitter applied to every wait between polls.
@@ -210,7 +209,7 @@ _PROCESS: Final = _Process()
 def poll_interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     """``GYM_TELEMETRY_POLL_INTERVAL_S`` as a float (default 10; bad values: default)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_POLL_INTERVAL_S, "").strip()
+    raw = env.get(env_vars.GYM_TELEMETRY_POLL_INTERVAL_S, "").strip()
     if not raw:
         return DEFAULT_POLL_INTERVAL_S
     try:
@@ -218,7 +217,7 @@ def poll_interval_from_env(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         _log.warning(
             "gym_telemetry: %s=%r is not a number; using %s",
-            ENV_POLL_INTERVAL_S,
+            env_vars.GYM_TELEMETRY_POLL_INTERVAL_S,
             raw,
             DEFAULT_POLL_INTERVAL_S,
         )
@@ -236,13 +235,16 @@ def start_polling(
     """
     env = os.environ if environ is None else environ
     interval = poll_interval_from_env(env)
-    admin_url = env.get(ENV_ADMIN_URL, "").strip() or DEFAULT_ADMIN_URL
+    admin_url = env.get(env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL, "").strip() or DEFAULT_ADMIN_URL
     with _PROCESS.lock:
         if _PROCESS.poller is not None:
             _PROCESS.poller.stop()
             _PROCESS.poller = None
         if interval <= 0:
-            _log.info("gym_telemetry: span-group polling disabled (%s=0)", ENV_POLL_INTERVAL_S)
+            _log.info(
+                "gym_telemetry: span-group polling disabled (%s=0)",
+                env_vars.GYM_TELEMETRY_POLL_INTERVAL_S,
+            )
             return None
         poller = RemoteConfigPoller(admin_url, service_name, interval)
         poller.start()

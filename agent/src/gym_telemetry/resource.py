@@ -29,6 +29,8 @@ from typing import Any, Final
 import gym_telemetry_semconv as semconv
 from opentelemetry.sdk.resources import Resource
 
+from gym_telemetry import environment_variables
+
 _log = logging.getLogger(__name__)
 
 CONTAINER_ID: Final = "container.id"
@@ -125,8 +127,8 @@ def build_resource(
 
     resource = Resource(detected).merge(Resource.create(explicit))
     current = resource.attributes.get(semconv.SERVICE_NAME)
-    env_names_service = bool(env.get("OTEL_SERVICE_NAME")) or (
-        "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    env_names_service = bool(env.get(environment_variables.OTEL_SERVICE_NAME)) or (
+        "service.name=" in env.get(environment_variables.OTEL_RESOURCE_ATTRIBUTES, "")
     )
     if (
         not service_name

@@ -26,10 +26,10 @@ from typing import Final
 import gym_telemetry_semconv as semconv
 from opentelemetry import trace
 
+from gym_telemetry import environment_variables as env_vars
+
 _log = logging.getLogger(__name__)
 
-#: Environment variable holding the span-group spec, e.g. ``"default,sandbox"``.
-ENV_SPAN_GROUPS: Final = "GYM_TELEMETRY_SPAN_GROUPS"
 #: Spec used when ``GYM_TELEMETRY_SPAN_GROUPS`` is unset or empty (the sidecar's too).
 DEFAULT_SPEC: Final = semconv.DEFAULT_SPEC
 #: Spec value that turns every group it does not select off.
@@ -133,7 +133,7 @@ def configure_from_env(environ: dict[str, str] | None = None) -> frozenset[str]:
     default answer. Returns the groups now enabled. Unknown names are logged and ignored.
     """
     env = os.environ if environ is None else environ
-    spec = env.get(ENV_SPAN_GROUPS, "").strip() or DEFAULT_SPEC
+    spec = env.get(env_vars.GYM_TELEMETRY_SPAN_GROUPS, "").strip() or DEFAULT_SPEC
     groups = enabled_for_spec(spec)
     set_enabled(groups)
     return groups

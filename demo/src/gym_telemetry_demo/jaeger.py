@@ -186,68 +186,14 @@ def jaeger_config(otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: i
     return yaml.safe_dump(config, sort_keys=False)
 
 
-class JaegerServer:
-    """A Jaeger v2 process (context manager). ``start`` blocks until the OTLP receivers
-    listen and the query API answers; ``stop`` sends SIGTERM (kills after 20 s)."""
-
-    def __init__(self, workdir: Path, binary: Path) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.otlp_grpc_port = free_port()
-        self.otlp_http_port = free_port()
-        self.query_http_port = free_port()
-        self.query_grpc_port = free_port()
-        self.config_path = workdir / "jaeger.yaml"
-        self.log_path = workdir / "jaeger.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def otlp_grpc_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_grpc_port}"
-
-    @property
-    def otlp_http_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_http_port}"
+class JaegerQueryClient:
+    """The HTTP query API Jaeger's UI calls, at ``query_url`` (a Jaeger, or anything that
+    answers the same API, such as the sidecar's web view)."""
 
     @property
     def query_url(self) -> str:
-        return f"http://127.0.0.1:{self.query_http_port}"
-
-    def start(self, timeout_s: float = 60.0) -> JaegerServer:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(
-            jaeger_config(
-                self.otlp_grpc_port, self.otlp_http_port, self.query_http_port, self.query_grpc_port
-            )
-        )
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )
-        try:
-            for port in (self.otlp_grpc_port, self.otlp_http_port, self.query_http_port):
-                wait_listening(port, timeout_s=timeout_s)
-            deadline = time.monotonic() + timeout_s
-            while not self._query_ready():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the query API did not answer")
-                time.sleep(0.1)
-        except (TimeoutError, OSError) as exc:
-            self.stop()
-            raise RuntimeError(f"Jaeger did not start ({exc}); log:\n{self.log_tail()}") from None
-        return self
-
-    def _query_ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise OSError(f"Jaeger exited with {self.proc.returncode}")
-        try:
-            self.api("/api/services")
-        except (OSError, ValueError):
-            return False
-        return True
+        """Base URL of the query API (no trailing slash)."""
+        raise NotImplementedError
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``path`` on the query service (the UI's HTTP API); the parsed JSON.
@@ -291,6 +237,82 @@ class JaegerServer:
         """The ``GET /api/traces`` URL of a tag search (what the UI's search form calls)."""
         query = urllib.parse.urlencode({"service": service, "tags": json.dumps(tags)})
         return f"{self.query_url}/api/traces?{query}"
+
+
+class JaegerAPI(JaegerQueryClient):
+    """A :class:`JaegerQueryClient` for the query API at ``query_url``."""
+
+    def __init__(self, query_url: str) -> None:
+        self._query_url = query_url.rstrip("/")
+
+    @property
+    def query_url(self) -> str:
+        return self._query_url
+
+
+class JaegerServer(JaegerQueryClient):
+    """A Jaeger v2 process (context manager). ``start`` blocks until the OTLP receivers
+    listen and the query API answers; ``stop`` sends SIGTERM (kills after 20 s)."""
+
+    def __init__(self, workdir: Path, binary: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.otlp_grpc_port = free_port()
+        self.otlp_http_port = free_port()
+        self.query_http_port = free_port()
+        self.query_grpc_port = free_port()
+        self.config_path = workdir / "jaeger.yaml"
+        self.log_path = workdir / "jaeger.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.otlp_http_port}"
+
+    @property
+    def query_url(self) -> str:
+        return f"http://127.0.0.1:{self.query_http_port}"
+
+    def start(self, timeout_s: float = 60.0) -> JaegerServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            jaeger_config(
+                self.otlp_grpc_port, self.otlp_http_port, self.query_http_port, self.query_grpc_port
+            )
+        )
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,  # the demo stops it (Ctrl-C reaches the demo alone)
+            )
+        try:
+            for port in (self.otlp_grpc_port, self.otlp_http_port, self.query_http_port):
+                wait_listening(port, timeout_s=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while not self._query_ready():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the query API did not answer")
+                time.sleep(0.1)
+        except (TimeoutError, OSError) as exc:
+            self.stop()
+            raise RuntimeError(f"Jaeger did not start ({exc}); log:\n{self.log_tail()}") from None
+        return self
+
+    def _query_ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise OSError(f"Jaeger exited with {self.proc.returncode}")
+        try:
+            self.api("/api/services")
+        except (OSError, ValueError):
+            return False
+        return True
 
     def log_tail(self, chars: int = 4000) -> str:
         return log_tail(self.log_path, chars)

@@ -8,6 +8,7 @@ unless ``keep`` is set, in which case it waits for Ctrl-C first.
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ from gym_telemetry_demo.gym_servers import (
 )
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
 from gym_telemetry_demo.sidecar import SidecarChild
+from gym_telemetry_demo.webview import WebViewChild
 
 METRICS_INTERVAL_S: Final = 2.0
 ENV_BUILD_TIMEOUT_S: Final = 1800
@@ -165,7 +167,13 @@ def start_jaeger(console: Console, repo: Path, workdir: Path) -> JaegerServer:
 
 
 def _jaeger_report(
-    console: Console, jaeger: JaegerServer, store: Path, since_ns: int, wait_s: float
+    console: Console,
+    jaeger: JaegerServer,
+    store: Path,
+    since_ns: int,
+    wait_s: float,
+    *,
+    webview: WebViewChild | None = None,
 ) -> bool:
     """Print the Jaeger API URL of a failed rollout's trace (found by its rollout id, as
     the UI's tag search finds it); False when Jaeger does not have it within ``wait_s``."""
@@ -199,6 +207,13 @@ def _jaeger_report(
         "(A Jaeger built from the Go module serves a placeholder page instead of the UI; "
         "these are the calls the UI makes.)"
     )
+    if webview is not None:
+        console.print(f"The same failed rollout {rollout_id} in the web view:")
+        console.print(f"  {webview.trace_url(failed[0].trace_id)}", soft_wrap=True, highlight=False)
+        console.print("and through the web view's Jaeger-compatible API:")
+        console.print(
+            f"  {webview.url}/api/traces/{failed[0].trace_id}", soft_wrap=True, highlight=False
+        )
     return True
 
 
@@ -207,6 +222,7 @@ def _next_steps(console: Console, store_dir: Path) -> None:
     console.print(
         Panel(
             "The same data, any time later (the store keeps it, bounded by age and size):\n"
+            f"  uv run gym-sidecar ui{flag}   (the web view, http://127.0.0.1:16687/)\n"
             f"  uv run gym-sidecar rollouts{flag} --failed\n"
             f"  uv run gym-sidecar trace{flag} ROLLOUT_ID\n"
             f"  uv run gym-sidecar stats{flag} --since 1h\n\n"
@@ -219,6 +235,26 @@ def _next_steps(console: Console, store_dir: Path) -> None:
             title_align="left",
         )
     )
+
+
+def _webview_report(
+    console: Console, webview: WebViewChild, store: Path, since_ns: int, *, keep: bool
+) -> None:
+    """The last lines: the web view's URL (and a failed rollout's page in it)."""
+    window_s = (time.time_ns() - since_ns) / 1e9 + 5
+    with closing(db.connect(store, readonly=True)) as conn:
+        failed = queries.rollouts(conn, since_s=window_s, failed_only=True, limit=1)
+    # plain lines, never wrapped: the URLs are meant to be copied
+    console.print("\n[bold]Web view[/bold] (rollouts, waterfalls, stats, service map):")
+    console.print(f"  {webview.url}/", soft_wrap=True, highlight=False)
+    if failed:
+        console.print(f"a failed rollout, {failed[0].rollout_id}:")
+        console.print(f"  {webview.trace_url(failed[0].trace_id)}", soft_wrap=True, highlight=False)
+    if not keep:
+        console.print(
+            "(it stops with the demo: --keep keeps it up; `uv run gym-sidecar ui` serves the "
+            "store again)"
+        )
 
 
 def run_demo(opts: DemoOptions, console: Console) -> int:
@@ -240,6 +276,7 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
     sidecar = SidecarChild(opts.store_dir, opts.workdir, config)
     store_path = sidecar.store_dir / "traces.db"
     servers: GymServers | None = None
+    webview: WebViewChild | None = None
     code = 0
     try:
         with console.status("Starting the sidecar (local store) and the Gym servers..."):
@@ -248,6 +285,7 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
+            webview = WebViewChild(sidecar.store_dir, opts.workdir).start()
             env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = GymServers(
@@ -274,17 +312,27 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             code = 1
         _report(console, store_path, since_ns, opts.failing)
         if jaeger is not None and opts.failing:
-            code = code if _jaeger_report(console, jaeger, store_path, since_ns, opts.wait_s) else 1
+            found = _jaeger_report(
+                console, jaeger, store_path, since_ns, opts.wait_s, webview=webview
+            )
+            code = code if found else 1
         _next_steps(console, opts.store_dir)
+        assert webview is not None  # started with the sidecar, above
+        _webview_report(console, webview, store_path, since_ns, keep=opts.keep)
         if opts.keep:
             console.print("[bold]--keep:[/bold] everything keeps running; Ctrl-C stops it.")
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
+            # A terminal's Ctrl-C reaches every process of the group, and `uv run` forwards
+            # its own copy: a second SIGINT must not cut the orderly stop below short.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     finally:
         with console.status("Stopping the Gym servers and the sidecar..."):
             if servers is not None:
                 servers.stop()
+            if webview is not None:
+                webview.stop()
             exit_code = sidecar.stop()
             if jaeger is not None:
                 jaeger.stop()

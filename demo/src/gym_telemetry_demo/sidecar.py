@@ -58,8 +58,14 @@ class SidecarChild:
         # settings must not change what the demo shows.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
         with self.log_path.open("wb") as log:
+            # its own session, like the Gym servers: a terminal's Ctrl-C reaches the demo
+            # alone, which then stops every child once and in order
             self.proc = subprocess.Popen(
-                self.command(config_path), stdout=log, stderr=subprocess.STDOUT, env=env
+                self.command(config_path),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

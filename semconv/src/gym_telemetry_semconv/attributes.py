@@ -13,6 +13,14 @@ SPAN_ROLLOUT: Final = "gym.rollout"
 SPAN_VERIFY: Final = "gym.verify"
 SPAN_ENV_STEP: Final = "gym.env.step"
 """One gymnasium ``/step`` (the reward-producing call of a gymnasium resources server)."""
+SPAN_AGENT_RESPONSES: Final = "gym.agent.responses"
+"""An agent server's ``/v1/responses`` (group ``agent``)."""
+SPAN_MODEL_RESPONSES: Final = "gym.model.responses"
+"""A model server's ``/v1/responses`` (group ``model_call``)."""
+SPAN_MODEL_CHAT: Final = "gym.model.chat_completions"
+"""A model server's ``/v1/chat/completions`` (group ``model_call``)."""
+SPAN_MODEL_MESSAGES: Final = "gym.model.messages"
+"""A model server's ``/v1/messages`` (group ``model_call``)."""
 
 # --- NeMo Gym attributes ---------------------------------------------------------------
 ROLLOUT_ID: Final = "nemo.gym.rollout.id"
@@ -23,6 +31,9 @@ VERIFY_SUCCEEDED: Final = "succeeded"
 ROLLOUT_NESTED: Final = "nemo.gym.rollout.nested"
 """``true`` on a ``gym.rollout`` span started inside another rollout (a relayed ``/run``);
 derived rollout metrics count only the outermost span."""
+ROLLOUT_OUTER_BAGGAGE: Final = "nemo.gym.rollout.outer"
+"""W3C baggage key (not a span attribute): ``1`` on a hop made inside a recorded
+``gym.rollout`` span, so the ``/run`` it reaches marks itself nested."""
 FAILURE_STAGE: Final = "nemo.gym.failure.stage"
 """The stage of an episode failure Gym reported in-band (``seed``, ``agent``, ...)."""
 

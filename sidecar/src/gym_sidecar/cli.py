@@ -9,6 +9,8 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
 - ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
   (see :mod:`gym_sidecar.inspect.commands`).
+- ``ui``: serve the web view and the Jaeger-compatible query API over the local store
+  (see :mod:`gym_sidecar.webui.command`).
 
 ``gym-sidecar --version`` prints the installed version.
 
@@ -30,6 +32,7 @@ from typing import Any
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
 from gym_sidecar.webhook.cli import add_webhook
+from gym_sidecar.webui.command import add_ui
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -146,6 +149,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_rollouts,
     add_trace,
     add_stats,
+    add_ui,
 ]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gym_telemetry_semconv as semconv
 import pytest
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry.autoinstrument import activation_requested
 from gym_telemetry.autoinstrument.gym_primitives import REDACTED, safe_set_span_attributes
 from gym_telemetry.autoinstrument.identity import (
@@ -25,16 +26,11 @@ from gym_telemetry.autoinstrument.identity import (
 )
 from gym_telemetry.autoinstrument.install import (
     DEFAULT_STOP_FLUSH_TIMEOUT_S,
-    ENV_STOP_FLUSH_TIMEOUT_S,
     stop_flush_timeout_s,
 )
-from gym_telemetry.autoinstrument.propagation import (
-    MAX_ROLLOUT_ID_CHARS,
-    inject,
-    rollout_id_from_baggage,
-    rollout_id_from_path,
-)
+from gym_telemetry.autoinstrument.propagation import inject, rollout_id_from_baggage
 from gym_telemetry.autoinstrument.routes import MARKER, is_marked, normalise_path, route_span
+from gym_telemetry.rollout_correlation import MAX_ROLLOUT_ID_CHARS, rollout_id_from_path
 from opentelemetry.sdk.trace import TracerProvider
 
 REPO = Path(__file__).resolve().parents[3]
@@ -283,9 +279,12 @@ def test_excluded_paths_spec() -> None:
 
 def test_stop_flush_timeout_spec() -> None:
     assert stop_flush_timeout_s({}) == DEFAULT_STOP_FLUSH_TIMEOUT_S
-    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "0.5"}) == 0.5
-    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "0"}) == 0
-    assert stop_flush_timeout_s({ENV_STOP_FLUSH_TIMEOUT_S: "soon"}) == DEFAULT_STOP_FLUSH_TIMEOUT_S
+    assert stop_flush_timeout_s({env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S: "0.5"}) == 0.5
+    assert stop_flush_timeout_s({env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S: "0"}) == 0
+    assert (
+        stop_flush_timeout_s({env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S: "soon"})
+        == DEFAULT_STOP_FLUSH_TIMEOUT_S
+    )
 
 
 def test_uvicorn_shutdown_is_patched_in_a_fresh_process() -> None:

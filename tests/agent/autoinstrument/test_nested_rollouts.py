@@ -169,7 +169,7 @@ def test_same_process_run_inside_a_recorded_rollout_is_nested(active: Spans) -> 
     assert traced_outer() == "inner"
     rollouts = _rollouts(active)
     assert not _nested(rollouts["relay"]) and _nested(rollouts["inner"])
-    assert not endpoints.ENCLOSING_ROLLOUT.get()  # reset after the outer span ended
+    assert not rollout_correlation.ENCLOSING_ROLLOUT.get()  # reset after the outer span ended
 
 
 def test_inject_writes_the_outer_marker_only_inside_a_recorded_rollout(active: Spans) -> None:

@@ -10,11 +10,12 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
-from gym_telemetry import recording, span_groups
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry import span_groups
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.autoinstrument import server_span
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.server_span import ServerSpanMiddleware
-from gym_telemetry.recording import LeanSpan
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
@@ -101,7 +102,7 @@ def test_server_span_is_lean_and_matches_the_sdk_path(
         active.clear()
         server_span._RECORDER.tracer = None
         if path == "sdk":
-            monkeypatch.setenv(recording.ENV_RECORDER, "sdk")
+            monkeypatch.setenv(env_vars.GYM_TELEMETRY_RECORDER, "sdk")
         seen: list[Any] = []
         if fail:
             with pytest.raises(RuntimeError):

@@ -26,6 +26,7 @@ from gym_sidecar.webhook.mutate import (
     decide,
     mutate,
 )
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import remote_config
 
 from tests.deploy.pod_security import restricted_violations
@@ -309,7 +310,7 @@ def test_security_context_is_configurable(tmp_path: Any) -> None:
 
 
 def test_agent_admin_url_variable_is_the_agents() -> None:
-    assert AGENT_ADMIN_URL_ENV == remote_config.ENV_ADMIN_URL
+    assert AGENT_ADMIN_URL_ENV == env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL
 
 
 @pytest.mark.parametrize("config", [NATIVE, PLAIN], ids=["native", "plain"])
@@ -331,7 +332,7 @@ def test_app_containers_poll_the_configured_admin_port(config: InjectorConfig) -
             if app["name"] == config.container_name:
                 continue
             env = {e["name"]: e["value"] for e in app["env"]}
-            url = env[remote_config.ENV_ADMIN_URL]
+            url = env[env_vars.GYM_TELEMETRY_SIDECAR_ADMIN_URL]
             assert url == f"http://localhost:{sidecar.admin_port}"
             poller = remote_config.RemoteConfigPoller(
                 url, "gym-server", 10.0, apply=lambda groups: None

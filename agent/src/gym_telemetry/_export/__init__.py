@@ -1,12 +1,11 @@
-"""The agent's export path (private): what happens to a span after it ends.
+"""The agent's export switch (private): what happens to a span after it ends.
 
 - ``processor``: ``GymSpanProcessor`` (the switch in front of the SDK's batch processor)
-  and ``TrackingExporter`` (export health for ``shutdown_telemetry``).
-- ``grpc_exporter``: the SDK's OTLP/gRPC exporter with the lean batch encoder plugged in.
-- ``span_encoding`` and ``otlp_wire``: the lean encoder, span to wire-format bytes.
-- ``probes``: the probe spans the start-up self-check compares against the stock encoder.
+  and ``TrackingExporter`` (export health for ``shutdown_telemetry``), and the rate limit
+  on the SDK's export loggers.
 
-Nothing here is public API: users configure it through ``init_telemetry`` and the
-environment (``GYM_TELEMETRY_ENCODER``, ``OTEL_*``). Every lean step checks itself
-against the installed OpenTelemetry SDK first and falls back to the stock SDK path.
+The lean encoder and exporter it plugs in, and every access to the SDK's internals
+(the batch queue included), are in ``gym_telemetry._lean``. Nothing here is public API:
+users configure it through ``init_telemetry`` and the environment
+(``gym_telemetry.environment_variables``).
 """

@@ -8,7 +8,6 @@ the batch processor's worker thread.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import socket
 import threading
@@ -21,7 +20,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from gym_telemetry._export.span_encoding import encode_record
+from gym_telemetry._lean.sdk_hooks import batch_emit, batch_queue
+from gym_telemetry._lean.span_encoding import encode_record
 
 
 class TrackingExporter(SpanExporter):
@@ -109,33 +109,6 @@ class TrackingExporter(SpanExporter):
         return bool(self.inner.force_flush(timeout_millis))
 
 
-def batch_queue(processor: BatchSpanProcessor) -> tuple[Any, int]:
-    """The deque a batch processor queues spans in, and its bound: (None, 0) if unknown.
-
-    SDK >= 1.3x keeps them in ``_batch_processor._queue`` / ``_max_queue_size``; older
-    versions in the processor's own ``queue`` / ``max_queue_size``.
-    """
-    inner = getattr(processor, "_batch_processor", processor)
-    queue = getattr(inner, "_queue", None)
-    if queue is None:
-        queue = getattr(inner, "queue", None)
-    bound = getattr(inner, "_max_queue_size", None) or getattr(inner, "max_queue_size", 0)
-    # Private SDK fields: only a deque of the expected bound is used; anything else (a
-    # newer SDK's layout) leaves the queue to the SDK, which then drops and logs itself.
-    if not isinstance(queue, collections.deque) or not isinstance(bound, int) or bound <= 0:
-        return None, 0
-    if queue.maxlen not in (None, bound):
-        return None, 0
-    return queue, bound
-
-
-def batch_emit(processor: BatchSpanProcessor) -> Any:
-    """The step that appends one item to a batch processor's queue and wakes its worker
-    when a batch is full (``_batch_processor.emit``, SDK >= 1.3x), or None if unknown."""
-    emit = getattr(getattr(processor, "_batch_processor", None), "emit", None)
-    return emit if callable(emit) else None
-
-
 class GymSpanProcessor(SpanProcessor):
     """The processor this module adds to the provider: a switch in front of a batch
     processor, so the exporter can be replaced or closed while the provider stays.
@@ -153,6 +126,9 @@ class GymSpanProcessor(SpanProcessor):
     exported message is the same. A span the lean encoder refuses, or any failure, is
     queued as the span itself, as before.
     """
+
+    #: Its ``on_start`` and ``_on_ending`` do nothing: the lean recorder skips them.
+    quiet_span_hooks: Final = True
 
     def __init__(self) -> None:
         self.delegate: BatchSpanProcessor | None = None

@@ -29,11 +29,7 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
-#: The switch. Any value but the ones in ``_OFF_VALUES`` activates.
-ENV_ACTIVATE: Final = "GYM_TELEMETRY"
-#: ``service.name`` prefix; the Gym server name follows after a ``/``.
-ENV_SERVICE_PREFIX: Final = "GYM_TELEMETRY_SERVICE_PREFIX"
-DEFAULT_SERVICE_PREFIX: Final = "nemo-gym"
+from gym_telemetry import environment_variables as env_vars
 
 _OFF_VALUES: Final = frozenset({"", "0", "false", "no", "off"})
 
@@ -41,7 +37,7 @@ _OFF_VALUES: Final = frozenset({"", "0", "false", "no", "off"})
 def activation_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``GYM_TELEMETRY`` asks for auto-instrumentation. Cheap; never raises."""
     env = os.environ if environ is None else environ
-    value = env.get(ENV_ACTIVATE)
+    value = env.get(env_vars.GYM_TELEMETRY)
     return value is not None and value.strip().lower() not in _OFF_VALUES
 
 
@@ -65,9 +61,6 @@ def activate() -> bool:
 
 
 __all__ = [
-    "DEFAULT_SERVICE_PREFIX",
-    "ENV_ACTIVATE",
-    "ENV_SERVICE_PREFIX",
     "activate",
     "activation_requested",
 ]

@@ -177,7 +177,7 @@ MAX_ROUTE_SEGMENTS: Final = 4
 #: Longest path (after the rollout prefix) a client span name may carry.
 MAX_ROUTE_CHARS: Final = 128
 #: What the high-cardinality ``/ng-rollout/<id>`` prefix reads as in a template.
-ROLLOUT_ROUTE_TEMPLATE: Final = propagation.ROLLOUT_PATH_PREFIX + "{rollout_id}"
+ROLLOUT_ROUTE_TEMPLATE: Final = rollout_correlation.ROLLOUT_PATH_PREFIX + "{rollout_id}"
 
 
 def _route_segment(segment: str) -> bool:
@@ -213,8 +213,8 @@ def url_template(url: str) -> str | None:
     else:
         path = url
     prefix = ""
-    if path.startswith(propagation.ROLLOUT_PATH_PREFIX):
-        start = len(propagation.ROLLOUT_PATH_PREFIX)
+    if path.startswith(rollout_correlation.ROLLOUT_PATH_PREFIX):
+        start = len(rollout_correlation.ROLLOUT_PATH_PREFIX)
         slash = path.find("/", start)
         if slash <= start:  # no id, or nothing after it
             return None

@@ -28,16 +28,13 @@ from typing import Final
 
 import gym_telemetry_semconv as semconv
 
-from gym_telemetry import provider
-from gym_telemetry.autoinstrument import DEFAULT_SERVICE_PREFIX, ENV_SERVICE_PREFIX
-from gym_telemetry.autoinstrument.correlation import bind as bind_rollout_fallback
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry import provider, rollout_correlation
 
 _log = logging.getLogger(__name__)
 
-#: Set by Gym's launcher for each server process: that server's top-level config key.
-ENV_GYM_SERVER_NAME: Final = "NEMO_GYM_CONFIG_PATH"
-#: Comma-separated exact request paths that get no SERVER span (health probes).
-ENV_EXCLUDED_PATHS: Final = "GYM_TELEMETRY_EXCLUDED_PATHS"
+#: ``service.name`` prefix when ``GYM_TELEMETRY_SERVICE_PREFIX`` is unset.
+DEFAULT_SERVICE_PREFIX: Final = "nemo-gym"
 #: Gym's liveness/readiness routes, polled by the launcher and by Kubernetes probes.
 DEFAULT_EXCLUDED_PATHS: Final = "/,/health,/healthz,/livez,/readyz"
 
@@ -84,14 +81,16 @@ def server_type_of(cls: type) -> str | None:
 
 def service_name_for(server_name: str | None) -> str:
     """``<prefix>/<server name>`` (just the prefix when the name is unknown)."""
-    prefix = os.environ.get(ENV_SERVICE_PREFIX, "").strip() or DEFAULT_SERVICE_PREFIX
+    prefix = (
+        os.environ.get(env_vars.GYM_TELEMETRY_SERVICE_PREFIX, "").strip() or DEFAULT_SERVICE_PREFIX
+    )
     return f"{prefix}/{server_name}" if server_name else prefix
 
 
 def excluded_paths(environ: dict[str, str] | None = None) -> frozenset[str]:
     """The paths from ``GYM_TELEMETRY_EXCLUDED_PATHS`` (default: Gym's health routes)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_EXCLUDED_PATHS)
+    raw = env.get(env_vars.GYM_TELEMETRY_EXCLUDED_PATHS)
     spec = DEFAULT_EXCLUDED_PATHS if raw is None else raw
     return frozenset(p.strip() for p in spec.split(",") if p.strip())
 
@@ -103,9 +102,9 @@ def start_server_telemetry(server: object) -> bool:
     """
     try:
         config = getattr(server, "config", None)
-        server_name = os.environ.get(ENV_GYM_SERVER_NAME) or getattr(config, "name", None)
+        server_name = os.environ.get(env_vars.NEMO_GYM_CONFIG_PATH) or getattr(config, "name", None)
         server_type = server_type_of(type(server))
-        bind_rollout_fallback()
+        rollout_correlation.bind_fallback()
         RUNTIME.server_name = str(server_name) if server_name else None
         RUNTIME.server_type = server_type
         RUNTIME.excluded_paths = excluded_paths()

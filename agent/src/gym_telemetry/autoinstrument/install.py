@@ -36,6 +36,7 @@ import threading
 from types import ModuleType
 from typing import Any, Final
 
+from gym_telemetry import environment_variables as env_vars
 from gym_telemetry.autoinstrument.import_hooks import when_imported
 
 _log = logging.getLogger(__name__)
@@ -65,8 +66,6 @@ class _Installed:
 _INSTALLED: Final = _Installed()
 
 
-#: Bound on the span flush at the end of a uvicorn server's graceful shutdown.
-ENV_STOP_FLUSH_TIMEOUT_S: Final = "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S"
 DEFAULT_STOP_FLUSH_TIMEOUT_S: Final = 2.0
 
 
@@ -74,7 +73,7 @@ def stop_flush_timeout_s(environ: dict[str, str] | None = None) -> float:
     """``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S`` (default 2; 0 or less: no flush; a bad
     value: the default, logged)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_STOP_FLUSH_TIMEOUT_S, "").strip()
+    raw = env.get(env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S, "").strip()
     if not raw:
         return DEFAULT_STOP_FLUSH_TIMEOUT_S
     try:
@@ -82,7 +81,7 @@ def stop_flush_timeout_s(environ: dict[str, str] | None = None) -> float:
     except ValueError:
         _log.warning(
             "gym_telemetry: %s=%r is not a number; using %s",
-            ENV_STOP_FLUSH_TIMEOUT_S,
+            env_vars.GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S,
             raw,
             DEFAULT_STOP_FLUSH_TIMEOUT_S,
         )

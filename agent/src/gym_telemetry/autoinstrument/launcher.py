@@ -16,20 +16,21 @@ import importlib.metadata
 import os
 import sys
 
-from gym_telemetry.autoinstrument import ENV_ACTIVATE, activation_requested
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry.autoinstrument import activation_requested
 
 USAGE = "usage: gym-telemetry-run <command> [args...]"
 
 HELP = f"""{USAGE}
 
-Run <command> with NeMo Gym auto-instrumentation switched on: sets {ENV_ACTIVATE}=1
+Run <command> with NeMo Gym auto-instrumentation switched on: sets {env_vars.GYM_TELEMETRY}=1
 (keeping a value that already turns it on) and replaces itself with <command>. Every
 Python process it starts where gym-telemetry-agent is installed (`gym env start` and
 each Gym server it spawns, or one `python app.py`) traces its requests and sends OTLP
 to the local sidecar.
 
 environment read by the instrumentation (docs/agent.md has the full table):
-  {ENV_ACTIVATE}                        the switch (set to 1 here)
+  {env_vars.GYM_TELEMETRY}                        the switch (set to 1 here)
   OTEL_EXPORTER_OTLP_ENDPOINT          where spans go (default localhost:4317, the sidecar)
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT   the same, for traces only (wins over the above)
   OTEL_EXPORTER_OTLP_PROTOCOL          grpc (default) or http/protobuf
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gym-telemetry-run (gym-telemetry-agent {_version()})")
         return 0
     if not activation_requested():
-        os.environ[ENV_ACTIVATE] = "1"
+        os.environ[env_vars.GYM_TELEMETRY] = "1"
     try:
         os.execvp(args[0], args)
     except FileNotFoundError:

@@ -7,7 +7,7 @@ restores it into the rollout-correlation ContextVar (Gym's own), where every spa
 that request -- and Gym's own code -- finds it.
 
 A hop made while a recorded ``gym.rollout`` span encloses the code
-(``endpoints.ENCLOSING_ROLLOUT``) also carries the baggage member
+(``rollout_correlation.ENCLOSING_ROLLOUT``) also carries the baggage member
 ``nemo.gym.rollout.outer=1``: the receiving server's SERVER layer sets
 ``ENCLOSING_ROLLOUT`` for that request, so a ``/run`` relayed from inside a recorded
 rollout marks its own span nested. Without a recorded outer span (rollout group off on
@@ -16,8 +16,7 @@ outermost rollout.
 
 Only those two baggage keys are written and read; other baggage members in an incoming
 header are ignored, and an outgoing header that already has baggage keeps it. A rollout
-id that does not look like one (Gym's pattern: letters, digits, ``.``, ``_``, ``-``,
-not starting with ``.``/``_``/``-``; at most ``MAX_ROLLOUT_ID_CHARS``) is ignored.
+id that does not look like one (``rollout_correlation.valid_rollout_id``) is ignored.
 """
 
 from __future__ import annotations
@@ -39,20 +38,14 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gym_telemetry import rollout_correlation
-from gym_telemetry.endpoints import ENCLOSING_ROLLOUT
+from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT, valid_rollout_id
 
 #: The baggage key carrying the rollout id (same name as the span attribute).
 BAGGAGE_KEY: Final = semconv.ROLLOUT_ID
 #: The baggage key marking a hop made inside a recorded ``gym.rollout`` span.
-OUTER_BAGGAGE_KEY: Final = "nemo.gym.rollout.outer"
+OUTER_BAGGAGE_KEY: Final = semconv.ROLLOUT_OUTER_BAGGAGE
 #: The member written for it (the only value read as true).
 OUTER_BAGGAGE_MEMBER: Final = OUTER_BAGGAGE_KEY + "=1"
-#: Longest rollout id accepted from the wire.
-MAX_ROLLOUT_ID_CHARS: Final = 256
-#: Gym's URL prefix for rollout-scoped calls: ``/ng-rollout/<id>/...``.
-ROLLOUT_PATH_PREFIX: Final = "/ng-rollout/"
-
-_ROLLOUT_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _BAGGAGE_KEY_BYTES: Final = BAGGAGE_KEY.encode()
 _OUTER_KEY_BYTES: Final = OUTER_BAGGAGE_KEY.encode()
 _TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
@@ -63,19 +56,6 @@ _TRACEPARENT_00: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 # (fewer GC-tracked objects held by every queued span).
 _FLAGS: Final = tuple(TraceFlags(value) for value in range(256))
 _EMPTY_CONTEXT: Final = Context()
-
-
-def valid_rollout_id(value: str) -> bool:
-    """Whether ``value`` is an acceptable rollout id (pattern and length)."""
-    return len(value) <= MAX_ROLLOUT_ID_CHARS and _ROLLOUT_ID_RE.fullmatch(value) is not None
-
-
-def rollout_id_from_path(path: str) -> str | None:
-    """The id in a ``/ng-rollout/<id>/...`` path, or None."""
-    if not path.startswith(ROLLOUT_PATH_PREFIX):
-        return None
-    segment = path[len(ROLLOUT_PATH_PREFIX) :].split("/", 1)[0]
-    return segment if valid_rollout_id(segment) else None
 
 
 def rollout_id_from_baggage(header: bytes) -> str | None:

@@ -6,8 +6,9 @@ Two ways a route gets its span, never both:
    ``/v1/responses``, ``/verify`` and the model routes with
    ``nemo_gym.telemetry.endpoints.traced_*``. The integration replaces those three
    functions with ``traced_endpoint`` / ``traced_rollout_endpoint`` /
-   ``traced_verify_endpoint`` below, which delegate to ``gym_telemetry.endpoints`` and
-   mark the result.
+   ``traced_verify_endpoint`` below, which build the same wrappers as
+   ``gym_telemetry.endpoints`` (through ``gym_telemetry._engine``) with this module's
+   ``RouteHooks``, and mark the result.
 2. Every other route of a Gym server process, whoever registers it (a subclass after
    ``super()``, a server that builds its own ``FastAPI()``), goes through
    ``fastapi.routing.APIRouter.add_api_route``; ``instrument_route`` wraps it there when
@@ -30,7 +31,8 @@ path                        server type         group           span name
 
 Every request additionally gets its SERVER span from ``server_span``. The wrappers here
 also put the rollout id on that SERVER span once it is known (the agent's ``/run``
-learns it from the request body, after the SERVER span started).
+learns it from the request body, after the SERVER span started). Both steps are hooks of
+the one wrapper (``RouteHooks``), not wrappers of their own: one wrapper per route.
 
 ``/step`` is the environment step of the resources servers that build their own
 ``FastAPI()`` around a step loop (Gym's gymnasium base and its 8 servers, openenv,
@@ -40,7 +42,7 @@ Spans the route hook adds carry ``nemo.gym.server.name`` (the Gym server's confi
 as the spans of Gym's base-class call sites do.
 
 A ``/run`` is marked nested only when a *recorded* ``gym.rollout`` span encloses it:
-in this process (``endpoints.ENCLOSING_ROLLOUT``, set by the rollout wrapper), or
+in this process (``rollout_correlation.ENCLOSING_ROLLOUT``, set by the rollout wrapper), or
 upstream, when the request's baggage carries ``nemo.gym.rollout.outer=1`` (written by
 ``propagation.inject`` inside a recorded rollout; the SERVER layer sets
 ``ENCLOSING_ROLLOUT`` from it). A rollout id arriving by baggage or by the
@@ -51,18 +53,15 @@ Sync and async ``/run`` handlers are treated alike.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-import json
 import logging
-from collections.abc import Callable
+from contextvars import Token
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from gym_telemetry import endpoints, rollout_correlation, span_groups
+from gym_telemetry import _engine, rollout_correlation, span_groups
 from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,
@@ -76,20 +75,13 @@ _log = logging.getLogger(__name__)
 MARKER: Final = "_gym_telemetry_group"
 #: How deep to follow ``__wrapped__`` looking for the marker.
 MAX_UNWRAP_DEPTH: Final = 16
-#: Largest raw ``/run`` body read to find the rollout id (handlers taking ``Request``).
-MAX_RAW_BODY_BYTES: Final = 8 * 1024 * 1024
-
-SPAN_AGENT_RESPONSES: Final = "gym.agent.responses"
-SPAN_MODEL_RESPONSES: Final = "gym.model.responses"
-SPAN_MODEL_CHAT: Final = "gym.model.chat_completions"
-SPAN_MODEL_MESSAGES: Final = "gym.model.messages"
 
 _ROLLOUT_PREFIX: Final = "/ng-rollout/{"
 _TOKEN_CAPTURE: Final = "/training-token-capture"
 _MODEL_ROUTES: Final[dict[str, str]] = {
-    "/v1/responses": SPAN_MODEL_RESPONSES,
-    "/v1/chat/completions": SPAN_MODEL_CHAT,
-    "/v1/messages": SPAN_MODEL_MESSAGES,
+    "/v1/responses": semconv.SPAN_MODEL_RESPONSES,
+    "/v1/chat/completions": semconv.SPAN_MODEL_CHAT,
+    "/v1/messages": semconv.SPAN_MODEL_MESSAGES,
 }
 _ENABLED: Final = span_groups.ENABLED
 _SERVER: Final = semconv.GROUP_SERVER
@@ -118,7 +110,7 @@ def route_span(path: str, server_type: str | None) -> tuple[str, str] | None:
     if server_type == SERVER_TYPE_MODEL and path in _MODEL_ROUTES:
         return semconv.GROUP_MODEL_CALL, _MODEL_ROUTES[path]
     if server_type == SERVER_TYPE_AGENT and path == "/v1/responses":
-        return semconv.GROUP_AGENT, SPAN_AGENT_RESPONSES
+        return semconv.GROUP_AGENT, semconv.SPAN_AGENT_RESPONSES
     return None
 
 
@@ -154,6 +146,64 @@ def tag_server_span() -> None:
     span.set_attribute(semconv.ROLLOUT_ID, rollout_id)
 
 
+class RouteHooks(_engine.Hooks):
+    """The auto-instrumentation's steps in a route's one wrapper, before its gate:
+
+    - ``/run`` only (``body_rollout``): when no rollout id is known yet (Gym's, or
+      telemetry's from the hop) and some span group is on, the id derived from the
+      request body with Gym's own rule (``rollout_correlation.rollout_id_from_body``;
+      a sync handler: its parsed request models only) becomes telemetry's rollout id
+      for the call, before the rollout span starts. Whether the span is nested is not
+      decided here (module doc).
+    - every route: with group ``server`` on, the request's SERVER span gets the rollout
+      id if it lacks it (``tag_server_span``).
+
+    Best effort: a failure of either step is swallowed (the request is unaffected).
+    """
+
+    __slots__ = ("body_rollout",)
+
+    def __init__(self, body_rollout: bool = False) -> None:
+        self.body_rollout = body_rollout
+
+    def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
+        rollout_id = None
+        if self.body_rollout and _needs_body_id():
+            try:
+                rollout_id = rollout_correlation.rollout_id_from_models(kwargs)
+            except Exception:  # best effort
+                rollout_id = None
+        return _begin(rollout_id)
+
+    async def aenter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
+        rollout_id = None
+        if self.body_rollout and _needs_body_id():
+            try:
+                rollout_id = await rollout_correlation.rollout_id_from_body(kwargs)
+            except Exception:  # best effort
+                rollout_id = None
+        return _begin(rollout_id)
+
+    def leave(self, token: Token[Any]) -> None:
+        _OWN_ID.reset(token)
+
+
+_OWN_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
+_TAGGING: Final = RouteHooks()
+_RUN: Final = RouteHooks(body_rollout=True)
+
+
+def _begin(rollout_id: str | None) -> Token[Any] | None:
+    """Make ``rollout_id`` (if any) telemetry's id for the call, then tag the SERVER span."""
+    token = _OWN_ID.set(rollout_id) if rollout_id is not None else None
+    _tag()
+    return token
+
+
+def _needs_body_id() -> bool:
+    return bool(_ENABLED.groups) and rollout_correlation.current_rollout_id() is None
+
+
 def _tag() -> None:
     if _SERVER in _ENABLED.groups:
         try:
@@ -162,31 +212,13 @@ def _tag() -> None:
             _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
 
 
-def _tagging(traced: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a traced handler (sync or async) so the SERVER span gets the rollout id first."""
-    if inspect.iscoroutinefunction(traced):
-
-        @functools.wraps(traced)
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            _tag()
-            return await traced(*args, **kwargs)
-
-        return async_wrapper
-
-    @functools.wraps(traced)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _tag()
-        return traced(*args, **kwargs)
-
-    return wrapper
-
-
 def traced_endpoint(
     group: str, span_name: str, handler: Any, static_attributes: dict[str, Any] | None = None
 ) -> Any:
     """``gym_telemetry.endpoints.traced_endpoint``, marked, tagging the SERVER span."""
-    inner = endpoints.traced_endpoint(group, span_name, handler, static_attributes)
-    return _mark(_tagging(inner), group)
+    _engine.check_group(group, span_name)
+    wrapped = _engine.wrap(group, span_name, handler, static_attributes, hooks=_TAGGING)
+    return _mark(wrapped, group)
 
 
 def traced_rollout_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
@@ -195,109 +227,20 @@ def traced_rollout_endpoint(handler: Any, static_attributes: dict[str, Any] | No
     When Gym has not set a rollout id (capture off), the id is derived from the ``/run``
     body with Gym's own rule, as telemetry's id, before the rollout span starts.
     """
-    inner = _tagging(endpoints.traced_rollout_endpoint(handler, static_attributes))
-    return _mark(_with_body_rollout(inner), semconv.GROUP_ROLLOUT)
+    wrapped = _engine.wrap_rollout(handler, static_attributes, hooks=_RUN)
+    return _mark(wrapped, semconv.GROUP_ROLLOUT)
 
 
 def traced_verify_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
     """``gym_telemetry.endpoints.traced_verify_endpoint``, marked, tagging the SERVER span."""
-    inner = endpoints.traced_verify_endpoint(handler, static_attributes)
-    return _mark(_tagging(inner), semconv.GROUP_VERIFY)
+    wrapped = _engine.wrap_verify(semconv.SPAN_VERIFY, handler, static_attributes, _TAGGING)
+    return _mark(wrapped, semconv.GROUP_VERIFY)
 
 
 def traced_env_step_endpoint(handler: Any, static_attributes: dict[str, Any] | None = None) -> Any:
     """``gym_telemetry.endpoints.traced_env_step_endpoint``, marked, tagging the SERVER span."""
-    inner = endpoints.traced_env_step_endpoint(handler, static_attributes)
-    return _mark(_tagging(inner), semconv.GROUP_VERIFY)
-
-
-def _id_from(value: Any) -> str | None:
-    episode = getattr(value, "episode_id", None)
-    key = getattr(episode, "capture_key", None)
-    if isinstance(key, str) and key:
-        return key
-    try:
-        from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
-
-        found = maybe_rollout_id_from_run_body(value)
-    except Exception:  # not a run body, or a malformed id: no id
-        found = None
-    return found if isinstance(found, str) and found else None
-
-
-def _rollout_id_from_models(kwargs: dict[str, Any]) -> str | None:
-    """The rollout id of a ``/run``'s parsed request models, or None."""
-    for value in kwargs.values():
-        found = _id_from(value)
-        if found is not None:
-            return found
-    return None
-
-
-async def _rollout_id_from_body(kwargs: dict[str, Any]) -> str | None:
-    """The rollout id of a ``/run`` body (Gym's rule, or an episode's capture key).
-
-    Parsed request models are tried first. A handler that takes the raw ``Request``
-    (Gym's ``legacy_agent`` relay) has its JSON body read -- Starlette caches it, so
-    the handler reads the same bytes -- when it is at most ``MAX_RAW_BODY_BYTES``.
-    """
-    found = _rollout_id_from_models(kwargs)
-    if found is not None:
-        return found
-    for value in kwargs.values():
-        if not (hasattr(value, "body") and hasattr(value, "headers")):
-            continue
-        length = value.headers.get("content-length")
-        if length is None or not length.isdigit() or int(length) > MAX_RAW_BODY_BYTES:
-            continue
-        try:
-            parsed = json.loads(await value.body())
-        except Exception:  # not JSON: no id
-            continue
-        found = _id_from(parsed) if isinstance(parsed, dict) else None
-        if found is not None:
-            return found
-    return None
-
-
-def _with_body_rollout(traced: Callable[..., Any]) -> Callable[..., Any]:
-    """Set the rollout id from the ``/run`` body before the rollout span starts.
-
-    Only when no id is known yet (Gym's, or telemetry's from the hop). A sync handler
-    gets the id from its parsed request models (a raw ``Request`` body can only be read
-    by awaiting). Whether the span is nested is not decided here (module doc).
-    """
-    if inspect.iscoroutinefunction(traced):
-
-        @functools.wraps(traced)
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not _ENABLED.groups or rollout_correlation.current_rollout_id() is not None:
-                return await traced(*args, **kwargs)
-            try:
-                rollout_id = await _rollout_id_from_body(kwargs)
-            except Exception:  # best effort
-                rollout_id = None
-            if rollout_id is None:
-                return await traced(*args, **kwargs)
-            with rollout_correlation.own_rollout_context(rollout_id):
-                return await traced(*args, **kwargs)
-
-        return async_wrapper
-
-    @functools.wraps(traced)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _ENABLED.groups or rollout_correlation.current_rollout_id() is not None:
-            return traced(*args, **kwargs)
-        try:
-            rollout_id = _rollout_id_from_models(kwargs)
-        except Exception:  # best effort
-            rollout_id = None
-        if rollout_id is None:
-            return traced(*args, **kwargs)
-        with rollout_correlation.own_rollout_context(rollout_id):
-            return traced(*args, **kwargs)
-
-    return wrapper
+    wrapped = _engine.wrap_verify(semconv.SPAN_ENV_STEP, handler, static_attributes, _TAGGING)
+    return _mark(wrapped, semconv.GROUP_VERIFY)
 
 
 def instrument_route(path: str, endpoint: Any) -> Any:

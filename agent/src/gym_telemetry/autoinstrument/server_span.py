@@ -13,13 +13,13 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    for the whole request (``rollout_correlation.ROLLOUT_ID_VAR``, read as the fallback
    when Gym has no id; Gym's own ContextVar is not touched). A ``nemo.gym.rollout.outer=1``
    baggage member (the caller made the hop inside a recorded ``gym.rollout`` span) sets
-   ``endpoints.ENCLOSING_ROLLOUT`` for the request, so a ``/run`` it reaches -- sync or
+   ``rollout_correlation.ENCLOSING_ROLLOUT`` for the request, so a ``/run`` it reaches -- sync or
    async -- is marked nested.
 3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
    of the remote parent, current for the request, recorded through the lean path of
-   ``gym_telemetry.recording`` (``GYM_TELEMETRY_RECORDER=sdk``: ``Tracer.start_span``).
+   ``gym_telemetry._lean`` (``GYM_TELEMETRY_RECORDER=sdk``: ``Tracer.start_span``).
    Named ``<METHOD> <route template>`` when routing matched,
    ``<METHOD> <path after the /ng-rollout/<id> prefix>`` for Gym's rollout-prefixed
    calls that Gym's ``RolloutContextMiddleware`` routed on a copy of the scope (their
@@ -45,18 +45,22 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry import rollout_correlation, span_groups
+from gym_telemetry import span_groups
+from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
-    ROLLOUT_PATH_PREFIX,
     extract_parent,
     outer_rollout_in_baggage,
     rollout_id_from_baggage,
+)
+from gym_telemetry.rollout_correlation import (
+    ENCLOSING_ROLLOUT,
+    ROLLOUT_PATH_PREFIX,
+    call_with_rollout_id,
     rollout_id_from_path,
 )
-from gym_telemetry.endpoints import ENCLOSING_ROLLOUT
-from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
 
 _log = logging.getLogger(__name__)
 
@@ -72,7 +76,6 @@ MAX_PREFIXED_ROUTES: Final = 1024
 _GROUP: Final = semconv.GROUP_SERVER
 _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
-_ROLLOUT_VAR: Final = rollout_correlation.ROLLOUT_ID_VAR
 _ENCLOSING: Final = ENCLOSING_ROLLOUT
 _SERVER: Final = SpanKind.SERVER
 
@@ -190,7 +193,7 @@ class ServerSpanMiddleware:
     async def _call(
         self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
     ) -> None:
-        await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+        await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
 
     async def _without_span(
         self,
@@ -272,27 +275,13 @@ class RolloutCorrelationMiddleware:
             except Exception:  # bad headers must not fail the request
                 _record_failure("header parsing")
         if not outer:
-            await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+            await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
             return
         token = _ENCLOSING.set(True)
         try:
-            await _call_with_rollout_id(self.app, scope, receive, send, rollout_id)
+            await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
         finally:
             _ENCLOSING.reset(token)
-
-
-async def _call_with_rollout_id(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
-) -> None:
-    """Run ``app`` with ``rollout_id`` as telemetry's rollout id (if there is one)."""
-    if rollout_id is None:
-        await app(scope, receive, send)
-        return
-    token = _ROLLOUT_VAR.set(rollout_id)
-    try:
-        await app(scope, receive, send)
-    finally:
-        _ROLLOUT_VAR.reset(token)
 
 
 class _StatusSend:

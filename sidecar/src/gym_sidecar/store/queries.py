@@ -57,6 +57,15 @@ class RolloutSummary:
 
 
 @dataclass(frozen=True)
+class SpanEvent:
+    """One event of a stored span."""
+
+    time_ns: int
+    name: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SpanRecord:
     """One stored span, as the trace view reads it."""
 
@@ -73,6 +82,13 @@ class SpanRecord:
     scope: str
     rollout_id: str | None
     attributes: dict[str, Any] = field(default_factory=dict)
+    events: tuple[SpanEvent, ...] = ()
+    links: tuple[tuple[str, str], ...] = ()
+    """(trace id, span id) hex of each link."""
+    resource: dict[str, Any] = field(default_factory=dict)
+    scope_version: str = ""
+    stored_ns: int = 0
+    """When the request that brought the span was stored."""
 
     @property
     def duration_ms(self) -> float:
@@ -100,12 +116,18 @@ def rollouts(
     slowest: int | None = None,
     limit: int = 20,
     now_ns: int | None = None,
+    min_duration_s: float | None = None,
+    max_duration_s: float | None = None,
+    rollout_id: str | None = None,
+    offset: int = 0,
 ) -> list[RolloutSummary]:
     """Rollouts started in the last ``since_s`` seconds (all when None).
 
     Newest first, or the ``slowest`` N longest first. ``service`` keeps rollouts whose
-    trace has a span of that service (exact name or a substring). ``limit`` bounds the
-    rows returned (``slowest`` replaces it when given).
+    trace has a span of that service (exact name or a substring). ``min_duration_s`` /
+    ``max_duration_s`` keep rollouts at least / less than that long, ``rollout_id`` the
+    rollout of that id. ``limit`` bounds the rows returned (``slowest`` replaces it when
+    given), after skipping the first ``offset`` matching rows.
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     where = ["name = ?", OUTERMOST_ROLLOUT]
@@ -113,12 +135,21 @@ def rollouts(
     if since_s is not None:
         where.append("start_ns >= ?")
         args.append(now_ns - int(since_s * 1e9))
+    if min_duration_s is not None:
+        where.append("end_ns - start_ns >= ?")
+        args.append(int(min_duration_s * 1e9))
+    if max_duration_s is not None:
+        where.append("end_ns - start_ns < ?")
+        args.append(int(max_duration_s * 1e9))
+    if rollout_id is not None:
+        where.append("rollout_id = ?")
+        args.append(rollout_id)
     order = "end_ns - start_ns DESC" if slowest is not None else "start_ns DESC"
     tail = ""
     if not failed_only and service is None:
         # no filter on what the trace holds: the database can stop early
         tail = " LIMIT ?"
-        args.append(slowest if slowest is not None else limit)
+        args.append(slowest if slowest is not None else limit + offset)
     rows = conn.execute(
         "SELECT rollout_id, trace_id, start_ns, end_ns, status_code FROM gym_spans "
         f"WHERE {' AND '.join(where)} ORDER BY {order}{tail}",
@@ -176,7 +207,7 @@ def rollouts(
     if slowest is not None:
         out.sort(key=lambda s: s.duration_ms, reverse=True)
         return out[:slowest]
-    return out[:limit]
+    return out[offset : offset + limit]
 
 
 def find_traces(conn: sqlite3.Connection, ident: str) -> list[str]:
@@ -211,14 +242,15 @@ def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
     tid = bytes.fromhex(trace_id)
     out: list[SpanRecord] = []
     seen: set[bytes] = set()
-    for (payload,) in conn.execute(
-        "SELECT b.payload FROM traces t JOIN batches b ON b.id = t.batch_id "
+    for payload, stored_ns in conn.execute(
+        "SELECT b.payload, b.stored_ns FROM traces t JOIN batches b ON b.id = t.batch_id "
         "WHERE t.trace_id = ? ORDER BY b.id",
         (tid,),
     ):
         request = ExportTraceServiceRequest.FromString(payload)
         for rs in request.resource_spans:
             service = service_of(rs.resource)
+            resource = attributes(rs.resource.attributes, _NO_LIMIT)
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     if span.trace_id != tid or span.span_id in seen:
@@ -241,6 +273,20 @@ def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
                             scope=ss.scope.name,
                             rollout_id=None if rollout is None else str(rollout),
                             attributes=attrs,
+                            events=tuple(
+                                SpanEvent(
+                                    int(e.time_unix_nano),
+                                    e.name,
+                                    attributes(e.attributes, _NO_LIMIT),
+                                )
+                                for e in span.events
+                            ),
+                            links=tuple(
+                                (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                            ),
+                            resource=resource,
+                            scope_version=ss.scope.version,
+                            stored_ns=int(stored_ns),
                         )
                     )
     out.sort(key=lambda s: (s.start_ns, s.span_id))
@@ -260,3 +306,49 @@ def store_counts(conn: sqlite3.Connection) -> dict[str, int]:
         ),
         "metric_points": int(conn.execute("SELECT count(*) FROM metric_points").fetchone()[0]),
     }
+
+
+def service_names(conn: sqlite3.Connection) -> list[str]:
+    """Every service with a stored span, sorted."""
+    names: set[str] = set()
+    for (services,) in conn.execute("SELECT DISTINCT services FROM traces"):
+        names.update(s for s in str(services).split(",") if s)
+    return sorted(names)
+
+
+def recent_traces(
+    conn: sqlite3.Connection,
+    *,
+    service: str | None = None,
+    rollout_id: str | None = None,
+    stored_after_ns: int | None = None,
+    stored_before_ns: int | None = None,
+    limit: int = 1000,
+) -> list[str]:
+    """Trace ids (hex) with a span of ``service`` (exact name) / of rollout ``rollout_id``
+    whose requests were stored in the window, most recently stored first; at most
+    ``limit``. A candidate list for searches that then read each trace."""
+    where: list[str] = []
+    args: list[Any] = []
+    if service is not None:
+        where.append("(',' || t.services || ',') LIKE ? ESCAPE '\\'")
+        escaped = service.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        args.append("%," + escaped + ",%")
+    if rollout_id is not None:
+        where.append("t.trace_id IN (SELECT trace_id FROM gym_spans WHERE rollout_id = ?)")
+        args.append(rollout_id)
+    if stored_after_ns is not None:
+        where.append("b.stored_ns >= ?")
+        args.append(stored_after_ns)
+    if stored_before_ns is not None:
+        where.append("b.stored_ns <= ?")
+        args.append(stored_before_ns)
+    sql = (
+        "SELECT t.trace_id, max(t.batch_id) AS last FROM traces t "
+        "JOIN batches b ON b.id = t.batch_id"
+    )
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " GROUP BY t.trace_id ORDER BY last DESC LIMIT ?"
+    args.append(limit)
+    return [bytes(r[0]).hex() for r in conn.execute(sql, args)]

@@ -182,3 +182,39 @@ def compute(conn: sqlite3.Connection, window_s: float | None, now_ns: int | None
         verify_points=_histogram(conn, semconv.METRIC_VERIFY_DURATION, since_ns),
         verify_point_success=(ok, total),
     )
+
+
+@dataclass(frozen=True)
+class SpanSample:
+    """One stored rollout or verify span, as the web view's charts read it."""
+
+    start_ns: int
+    duration_ms: float
+    completed: bool
+    """For a verify span: the verification completed (``succeeded`` not false, no ERROR)."""
+
+
+def span_samples(
+    conn: sqlite3.Connection, name: str, window_s: float | None, now_ns: int | None = None
+) -> list[SpanSample]:
+    """Every stored ``name`` span (``gym.rollout``: outermost ones only) started in the
+    last ``window_s`` seconds (all when None), by start time."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    since_ns = None if window_s is None else now_ns - int(window_s * 1e9)
+    sql = "SELECT start_ns, end_ns, attributes, status_code FROM gym_spans WHERE name = ?"
+    if name == semconv.SPAN_ROLLOUT:
+        sql += f" AND {OUTERMOST_ROLLOUT}"
+    args: list[Any] = [name]
+    if since_ns is not None:
+        sql += " AND start_ns >= ?"
+        args.append(since_ns)
+    out = [
+        SpanSample(
+            int(r["start_ns"]),
+            max(0, r["end_ns"] - r["start_ns"]) / 1e6,
+            json.loads(r["attributes"]).get(semconv.VERIFY_SUCCEEDED) is not False
+            and int(r["status_code"]) != STATUS_ERROR,
+        )
+        for r in conn.execute(sql + " ORDER BY start_ns", args)
+    ]
+    return out

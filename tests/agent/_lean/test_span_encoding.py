@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gym_telemetry._export import grpc_exporter, otlp_wire, span_encoding
-from gym_telemetry._export.probes import probe_spans
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean import grpc_exporter, otlp_wire, span_encoding
+from gym_telemetry._lean.probes import probe_spans
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -127,7 +128,7 @@ def test_a_failed_self_check_selects_the_stock_exporter(
 
 
 def test_environment_forces_the_stock_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(grpc_exporter.ENV_ENCODER, "sdk")
+    monkeypatch.setenv(env_vars.GYM_TELEMETRY_ENCODER, "sdk")
     exporter = grpc_exporter.make_grpc_exporter("127.0.0.1:1", insecure=True)
     try:
         assert type(exporter) is OTLPSpanExporter

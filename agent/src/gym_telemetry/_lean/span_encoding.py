@@ -23,7 +23,7 @@ Contract:
 - Same message as ``encode_spans`` (same grouping by resource then scope, in first-seen
   order; same fields), checked against the stock encoder on probe spans of every shape
   (``probes``) by ``grpc_exporter.self_check()`` before use and by
-  ``tests/agent/_export/test_span_encoding.py``.
+  ``tests/agent/_lean/test_span_encoding.py``.
 - A value ``encode_spans`` would log and skip (an unknown type, an integer outside
   int64, a string that is not valid UTF-8) makes ``encode_request`` raise
   ``UnsupportedValue``; the caller encodes that batch with ``encode_spans`` instead.
@@ -46,7 +46,7 @@ from typing import Any, Final
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_telemetry._export.otlp_wire import (
+from gym_telemetry._lean.otlp_wire import (
     KEY_PREFIXES,
     T_AV_INT,
     T_AV_STRING,
@@ -245,7 +245,7 @@ def _is_plain(cls: type) -> bool:
             and (
                 getattr(cls, "get_span_context", None) is ReadableSpan.get_span_context
                 # a class that says its own get_span_context returns the field
-                # (``recording.LeanSpan``; covered by the self-check's probes)
+                # (``span.LeanSpan``; covered by the self-check's probes)
                 or cls.__dict__.get("span_context_is_field") is True
             )
         )

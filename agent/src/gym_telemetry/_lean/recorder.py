@@ -1,5 +1,7 @@
 """How the endpoint wrappers record a span: a lean path over the SDK's own pipeline.
 
+(The span itself is ``span.LeanSpan``; this module chooses and runs the recorders.)
+
 A stock SDK span (``Tracer.start_span`` + ``end``) spends most of its time on generality
 the wrappers do not need: it copies and re-validates every attribute through
 ``BoundedAttributes`` (with a lock per write), builds a second ``ReadableSpan`` copy at
@@ -35,191 +37,43 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, Final
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
+from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.util import types as otel_types
 
-from gym_telemetry._export.processor import GymSpanProcessor
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean.sdk_hooks import SPAN_KEY
+from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
 
 _log = logging.getLogger(__name__)
 
-#: ``sdk`` forces every span through ``Tracer.start_span`` (default: ``lean``).
-ENV_RECORDER: Final = "GYM_TELEMETRY_RECORDER"
-
-try:  # where the API keeps the current span in a Context (stable since 1.0)
-    from opentelemetry.trace.propagation import _SPAN_KEY as SPAN_KEY
-except ImportError:  # pragma: no cover - very old or very new API
-    SPAN_KEY = "current-span"
-
-_time_ns = time.time_ns
 _get_current = context_api.get_current
 _set_value = context_api.set_value
 _attach = context_api.attach
 _detach = context_api.detach
 _INTERNAL: Final = SpanKind.INTERNAL
-_UNSET_STATUS: Final = Status(StatusCode.UNSET)
 _RANDOM_BIT: Final = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 _FLAGS_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _FLAGS_SAMPLED_RANDOM: Final = TraceFlags(TraceFlags.SAMPLED | _RANDOM_BIT)
 _EMPTY_STATE: Final = trace_api.TraceState()
-_MAX_ATTRIBUTES: Final = 128
-_MAX_EVENTS: Final = 128
 
 # Processors whose on_start / _on_ending do nothing: the lean path skips calling them.
-_QUIET_PROCESSORS: Final = (BatchSpanProcessor, SimpleSpanProcessor, GymSpanProcessor)
+# A processor class of this package says so itself with ``quiet_span_hooks = True``
+# (``_export.processor.GymSpanProcessor``), so this package imports nothing above it.
+_QUIET_PROCESSORS: Final = (BatchSpanProcessor, SimpleSpanProcessor)
 
 
-def clean_value(value: Any) -> Any:
-    """An attribute value OpenTelemetry accepts, or None to drop it: a bool, str, int or
-    float, or a homogeneous sequence of one of those (returned as a tuple)."""
-    if isinstance(value, bool | str | int | float):
-        return value
-    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
-        items = tuple(value)
-        kinds = {type(v) for v in items}
-        if not kinds or (len(kinds) == 1 and kinds <= {bool, str, int, float}):
-            return items
-    return None
-
-
-class LeanSpan(trace_api.Span, ReadableSpan):
-    """A recording span that is its own ``ReadableSpan`` (see the module docstring).
-
-    Not thread-safe for concurrent writers (one request's code writes to it); writes
-    after ``end`` are ignored.
-    """
-
-    #: ``get_span_context`` returns the ``_context`` field, as ``ReadableSpan``'s does: the
-    #: lean encoder may read the fields directly (``span_encoding._is_plain``).
-    span_context_is_field: Final = True
-
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        recorder: LeanRecorder,
-        attributes: dict[str, Any],
-        *,
-        kind: SpanKind = _INTERNAL,
-    ) -> None:
-        # The fields ReadableSpan.__init__ sets (checked by LeanRecorder's self-check).
-        self._name = name
-        self._context = context
-        self._kind = kind
-        self._instrumentation_info = recorder.instrumentation_info
-        self._instrumentation_scope = recorder.instrumentation_scope
-        self._parent = parent
-        self._start_time = _time_ns()
-        self._end_time: int | None = None
-        self._attributes = attributes
-        self._attrs = attributes  # the same dict, typed for writing
-        self._events: tuple[Event, ...] | list[Event] = ()
-        self._links: tuple[trace_api.Link, ...] = ()
-        self._resource = recorder.resource
-        self._status = _UNSET_STATUS
-        self._recorder = recorder
-        self._token: object = None
-
-    # --- trace_api.Span -------------------------------------------------------------------
-    def get_span_context(self) -> SpanContext:
-        return self._context  # type: ignore[return-value]
-
-    def is_recording(self) -> bool:
-        return self._end_time is None
-
-    def set_attribute(self, key: str, value: otel_types.AttributeValue) -> None:
-        if self._end_time is not None or not key:
-            return
-        cleaned = clean_value(value)
-        if cleaned is None:
-            return
-        attributes = self._attrs
-        if key in attributes or len(attributes) < _MAX_ATTRIBUTES:
-            attributes[key] = cleaned
-
-    def set_attributes(self, attributes: Mapping[str, otel_types.AttributeValue]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
-
-    def add_event(
-        self,
-        name: str,
-        attributes: otel_types.Attributes = None,
-        timestamp: int | None = None,
-    ) -> None:
-        if self._end_time is not None:
-            return
-        events = self._events
-        if not isinstance(events, list):
-            events = self._events = list(events)
-        if len(events) >= _MAX_EVENTS:
-            return
-        clean = {}
-        for key, value in (attributes or {}).items():
-            cleaned = clean_value(value)
-            if cleaned is not None:
-                clean[key] = cleaned
-        events.append(Event(name, MappingProxyType(clean), timestamp or _time_ns()))
-
-    def add_link(self, context: SpanContext, attributes: otel_types.Attributes = None) -> None:
-        if self._end_time is not None or not context.is_valid:
-            return
-        self._links = (*self._links, trace_api.Link(context, attributes))
-
-    def update_name(self, name: str) -> None:
-        if self._end_time is None:
-            self._name = name
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if self._end_time is not None:
-            return
-        new = status if isinstance(status, Status) else Status(status, description)
-        # Same precedence as the SDK: OK is final, UNSET never overrides.
-        if self._status.status_code is StatusCode.OK or new.status_code is StatusCode.UNSET:
-            return
-        self._status = new
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: otel_types.Attributes = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        import traceback  # only on the error path
-
-        stacktrace = "".join(
-            traceback.format_exception(type(exception), exception, exception.__traceback__)
-        )
-        event_attributes: dict[str, Any] = {
-            "exception.type": type(exception).__qualname__,
-            "exception.message": str(exception),
-            "exception.stacktrace": stacktrace,
-            "exception.escaped": str(escaped),
-        }
-        if attributes:
-            event_attributes.update(attributes)
-        self.add_event("exception", event_attributes, timestamp)
-
-    def end(self, end_time: int | None = None) -> None:
-        if self._end_time is not None:
-            return
-        self._end_time = end_time if end_time is not None else _time_ns()
-        if isinstance(self._events, list):
-            self._events = tuple(self._events)
-        self._recorder.ended(self)
+def _is_quiet(processor: object) -> bool:
+    return isinstance(processor, _QUIET_PROCESSORS) or (
+        getattr(type(processor), "quiet_span_hooks", False) is True
+    )
 
 
 class SdkRecorder:
@@ -262,14 +116,14 @@ class LeanRecorder:
         self.processor = tracer.span_processor
         self._seen_processors: object = None
         self._quiet = False
-        self.max_attributes = _MAX_ATTRIBUTES
+        self.max_attributes = MAX_ATTRIBUTES
 
     def _processors_quiet(self) -> bool:
         processors = getattr(self.processor, "_span_processors", None)
         if processors is None:
             return False
         if processors is not self._seen_processors:
-            self._quiet = all(isinstance(p, _QUIET_PROCESSORS) for p in processors)
+            self._quiet = all(_is_quiet(p) for p in processors)
             self._seen_processors = processors
         return self._quiet
 
@@ -471,7 +325,7 @@ def recorder_for(tracer: trace_api.Tracer) -> LeanRecorder | SdkRecorder:
         if inner is None:
             return SdkRecorder(tracer, provisional=True)  # no provider yet: resolve again
         real = inner
-    if os.environ.get(ENV_RECORDER, "").strip().lower() == "sdk":
+    if os.environ.get(env_vars.GYM_TELEMETRY_RECORDER, "").strip().lower() == "sdk":
         return SdkRecorder(real)
     if not isinstance(real, sdk_trace.Tracer):
         return SdkRecorder(real)

@@ -3,7 +3,7 @@ batch encoder.
 
 ``make_grpc_exporter(endpoint, insecure)`` returns the SDK's ``OTLPSpanExporter``
 (same channel, retries, timeout, headers, compression, TLS, ``OTEL_EXPORTER_OTLP_*``
-handling) whose per-batch encoding step is ``gym_telemetry._export.span_encoding``: the batch is
+handling) whose per-batch encoding step is ``gym_telemetry._lean.span_encoding``: the batch is
 written straight to OTLP bytes and parsed once by the protobuf runtime (C), instead of
 being built as Python protobuf objects span by span (see that module for the figures).
 
@@ -38,12 +38,10 @@ from typing import Any, Final
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gym_telemetry._export import span_encoding
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean import span_encoding
 
 _log = logging.getLogger(__name__)
-
-#: ``sdk`` forces the exporter's stock encoder (default: ``lean``).
-ENV_ENCODER: Final = "GYM_TELEMETRY_ENCODER"
 
 
 class LeanEncodingStats:
@@ -64,7 +62,7 @@ _check_result: list[bool] = []
 
 def lean_encoding_requested() -> bool:
     """False when ``GYM_TELEMETRY_ENCODER=sdk``."""
-    return os.environ.get(ENV_ENCODER, "").strip().lower() != "sdk"
+    return os.environ.get(env_vars.GYM_TELEMETRY_ENCODER, "").strip().lower() != "sdk"
 
 
 def translate(spans: Sequence[ReadableSpan | bytes]) -> Any:
@@ -119,7 +117,7 @@ def _run_self_check() -> bool:
             ExportTraceServiceRequest,
         )
 
-        from gym_telemetry._export.probes import probe_spans
+        from gym_telemetry._lean.probes import probe_spans
 
         spans = probe_spans()
         lean = ExportTraceServiceRequest.FromString(span_encoding.encode_request(spans))

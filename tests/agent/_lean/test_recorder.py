@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gym_telemetry import recording
-from gym_telemetry.recording import LeanRecorder, LeanSpan, SdkRecorder, recorder_for
+from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
+from gym_telemetry._lean.span import LeanSpan, clean_value
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -54,7 +55,7 @@ def test_lean_recorder_is_chosen_for_an_sdk_tracer(pipeline: Pipeline) -> None:
 def test_sdk_recorder_forced_by_environment(
     pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(recording.ENV_RECORDER, "sdk")
+    monkeypatch.setenv(env_vars.GYM_TELEMETRY_RECORDER, "sdk")
     assert isinstance(recorder_for(pipeline.tracer), SdkRecorder)
 
 
@@ -178,9 +179,9 @@ def test_processors_with_start_hooks_are_called() -> None:
 
 
 def test_clean_value() -> None:
-    assert recording.clean_value("x") == "x"
-    assert recording.clean_value([1, 2]) == (1, 2)
-    assert recording.clean_value([1, "a"]) is None
-    assert recording.clean_value(b"bytes") is None
-    assert recording.clean_value(None) is None
-    assert recording.clean_value({"a": 1}) is None
+    assert clean_value("x") == "x"
+    assert clean_value([1, 2]) == (1, 2)
+    assert clean_value([1, "a"]) is None
+    assert clean_value(b"bytes") is None
+    assert clean_value(None) is None
+    assert clean_value({"a": 1}) is None

@@ -2,7 +2,7 @@
 
 ``probe_spans()`` returns ended spans built with the installed SDK: SDK spans (events,
 links, remote and local parents, trace state, error status with a description, every
-attribute type, long values), a lean-recorded span (``gym_telemetry.recording``), raw
+attribute type, long values), a lean-recorded span (``gym_telemetry._lean.recorder``), raw
 ``ReadableSpan`` objects carrying values the SDK's attribute cleaning would reject
 (maps, ``None``, bytes, negative and large integers), a span class that overrides a
 property, two equal but distinct resources, scopes with and without version, schema URL
@@ -100,7 +100,7 @@ def _sdk_spans(provider: TracerProvider) -> list[ReadableSpan]:
 
 
 def _lean_span(provider: TracerProvider, done: list[ReadableSpan]) -> None:
-    from gym_telemetry.recording import recorder_for
+    from gym_telemetry._lean.recorder import recorder_for
 
     recorder = recorder_for(provider.get_tracer("gym_telemetry.rollout"))
     span, token = recorder.start("gym.rollout", {"nemo.gym.rollout.id": "12-3", "n": 4})

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gym_telemetry import recording
-from gym_telemetry._export import grpc_exporter, span_encoding
 from gym_telemetry._export.processor import GymSpanProcessor, batch_queue
-from gym_telemetry.recording import LeanRecorder, SdkRecorder, recorder_for
+from gym_telemetry._lean import grpc_exporter, span_encoding
+from gym_telemetry._lean import recorder as recording
+from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gym_telemetry import recording
-from gym_telemetry._export import grpc_exporter, span_encoding
-from gym_telemetry._export.otlp_wire import UnsupportedValue
-from gym_telemetry._export.probes import probe_spans
 from gym_telemetry._export.processor import GymSpanProcessor, TrackingExporter
-from gym_telemetry.recording import LeanRecorder, recorder_for
+from gym_telemetry._lean import grpc_exporter, span_encoding
+from gym_telemetry._lean import recorder as recording
+from gym_telemetry._lean.otlp_wire import UnsupportedValue
+from gym_telemetry._lean.probes import probe_spans
+from gym_telemetry._lean.recorder import LeanRecorder, recorder_for
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,

@@ -1,7 +1,7 @@
 """Protocol Buffers wire format for OTLP's common messages: varints, length-prefixed
 fields, ``KeyValue`` / ``AnyValue`` (as the SDK's ``_encode_value`` builds them).
 
-Used by ``gym_telemetry._export.span_encoding``. Functions return the bytes of one field (tag,
+Used by ``gym_telemetry._lean.span_encoding``. Functions return the bytes of one field (tag,
 length and payload) or of a message payload. Values the stock encoder would log and
 skip (an unknown type, an integer outside int64, a string that is not valid UTF-8)
 raise ``UnsupportedValue``. The attribute-key cache is bounded (``MAX_CACHED_KEYS``

@@ -1,0 +1,471 @@
+"""The engine behind the endpoint wrappers (private; the API is ``gym_telemetry.endpoints``).
+
+One wrapper per wrapped handler, one sync/async pair in the whole agent
+(``make_wrapper``). What is fixed at wrap time for a handler (its group, span name,
+frozen static attributes, whether it reads Gym's in-band failure markers, whether it is a
+rollout) is a ``Site``; the wrapper calls it to start and end the span. The contract the
+wrappers keep is the one written in ``gym_telemetry.endpoints``.
+
+``Hooks`` are steps of the auto-instrumentation that run in the same wrapper, before the
+gate: setting the rollout id from a ``/run`` body and tagging the request's SERVER span
+with the rollout id (``autoinstrument.routes.RouteHooks``). A wrapper without hooks (the
+seed API's) tests its group first and does nothing else when it is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import Token
+from typing import Any, Final, cast
+
+import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv.ratelimit import rate_limit
+from opentelemetry import context as context_api
+from opentelemetry.trace import Span, Status, StatusCode
+
+from gym_telemetry import rollout_correlation, span_groups
+from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
+from gym_telemetry._lean.span import LeanSpan, clean_value
+from gym_telemetry.outcomes import failure_of
+from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT
+
+#: The wrappers log under the public module's name (what users filter on).
+_log = logging.getLogger("gym_telemetry.endpoints")
+
+ROLLOUT_ID_ATTRIBUTE: Final = semconv.ROLLOUT_ID
+
+_ENABLED: Final = span_groups.ENABLED
+_tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
+_tracer_for = span_groups.tracer_for
+_current_rollout_id = rollout_correlation.current_rollout_id
+_detach = context_api.detach
+
+_NESTED: Final[dict[str, bool]] = {semconv.ROLLOUT_NESTED: True}
+
+
+# --- telemetry failures: counted, logged rate-limited -------------------------------------
+
+
+class _ErrorCounter:
+    """Counts telemetry failures; logs them through a rate-limited logger (at most one
+    WARNING per minute, the next one saying how many were suppressed)."""
+
+    __slots__ = ("count", "lock")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def record(self, where: str, exc: BaseException) -> None:
+        try:
+            with self.lock:
+                self.count += 1
+            _failure_log.warning(
+                "gym_telemetry: telemetry failure in %s (%r); the handler was not affected",
+                where,
+                exc,
+            )
+        except Exception:  # logging itself failed; nothing more we can do safely
+            pass
+
+
+#: Its own logger, so the rate limit applies to the failure stream and not to the
+#: wrap-time warnings of this module.
+_failure_log = logging.getLogger("gym_telemetry.endpoints.failures")
+rate_limit(_failure_log)
+
+
+_ERRORS: Final = _ErrorCounter()
+
+
+def telemetry_errors() -> int:
+    """How many telemetry failures the wrappers have swallowed in this process."""
+    return _ERRORS.count
+
+
+# --- wrap-time helpers --------------------------------------------------------------------
+
+
+def _freeze_attributes(static_attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Copy the static attributes once, keeping only values OpenTelemetry accepts."""
+    out: dict[str, Any] = {}
+    if not static_attributes:
+        return out
+    for key, value in dict(static_attributes).items():
+        if not isinstance(key, str) or not key:
+            _log.warning("gym_telemetry: dropping static attribute with key %r", key)
+            continue
+        if value is None:
+            continue
+        cleaned = clean_value(value)
+        out[key] = cleaned if cleaned is not None else str(value)
+    return out
+
+
+def _async_kind(handler: Callable[..., Any]) -> str:
+    """``"coroutine"`` for an ``async def`` (or a bound one), ``"maybe"`` when only what it
+    wraps or its ``__call__`` is async (FastAPI awaits those too), ``"sync"`` otherwise."""
+    if inspect.iscoroutinefunction(handler):
+        return "coroutine"
+    if inspect.iscoroutinefunction(inspect.unwrap(handler)):
+        return "maybe"
+    call = getattr(handler, "__call__", None)  # noqa: B004 - callable instances
+    if call is not None and not inspect.isroutine(handler) and inspect.iscoroutinefunction(call):
+        return "maybe"
+    return "sync"
+
+
+def _awaiting(handler: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """An ``async def`` calling ``handler`` and awaiting the result only if awaitable."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        result = handler(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return call
+
+
+# --- the recording path -------------------------------------------------------------------
+
+
+class Site:
+    """Everything fixed at wrap time for one wrapped handler, and its recording path."""
+
+    __slots__ = (
+        "attributes",
+        "failure_attributes",
+        "group",
+        "read_result",
+        "recorder",
+        "rollout",
+        "span_name",
+        "success_attributes",
+        "tracer",
+    )
+
+    def __init__(
+        self,
+        group: str,
+        span_name: str,
+        attributes: dict[str, Any],
+        success_attributes: dict[str, Any] | None,
+        failure_attributes: dict[str, Any] | None,
+        *,
+        read_result: bool = False,
+        rollout: bool = False,
+    ) -> None:
+        self.group = group
+        self.span_name = span_name
+        self.attributes = attributes
+        self.success_attributes = success_attributes
+        self.failure_attributes = failure_attributes
+        # Read Gym's in-band failure markers on the handler's return value (outcomes).
+        self.read_result = read_result
+        # A rollout site: marks nested rollouts and is itself an enclosing rollout.
+        self.rollout = rollout
+        self.tracer: object = None
+        self.recorder: LeanRecorder | SdkRecorder | None = None
+
+    def _recorder(self) -> LeanRecorder | SdkRecorder:
+        # The group's tracer changes only when the provider does (reset_tracers): one
+        # dict lookup and one identity test per call.
+        tracer = _tracers.get(self.group)
+        if tracer is None:
+            tracer = _tracer_for(self.group)
+        recorder = self.recorder
+        if tracer is not self.tracer or recorder is None or recorder.provisional:
+            recorder = self.recorder = recorder_for(tracer)
+            self.tracer = tracer
+        return recorder
+
+    def start(self) -> tuple[Span, object, bool]:
+        """Start the span (static attributes + rollout id) and make it current.
+
+        For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset
+        (None when it was not changed).
+        """
+        recorder = self._recorder()
+        rollout_id = _current_rollout_id()
+        if rollout_id is None:
+            attributes = self.attributes.copy()
+        else:
+            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+        if not self.rollout:
+            span, token = recorder.start(self.span_name, attributes)
+            return span, token, rollout_id is not None
+        if ENCLOSING_ROLLOUT.get():
+            attributes.update(_NESTED)
+            span, token = recorder.start(self.span_name, attributes)
+            return span, (token, None), rollout_id is not None
+        span, token = recorder.start(self.span_name, attributes)
+        # Only a recorded span encloses: an unsampled one produces no duration point, so
+        # a rollout inside it must stay the outermost (and keep its point).
+        enclosing = ENCLOSING_ROLLOUT.set(True) if span.is_recording() else None
+        return span, (token, enclosing), rollout_id is not None
+
+    def finish(self, span: Span, token: object, had_rollout_id: bool, result: Any = None) -> None:
+        """End the span after the handler returned ``result``.
+
+        A result carrying one of Gym's in-band failure markers
+        (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
+        status ERROR, ``error.type`` = the failure kind, the failure attributes.
+        """
+        failure = None
+        if self.read_result:
+            try:
+                failure = failure_of(result)
+            except Exception as exc:  # never let reading the result break the handler
+                _ERRORS.record("result markers", exc)
+        if failure is None:
+            self._end(span, token, had_rollout_id, self.success_attributes)
+            return
+        try:
+            description = failure.kind
+            if failure.reason is not None:
+                description = f"{failure.kind}: {failure.reason}"
+            span.set_status(Status(StatusCode.ERROR, description))
+            span.set_attribute(semconv.ERROR_TYPE, failure.kind)
+            if failure.stage is not None:
+                span.set_attribute(semconv.FAILURE_STAGE, failure.stage)
+        finally:  # even if describing the failure failed: detach and end
+            self._end(span, token, had_rollout_id, self.failure_attributes)
+
+    def fail(self, span: Span, token: object, had_rollout_id: bool, exc: BaseException) -> None:
+        try:
+            span.record_exception(exc, escaped=True)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        finally:  # even if describing the exception failed: detach and end
+            self._end(span, token, had_rollout_id, self.failure_attributes)
+
+    def _end(
+        self, span: Span, token: object, had_rollout_id: bool, extra: dict[str, Any] | None
+    ) -> None:
+        try:
+            if self.rollout:
+                pair = cast(tuple[object, Token[bool] | None], token)
+                token = pair[0]
+                if pair[1] is not None:
+                    ENCLOSING_ROLLOUT.reset(pair[1])
+            _detach(token)  # type: ignore[arg-type]
+            if not had_rollout_id:
+                # The handler may have set the id itself and left it set.
+                rollout_id = _current_rollout_id()
+                if rollout_id is not None:
+                    span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
+            if extra:
+                if type(span) is LeanSpan:
+                    span._attrs.update(extra)  # pre-cleaned constants
+                else:
+                    span.set_attributes(extra)
+        finally:
+            span.end()
+
+
+def _with_resolved_signature(
+    wrapper: Callable[..., Any], handler: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Give the wrapper the handler's signature with string annotations evaluated.
+
+    ``functools.wraps`` does not carry ``__globals__``: a FastAPI that resolves string
+    annotations (``from __future__ import annotations``) in the callable's globals
+    instead of following ``__wrapped__`` (FastAPI < 0.12x) would look them up in this
+    module and turn the body model into a query parameter. A pre-resolved
+    ``__signature__`` is what ``inspect.signature`` returns first, on every version.
+    When an annotation cannot be resolved now, the wrapper keeps ``__wrapped__`` only.
+    """
+    # Unresolvable forward references: leave it to FastAPI following __wrapped__.
+    with contextlib.suppress(Exception):
+        wrapper.__signature__ = inspect.signature(handler, eval_str=True)  # type: ignore[attr-defined]
+    return wrapper
+
+
+class Hooks:
+    """Steps run by a wrapper before its gate, around the handler (one object per wrapped
+    handler). ``enter`` / ``aenter`` run first (the async wrapper awaits ``aenter``),
+    and what they return, when not None, is given to ``leave`` once the handler and its
+    span are done. None of them may raise: a hook failure is the hook's to swallow."""
+
+    __slots__ = ()
+
+    def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
+        """Before a sync handler; returns what ``leave`` undoes, or None."""
+        return None
+
+    async def aenter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
+        """Before an async handler; returns what ``leave`` undoes, or None."""
+        return None
+
+    def leave(self, token: Token[Any]) -> None:
+        """Undo what ``enter`` / ``aenter`` did (called only when they returned a token)."""
+
+
+def make_wrapper(
+    site: Site, handler: Callable[..., Any], hooks: Hooks | None = None
+) -> Callable[..., Any]:
+    """The wrapper of ``handler`` for ``site``: async for a handler FastAPI would await,
+    sync otherwise. The only sync/async pair of the agent."""
+    group = site.group
+    enabled = _ENABLED
+    errors = _ERRORS
+
+    kind = _async_kind(handler)
+    if kind != "sync":
+        original = handler
+        if kind == "maybe":
+            handler = _awaiting(handler)
+
+        @functools.wraps(original)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if group not in enabled.groups:
+                if hooks is None:
+                    return await handler(*args, **kwargs)
+                own = await hooks.aenter(kwargs)
+                try:
+                    return await handler(*args, **kwargs)
+                finally:
+                    if own is not None:
+                        hooks.leave(own)
+            own = None if hooks is None else await hooks.aenter(kwargs)
+            try:
+                try:
+                    span, token, had_id = site.start()
+                except Exception as exc:  # telemetry must never break the handler
+                    errors.record("span start", exc)
+                    return await handler(*args, **kwargs)
+                try:
+                    result = await handler(*args, **kwargs)
+                except BaseException as exc:
+                    try:
+                        site.fail(span, token, had_id, exc)
+                    except Exception as texc:  # never mask the handler's own exception
+                        errors.record("span end", texc)
+                    raise
+                try:
+                    site.finish(span, token, had_id, result)
+                except Exception as texc:  # telemetry must never break the handler
+                    errors.record("span end", texc)
+                return result
+            finally:
+                if own is not None:
+                    hooks.leave(own)  # type: ignore[union-attr]
+
+        return _with_resolved_signature(async_wrapper, original)
+
+    @functools.wraps(handler)
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        if group not in enabled.groups:
+            if hooks is None:
+                return handler(*args, **kwargs)
+            own = hooks.enter(kwargs)
+            try:
+                return handler(*args, **kwargs)
+            finally:
+                if own is not None:
+                    hooks.leave(own)
+        own = None if hooks is None else hooks.enter(kwargs)
+        try:
+            try:
+                span, token, had_id = site.start()
+            except Exception as exc:  # telemetry must never break the handler
+                errors.record("span start", exc)
+                return handler(*args, **kwargs)
+            try:
+                result = handler(*args, **kwargs)
+            except BaseException as exc:
+                try:
+                    site.fail(span, token, had_id, exc)
+                except Exception as texc:  # never mask the handler's own exception
+                    errors.record("span end", texc)
+                raise
+            try:
+                site.finish(span, token, had_id, result)
+            except Exception as texc:  # telemetry must never break the handler
+                errors.record("span end", texc)
+            return result
+        finally:
+            if own is not None:
+                hooks.leave(own)  # type: ignore[union-attr]
+
+    return _with_resolved_signature(sync_wrapper, handler)
+
+
+def check_group(group: str, span_name: str) -> None:
+    """Warn (once per call) when ``group`` is not a span group: such a wrapper never
+    records."""
+    if group not in span_groups.GROUPS:
+        _log.warning("gym_telemetry: traced_endpoint(%r, %r): unknown span group", group, span_name)
+
+
+def wrap(
+    group: str,
+    span_name: str,
+    handler: Callable[..., Any],
+    static_attributes: Mapping[str, Any] | None,
+    *,
+    success_attributes: dict[str, Any] | None = None,
+    failure_attributes: dict[str, Any] | None = None,
+    read_result: bool = False,
+    rollout: bool = False,
+    hooks: Hooks | None = None,
+) -> Callable[..., Any]:
+    """``handler`` wrapped in a span of ``group`` named ``span_name`` (the site's options:
+    ``Site``), with ``hooks`` run before the gate. Never raises for telemetry reasons."""
+    site = Site(
+        group,
+        span_name,
+        _freeze_attributes(static_attributes),
+        success_attributes,
+        failure_attributes,
+        read_result=read_result,
+        rollout=rollout,
+    )
+    return make_wrapper(site, handler, hooks)
+
+
+#: ``succeeded`` on verify and env-step spans that completed, and on those that did not.
+VERIFY_OK: Final[dict[str, bool]] = {semconv.VERIFY_SUCCEEDED: True}
+VERIFY_FAILED: Final[dict[str, bool]] = {semconv.VERIFY_SUCCEEDED: False}
+
+
+def wrap_rollout(
+    handler: Callable[..., Any],
+    static_attributes: Mapping[str, Any] | None,
+    hooks: Hooks | None = None,
+) -> Callable[..., Any]:
+    """The ``gym.rollout`` wrapper (``endpoints.traced_rollout_endpoint``)."""
+    return wrap(
+        semconv.GROUP_ROLLOUT,
+        semconv.SPAN_ROLLOUT,
+        handler,
+        static_attributes,
+        read_result=True,
+        rollout=True,
+        hooks=hooks,
+    )
+
+
+def wrap_verify(
+    span_name: str,
+    handler: Callable[..., Any],
+    static_attributes: Mapping[str, Any] | None,
+    hooks: Hooks | None = None,
+) -> Callable[..., Any]:
+    """A ``verify``-group wrapper with ``succeeded`` (``gym.verify``, ``gym.env.step``)."""
+    return wrap(
+        semconv.GROUP_VERIFY,
+        span_name,
+        handler,
+        static_attributes,
+        success_attributes=VERIFY_OK,
+        failure_attributes=VERIFY_FAILED,
+        read_result=True,
+        hooks=hooks,
+    )

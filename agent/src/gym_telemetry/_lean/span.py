@@ -1,0 +1,182 @@
+"""The lean span: a recording ``opentelemetry.trace.Span`` that is its own ``ReadableSpan``.
+
+``LeanSpan`` fills the fields ``ReadableSpan.__init__`` sets (``_name``, ``_context``,
+``_kind``, ``_parent``, ``_start_time``, ``_end_time``, ``_attributes``, ``_events``,
+``_links``, ``_resource``, ``_status``, ``_instrumentation_scope``,
+``_instrumentation_info``) itself, keeps its attributes in a plain dict already cleaned
+by ``clean_value``, and is handed to the processors' ``on_end`` as is (it ignores writes
+after ``end``). ``recorder.LeanRecorder`` makes them; its one-time self-check compares a
+probe with the SDK's own span before any is used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final, Protocol
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.util import types as otel_types
+
+_time_ns = time.time_ns
+_INTERNAL: Final = SpanKind.INTERNAL
+_UNSET_STATUS: Final = Status(StatusCode.UNSET)
+MAX_ATTRIBUTES: Final = 128
+MAX_EVENTS: Final = 128
+
+
+class SpanOwner(Protocol):
+    """What a ``LeanSpan`` takes from the recorder that started it."""
+
+    instrumentation_info: Any
+    instrumentation_scope: Any
+    resource: Resource
+
+    def ended(self, span: LeanSpan) -> None:
+        """Hand the ended span to the processors."""
+
+
+def clean_value(value: Any) -> Any:
+    """An attribute value OpenTelemetry accepts, or None to drop it: a bool, str, int or
+    float, or a homogeneous sequence of one of those (returned as a tuple)."""
+    if isinstance(value, bool | str | int | float):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        items = tuple(value)
+        kinds = {type(v) for v in items}
+        if not kinds or (len(kinds) == 1 and kinds <= {bool, str, int, float}):
+            return items
+    return None
+
+
+class LeanSpan(trace_api.Span, ReadableSpan):
+    """A recording span that is its own ``ReadableSpan`` (see the module docstring).
+
+    Not thread-safe for concurrent writers (one request's code writes to it); writes
+    after ``end`` are ignored.
+    """
+
+    #: ``get_span_context`` returns the ``_context`` field, as ``ReadableSpan``'s does: the
+    #: lean encoder may read the fields directly (``span_encoding._is_plain``).
+    span_context_is_field: Final = True
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        recorder: SpanOwner,
+        attributes: dict[str, Any],
+        *,
+        kind: SpanKind = _INTERNAL,
+    ) -> None:
+        # The fields ReadableSpan.__init__ sets (checked by LeanRecorder's self-check).
+        self._name = name
+        self._context = context
+        self._kind = kind
+        self._instrumentation_info = recorder.instrumentation_info
+        self._instrumentation_scope = recorder.instrumentation_scope
+        self._parent = parent
+        self._start_time = _time_ns()
+        self._end_time: int | None = None
+        self._attributes = attributes
+        self._attrs = attributes  # the same dict, typed for writing
+        self._events: tuple[Event, ...] | list[Event] = ()
+        self._links: tuple[trace_api.Link, ...] = ()
+        self._resource = recorder.resource
+        self._status = _UNSET_STATUS
+        self._recorder = recorder
+        self._token: object = None
+
+    # --- trace_api.Span -------------------------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        return self._context  # type: ignore[return-value]
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def set_attribute(self, key: str, value: otel_types.AttributeValue) -> None:
+        if self._end_time is not None or not key:
+            return
+        cleaned = clean_value(value)
+        if cleaned is None:
+            return
+        attributes = self._attrs
+        if key in attributes or len(attributes) < MAX_ATTRIBUTES:
+            attributes[key] = cleaned
+
+    def set_attributes(self, attributes: Mapping[str, otel_types.AttributeValue]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def add_event(
+        self,
+        name: str,
+        attributes: otel_types.Attributes = None,
+        timestamp: int | None = None,
+    ) -> None:
+        if self._end_time is not None:
+            return
+        events = self._events
+        if not isinstance(events, list):
+            events = self._events = list(events)
+        if len(events) >= MAX_EVENTS:
+            return
+        clean = {}
+        for key, value in (attributes or {}).items():
+            cleaned = clean_value(value)
+            if cleaned is not None:
+                clean[key] = cleaned
+        events.append(Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: otel_types.Attributes = None) -> None:
+        if self._end_time is not None or not context.is_valid:
+            return
+        self._links = (*self._links, trace_api.Link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end_time is not None:
+            return
+        new = status if isinstance(status, Status) else Status(status, description)
+        # Same precedence as the SDK: OK is final, UNSET never overrides.
+        if self._status.status_code is StatusCode.OK or new.status_code is StatusCode.UNSET:
+            return
+        self._status = new
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: otel_types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        import traceback  # only on the error path
+
+        stacktrace = "".join(
+            traceback.format_exception(type(exception), exception, exception.__traceback__)
+        )
+        event_attributes: dict[str, Any] = {
+            "exception.type": type(exception).__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": stacktrace,
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            event_attributes.update(attributes)
+        self.add_event("exception", event_attributes, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end_time is not None:
+            return
+        self._end_time = end_time if end_time is not None else _time_ns()
+        if isinstance(self._events, list):
+            self._events = tuple(self._events)
+        self._recorder.ended(self)

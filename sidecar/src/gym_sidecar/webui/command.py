@@ -1,0 +1,128 @@
+"""``gym-sidecar ui``: serve the web view and the Jaeger-compatible API over the store.
+
+    gym-sidecar ui [--listen 127.0.0.1:16687] [--store-dir DIR] [--config FILE]
+                   [--jaeger-url URL] [--settle-s 10]
+
+Reads the store that ``gym-sidecar run`` writes (the same ``--config`` /
+``GYM_SIDECAR_*`` / ``--store-dir`` sources as ``gym-sidecar rollouts``), read-only, from
+any process; the store may appear after the view starts. It listens on loopback unless
+told otherwise (``--listen``, env ``GYM_SIDECAR_UI_LISTEN``); port 0 picks a free port.
+Once listening it prints ``web view: http://HOST:PORT/`` on stdout. SIGINT/SIGTERM stop
+it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
+
+The listener is the sidecar's own (uvicorn with the connection limits of
+:mod:`gym_sidecar.asgi_listener`, the admin listener's connection cap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import urllib.parse
+from typing import Any
+
+from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, load_config
+
+DEFAULT_LISTEN = "127.0.0.1:16687"
+ENV_LISTEN = "GYM_SIDECAR_UI_LISTEN"
+ENV_JAEGER_URL = "GYM_SIDECAR_UI_JAEGER_URL"
+EXIT_OK = 0
+EXIT_START_FAILED = 1
+EXIT_BAD_ARGS = 2
+
+
+def _jaeger_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    return text.rstrip("/")
+
+
+def add_ui(subparsers: Any) -> None:
+    p = subparsers.add_parser("ui", help="serve the web view of the local store (and a Jaeger API)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get(ENV_CONFIG_FILE),
+        help=f"the sidecar's YAML config, for local_store.data_dir (env {ENV_CONFIG_FILE})",
+    )
+    p.add_argument("--store-dir", metavar="DIR", help="the store's data directory")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=os.environ.get(ENV_LISTEN, DEFAULT_LISTEN),
+        help=f"address to serve on (default {DEFAULT_LISTEN}, env {ENV_LISTEN})",
+    )
+    p.add_argument(
+        "--jaeger-url",
+        metavar="URL",
+        type=_jaeger_url,
+        default=os.environ.get(ENV_JAEGER_URL) or None,
+        help=f"a Jaeger UI with the same traces, linked from trace pages (env {ENV_JAEGER_URL})",
+    )
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=10.0,
+        help="a trace counts as still arriving for this long after its last spans (10)",
+    )
+    p.set_defaults(func=cmd_ui)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
+    from gym_sidecar.configload import split_host_port
+    from gym_sidecar.selfmetrics import SelfMetrics
+    from gym_sidecar.webui.app import ViewConfig, build_app
+
+    overrides: dict[str, Any] = {}
+    if args.store_dir is not None:
+        overrides = {"local_store": {"data_dir": args.store_dir}}
+    try:
+        cfg = load_config(args.config, os.environ, overrides)
+        split_host_port(args.listen)
+    except (ConfigError, ValueError) as exc:
+        print(f"gym-sidecar ui: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if args.settle_s < 0:
+        print("gym-sidecar ui: --settle-s must not be negative", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if args.jaeger_url is not None:
+        try:
+            args.jaeger_url = _jaeger_url(args.jaeger_url)
+        except argparse.ArgumentTypeError as exc:
+            print(f"gym-sidecar ui: --jaeger-url: {exc}", file=sys.stderr)
+            return EXIT_BAD_ARGS
+    view = ViewConfig(
+        store_path=cfg.local_store.db_path(),
+        jaeger_url=args.jaeger_url,
+        settle_s=args.settle_s,
+    )
+    metrics = SelfMetrics()
+    limits = ConnectionLimits.from_config(cfg.limits, metrics, "admin_max_connections")
+    listener = AsgiListener(build_app(view), args.listen, "web view", limits)
+
+    async def serve() -> None:
+        await listener.start()
+        print(f"web view: http://{listener.address}/", flush=True)
+        print(f"store: {view.store_path}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await listener.stop(grace_s=2.0)
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except OSError as exc:
+        print(f"gym-sidecar ui: cannot start: {exc}", file=sys.stderr)
+        return EXIT_START_FAILED
+    return EXIT_OK
