@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # A NeMo Gym server with the gym-telemetry agent installed and switched on.
 # Build from the repository root:
 #   docker build -f deploy/docker/gym-server.Dockerfile -t gym-server:0.1.0 .
@@ -13,7 +12,20 @@ FROM python:3.13-bookworm
 
 ARG NEMO_GYM_VERSION=0.7.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
-RUN pip install "nemo-gym==${NEMO_GYM_VERSION}"
+# nemo-gym 0.7.0's wheel declares Requires-Python >=3.13.14, which most 3.13 builds
+# (Debian's included) do not meet although its code runs on them. So: the wheel alone,
+# then its dependencies that are not behind an extra (still checked against this
+# Python), then the wheel without its Python check. On a 3.13.14+ base this installs
+# what `pip install nemo-gym` would.
+COPY deploy/docker/wheel_requirements.py /usr/local/bin/wheel-requirements
+WORKDIR /tmp/nemo-gym
+RUN pip download --no-deps --ignore-requires-python --dest . "nemo-gym==${NEMO_GYM_VERSION}" \
+    && python /usr/local/bin/wheel-requirements ./*.whl > requirements.txt \
+    && pip install --prefer-binary -r requirements.txt \
+    && pip install --no-deps --ignore-requires-python ./*.whl \
+    && python -c "import nemo_gym.server_utils" \
+    && rm -rf /tmp/nemo-gym
+WORKDIR /
 
 # The agent, built from this tree as a wheel: it installs the one-line .pth that turns
 # the instrumentation on in every Python process when GYM_TELEMETRY is set. Its shared

@@ -28,7 +28,8 @@ Service name, which is no address inside the pod -- set ``GYM_SERVER_BIND_HOST``
 ``0.0.0.0``): this server then listens there, and only its own process sees the change.
 
 With ``GYM_TELEMETRY=1`` (set in the image) the gym-telemetry agent activates inside
-that process. Exit code 2 with the usage line on a wrong number of arguments, or with a
+that process. ``--version`` prints the versions of the agent and of nemo-gym installed
+beside the launcher. Exit code 2 with the usage line on a wrong number of arguments, or with a
 message on a bad config or an unknown server.
 """
 
@@ -112,7 +113,23 @@ def bind_host(resolved: str, name: str, host: str) -> str:
     return str(yaml.safe_dump(config, sort_keys=False))
 
 
+def versions() -> str:
+    """``--version``: what the image runs (the agent, its shared names, nemo-gym)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for dist in ("gym-telemetry-agent", "gym-telemetry-semconv", "nemo-gym"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    return "gym-server-launch: " + ", ".join(parts)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--version"]:
+        print(versions())
+        return 0
     if len(argv) != 2:
         print(f"{USAGE}\n\n{__doc__.splitlines()[0]}", file=sys.stderr)
         return 2

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # gym-telemetry sidecar. The injection webhook has its own image (webhook.Dockerfile):
 # this one does not carry its `webhook` extra (aiohttp, jsonpatch).
 # Build from the repository root:

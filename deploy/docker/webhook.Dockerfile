@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # gym-telemetry injection webhook (`gym-sidecar webhook`): the sidecar distribution with
 # its `webhook` extra (aiohttp, jsonpatch), which the sidecar image does not carry.
 # Build from the repository root:

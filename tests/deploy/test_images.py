@@ -189,6 +189,16 @@ def test_build_step_yields_a_working_install(tmp_path: Path, image: str) -> None
         check=False,
     ).stdout
     assert re.search(r"\bwebhook\b", helptext) and re.search(r"\brun\b", helptext)
+    # what `gym-sidecar run` imports loads without the SDK (the image has none; the
+    # host's enrichment once imported it, which only the image run caught)
+    server = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import gym_sidecar.server, gym_sidecar.assemble"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert server.returncode == 0, server.stderr[-3000:]
     installed = _site_packages(venv)
     assert "pytest" not in installed and "mypy" not in installed
     assert "gym_telemetry_demo" not in installed  # the demo is not part of the product

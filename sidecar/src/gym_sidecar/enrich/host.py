@@ -1,6 +1,8 @@
 """The host source: ``host.name``, ``host.arch`` and ``os.type`` of the sidecar's host.
 
-``os.type`` comes from the OpenTelemetry SDK's OS resource detector; ``host.arch`` is
+``os.type`` is ``platform.system()`` mapped onto the conventions' values (as the
+OpenTelemetry SDK's OS detector does; the sidecar does not depend on the SDK, so it is
+not imported here: the sidecar image has no SDK); ``host.arch`` is
 ``platform.machine()`` mapped onto the conventions' well-known values (``amd64``,
 ``arm64``, ...), passed through unchanged when unknown. In a pod or compose service the
 sidecar shares its host with the Gym server it serves, so these describe that server.
@@ -10,9 +12,6 @@ from __future__ import annotations
 
 import platform
 import socket
-
-from opentelemetry.sdk.resources import OS_TYPE as SDK_OS_TYPE
-from opentelemetry.sdk.resources import OsResourceDetector
 
 from gym_sidecar.enrich.attributes import AttributeValue
 from gym_sidecar.enrich.keys import HOST_ARCH, HOST_NAME, OS_TYPE
@@ -33,6 +32,21 @@ _ARCH: dict[str, str] = {
 }
 
 
+#: ``platform.system().lower()`` -> the conventions' ``os.type`` where the two differ.
+_OS_TYPE: dict[str, str] = {
+    "sunos": "solaris",
+    "hp-ux": "hpux",
+    "os/390": "z_os",
+    "dragonfly": "dragonflybsd",
+}
+
+
+def os_type(system: str) -> str:
+    """The semantic-convention ``os.type`` value for a ``platform.system()`` string."""
+    lowered = system.lower()
+    return _OS_TYPE.get(lowered, lowered)
+
+
 def host_arch(machine: str) -> str:
     """The semantic-convention ``host.arch`` value for a ``platform.machine()`` string."""
     return _ARCH.get(machine.lower(), machine.lower())
@@ -47,7 +61,7 @@ def host_attributes() -> dict[str, AttributeValue]:
     machine = platform.machine()
     if machine:
         out[HOST_ARCH] = host_arch(machine)
-    os_type = OsResourceDetector().detect().attributes.get(SDK_OS_TYPE)
-    if isinstance(os_type, str) and os_type:
-        out[OS_TYPE] = os_type
+    system = platform.system()
+    if system:
+        out[OS_TYPE] = os_type(system)
     return out
