@@ -1,5 +1,5 @@
 # The two README commands live here: `make demo` (the main job) and `make test`.
-.PHONY: demo test bench lint mutate screenshots
+.PHONY: demo test bench bench-round3 lint mutate screenshots
 
 # Where scripts/bootstrap.sh installs uv when the machine has none (it runs in its own shell).
 export PATH := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gym-telemetry/uv/bin:$(HOME)/.local/bin:$(PATH)
@@ -16,6 +16,11 @@ screenshots:
 
 bench:
 	bash scripts/bootstrap.sh && uv run --frozen python -m bench
+
+# Performance round 3 (docs/benchmarks.md): callgrind, the three loads, the same-job
+# Collector, memory and the 30-minute soak, in one run.
+bench-round3:
+	bash scripts/bootstrap.sh && uv run --frozen python -m bench --round3
 
 # Mutation testing of the data-critical modules (slow; not part of make test): see
 # docs/testing.md#mutation-testing. `make mutate MODULES="disk_queue sender" WORKERS=2`.

@@ -14,6 +14,19 @@ Runs, in order, each in its own processes:
 3. ``bench.sidecar_vs_rotel``: the sidecar against rotel, Jaeger as a collector and the
    bare transport (``sidecar_vs_rotel.json``, ``.md`` and ``.png``).
 
+``--round3`` runs the performance round 3 set instead (issue 26; docs/benchmarks.md,
+"Round 3"), every figure of its targets table in one run:
+
+1. ``bench.gym_verify_callgrind``: the real Gym ``/verify`` in process, bare vs the agent
+   (``default``, ``all``), instructions per request under callgrind and process CPU
+   pinned and interleaved;
+2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs);
+3. ``bench.sidecar_vs_rotel`` on the three loads (``rollouts``, ``rollouts:default``,
+   ``derive-heavy``) with the sidecar, rotel and the same-job Collector on gRPC/gzip,
+   HTTP/gzip and gRPC/none, plus the fixed-rate memory runs;
+4. ``bench.sidecar_memory``: the default configuration at 10k spans/s;
+5. ``bench.soak`` (``--soak-minutes``, default 30; 0 skips it).
+
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.
 """
@@ -37,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="short runs, rough figures")
     p.add_argument("--pin", action="store_true", help="pin the measured process to core 1")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    p.add_argument("--round3", action="store_true", help="the round-3 set (module doc)")
+    p.add_argument("--rounds", type=int, default=3, help="--round3: sidecar_vs_rotel rounds")
+    p.add_argument("--soak-minutes", type=float, default=30.0, help="--round3: 0 skips")
     args = p.parse_args(argv)
+    if args.round3:
+        return round3(args)
     args.out.mkdir(parents=True, exist_ok=True)
     common = ["--out", str(args.out)] + (["--quick"] if args.quick else [])
     pin = ["--pin"] if args.pin else []
@@ -74,6 +92,51 @@ def main(argv: list[str] | None = None) -> int:
         f"\nall benchmarks: {time.monotonic() - t0:.0f} s, load average {_loadavg()}; "
         f"results in {args.out}/"
     )
+    return 1 if failures else 0
+
+
+ROUND3_PATHS = ",".join(
+    f"{c}:{e}"
+    for e in ("grpc/gzip", "http/gzip", "grpc/none")
+    for c in ("sidecar", "rotel", "otelcol")
+)
+
+
+def round3(args: argparse.Namespace) -> int:
+    """The round-3 set (module doc), each step in its own processes."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    steps: list[list[str]] = [
+        ["bench.gym_verify_callgrind", "--json", str(args.out / "gym_verify_callgrind.json")],
+        ["bench.derive_callgrind"],
+        [
+            "bench.sidecar_vs_rotel",
+            "--rounds",
+            str(args.rounds),
+            "--loads",
+            "rollouts,rollouts:default,derive-heavy",
+            "--paths",
+            ROUND3_PATHS,
+            "--rate-paths",
+            "sidecar:grpc/none,rotel:grpc/none,otelcol:grpc/none",
+            "--rate-seconds",
+            "15",
+            "--requests",
+            "400",
+            "--name",
+            "round3",
+            "--out",
+            str(args.out),
+        ],
+        ["bench.sidecar_memory", "--rounds", "3", "--seconds", "15"],
+    ]
+    if args.soak_minutes > 0:
+        steps.append(["bench.soak", "--minutes", str(args.soak_minutes)])
+    failures = 0
+    for step in steps:
+        print(f"\n== {' '.join(step)} (load average {_loadavg()})", flush=True)
+        failures += subprocess.run([sys.executable, "-m", *step], check=False).returncode != 0
+    print(f"\nround 3: {time.monotonic() - t0:.0f} s, load average {_loadavg()}; in {args.out}/")
     return 1 if failures else 0
 
 

@@ -62,7 +62,7 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -90,7 +90,9 @@ def _kv(key: str, value: str | int | float | bool) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-LOADS = ("uniform", "random-ids", "varied")
+LOADS = ("uniform", "random-ids", "varied", "rollouts", "derive-heavy")
+VARIED_LOADS = frozenset({"varied", "rollouts", "derive-heavy"})
+"""Loads with varied attributes and request sizes (``varied`` and the two derive mixes)."""
 _ROUTES = {
     "simple_agent": ("/run", "/run", "/run", "/v1/responses"),
     "policy_model": ("/v1/chat/completions", "/v1/chat/completions", "/v1/responses"),
@@ -133,7 +135,7 @@ class _SpanFactory:
         self.rng = rng
         self.base_ns = base_ns
         self.random_ids = load != "uniform"
-        self.varied = load == "varied"
+        self.varied = load in VARIED_LOADS
 
     def span(self, ss: ScopeSpans, name: str, kind: int, rollout: int, ms: float) -> Span:
         r = self.rng
@@ -262,6 +264,32 @@ _MIX: dict[str, tuple[tuple[str, int], ...]] = {
     "model": ((semconv.GROUP_SERVER, 1), (semconv.GROUP_MODEL_CALL, 1)),
     "resources": ((semconv.GROUP_SERVER, 1), (semconv.GROUP_VERIFY, 1)),
 }
+# ``rollouts``: whole rollouts as the real stack records them, 18 spans of which 2
+# (``gym.rollout``, ``gym.verify``) are derived from: the resources server also serves
+# ``/seed_session`` (two SERVER spans per ``gym.verify``). Over ROLE_CYCLE that is 10.9%
+# of the spans in the derived groups (2/18 = 11.1%).
+# ``derive-heavy``: half of every request is ``gym.rollout``/``gym.verify``; agent and
+# resources requests alternate (DERIVE_HEAVY_CYCLE).
+_MIXES: dict[str, dict[str, tuple[tuple[str, int], ...]]] = {
+    "rollouts": {
+        **_MIX,
+        "resources": ((semconv.GROUP_SERVER, 2), (semconv.GROUP_VERIFY, 1)),
+    },
+    "derive-heavy": {
+        **_MIX,
+        "agent": (
+            (semconv.GROUP_SERVER, 1),
+            (semconv.GROUP_ROLLOUT, 2),
+            (semconv.GROUP_HTTP_CLIENT, 1),
+        ),
+    },
+}
+DERIVE_HEAVY_CYCLE = ("agent", "resources")
+
+
+def role_cycle(load: str) -> tuple[str, ...]:
+    """The order of the server roles whose requests a load cycles through."""
+    return DERIVE_HEAVY_CYCLE if load == "derive-heavy" else ROLE_CYCLE
 
 
 def build_request(
@@ -280,7 +308,7 @@ def build_request(
     rs = req.resource_spans.add()
     _resource(rs, role, index)
     server = rs.resource.attributes[1].value.string_value
-    mix = _MIX[role]
+    mix = _MIXES.get(load, _MIX)[role]
     weight = sum(w for _, w in mix)
     counts = [spans * w // weight for _, w in mix]
     counts[-1] += spans - sum(counts)
@@ -300,7 +328,7 @@ def build_request(
 
 def request_sizes(spans: int, distinct: int, seed: int, load: str) -> list[int]:
     """Spans per request: all ``spans``, or for ``varied`` 60% full and the rest partial."""
-    if load != "varied":
+    if load not in VARIED_LOADS:
         return [spans] * distinct
     rng = random.Random(seed * 7919 + 17)
     low = max(1, spans // 16)
@@ -310,11 +338,12 @@ def request_sizes(spans: int, distinct: int, seed: int, load: str) -> list[int]:
 def build_requests(
     spans: int, distinct: int = 14, seed: int = 1, load: str = "uniform"
 ) -> list[tuple[bytes, int]]:
-    """``distinct`` serialised requests (bytes, span count), roles in ``ROLE_CYCLE`` order."""
+    """``distinct`` serialised requests (bytes, span count), roles in ``role_cycle`` order."""
     sizes = request_sizes(spans, distinct, seed, load)
+    cycle = role_cycle(load)
     return [
         (
-            build_request(ROLE_CYCLE[i % len(ROLE_CYCLE)], n, i, seed, load).SerializeToString(),
+            build_request(cycle[i % len(cycle)], n, i, seed, load).SerializeToString(),
             n,
         )
         for i, n in enumerate(sizes)
@@ -350,6 +379,8 @@ class Tally:
     spans: int = 0
     retries: int = 0
     errors: int = 0
+    ok_per_body: list[int] = field(default_factory=list)
+    """Requests answered OK, per distinct request (index into ``build_requests``)."""
 
 
 Send = Callable[[bytes], Awaitable[str]]
@@ -420,7 +451,7 @@ async def run(args: argparse.Namespace) -> Tally:
         send, close = await _grpc_sender(args.target, args.channels)
     else:
         send, close = await _http_sender(args.target, args.concurrency)
-    tally = Tally()
+    tally = Tally(ok_per_body=[0] * len(bodies))
     mean_spans = sum(n for _, n in bodies) / len(bodies)
     total = args.requests if not args.rate else int(args.seconds * args.rate / mean_spans)
     expected = sum(bodies[i % len(bodies)][1] for i in range(total))
@@ -450,6 +481,7 @@ async def run(args: argparse.Namespace) -> Tally:
                 tally.retries += 1
                 await asyncio.sleep(RETRY_PAUSE_S)
             if outcome == "ok":
+                tally.ok_per_body[i % len(bodies)] += 1
                 tally.requests += 1
                 tally.spans += n
             else:
@@ -458,7 +490,9 @@ async def run(args: argparse.Namespace) -> Tally:
     async def reporter() -> None:
         while True:
             await asyncio.sleep(args.progress_s)
-            _emit("progress", **asdict(tally), total_requests=total)
+            fields = asdict(tally)
+            del fields["ok_per_body"]
+            _emit("progress", **fields, total_requests=total)
 
     _emit("start", expected_spans=expected, load=args.load, spread=spread(bodies))
     report = asyncio.create_task(reporter())

@@ -44,7 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER = ".complete"
-BUILD_TIMEOUT_S = 3600
+BUILD_TIMEOUT_S = float(os.environ.get("GYM_TELEMETRY_GO_BUILD_TIMEOUT_S", "3600"))
+"""Per build step. A cut build keeps what it compiled in the shared build cache, so the
+next call resumes rather than restarts (a Kubernetes build at load average 40 took more
+than one hour)."""
 
 
 def _log(name: str, msg: str) -> None:
@@ -83,7 +86,9 @@ def go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class GoTool:
     """A recipe: what to fetch, what to build, how to check the result.
 
-    ``programs`` maps each output binary name to its Go package path. ``module`` and
+    ``programs`` maps each output binary name to its Go package path (``pkg@version``
+    pins a package of another module at its own version; several programs are compiled
+    by one ``go build`` invocation). ``module`` and
     ``version`` are what ``go get -tool`` fetches (or what is copied out of the module
     cache when ``build_in_module`` is true: then the packages are built inside the
     module's own tree, with its own go.mod). ``replaces`` are ``old => new`` lines added
@@ -133,6 +138,15 @@ class GoTool:
             return False
 
 
+def default_exec_name(package: str) -> str:
+    """The file name ``go build -o DIR/`` gives a main package's binary."""
+    parts = package.rstrip("/").split("/")
+    last = parts[-1]
+    if len(parts) > 1 and last[:1] == "v" and last[1:].isdigit():
+        return parts[-2]
+    return last
+
+
 def _run(tool: GoTool, cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> None:
     _log(tool.name, "$ " + " ".join(cmd))
     subprocess.run(list(cmd), check=True, cwd=cwd, env=env, stdout=2, timeout=BUILD_TIMEOUT_S)
@@ -177,11 +191,11 @@ def _build(tool: GoTool) -> None:
     else:
         workdir = root
         _run(tool, [go, "mod", "init", f"gym-telemetry.invalid/{tool.name}-build"], workdir, env)
-        for line in tool.replaces:
-            _run(tool, [go, "mod", "edit", f"-replace={line.replace(' => ', '=')}"], workdir, env)
-        for req in tool.extra_requires:
-            _run(tool, [go, "mod", "edit", f"-require={req}"], workdir, env)
-        tools = [f"{pkg}@{tool.version}" for pkg in tool.programs.values()]
+        edits = [f"-replace={line.replace(' => ', '=')}" for line in tool.replaces]
+        edits += [f"-require={req}" for req in tool.extra_requires]
+        if edits:  # one invocation however many lines (a Kubernetes recipe has 33 replaces)
+            _run(tool, [go, "mod", "edit", *edits], workdir, env)
+        tools = [pkg if "@" in pkg else f"{pkg}@{tool.version}" for pkg in tool.programs.values()]
         _run(tool, [go, "get", "-tool", *tools], workdir, env)
     fetched = time.monotonic()
     flags: list[str] = ["-trimpath"]
@@ -189,11 +203,25 @@ def _build(tool: GoTool) -> None:
         flags += ["-ldflags", tool.ldflags]
     if tool.tags:
         flags += ["-tags", tool.tags]
+    targets: dict[str, str] = {}
     for program, package in tool.programs.items():
-        target = package
-        if tool.build_in_module and package.startswith(tool.module):
-            target = "." + package[len(tool.module) :] or "."
+        target = package.split("@", 1)[0]
+        if tool.build_in_module and target.startswith(tool.module):
+            target = "." + target[len(tool.module) :] or "."
+        targets[program] = target
+    if len(targets) == 1:
+        ((program, target),) = targets.items()
         _run(tool, [go, "build", *flags, "-o", str(root / "bin" / program), target], workdir, env)
+    else:
+        # Several programs: one `go build` invocation, so the packages they share are
+        # compiled once and the build runs them in parallel; then each binary is renamed
+        # from Go's default name (the last path element, a /vN suffix skipped).
+        staging = root / "bin" / ".build"
+        staging.mkdir()
+        _run(tool, [go, "build", *flags, "-o", f"{staging}/", *targets.values()], workdir, env)
+        for program, target in targets.items():
+            (staging / default_exec_name(target)).rename(root / "bin" / program)
+        staging.rmdir()
     built = time.monotonic()
     if tool.build_in_module or tool.generate is not None:
         shutil.rmtree(workdir, ignore_errors=True)  # only the binaries are needed afterwards

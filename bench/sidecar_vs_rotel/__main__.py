@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ from bench.sidecar_vs_rotel.procs import (
     Collector,
     Direct,
     Jaeger,
+    OtelCol,
     Rotel,
     Sidecar,
     jaeger_binary,
+    otelcol_binary,
     pin,
 )
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
@@ -47,11 +50,11 @@ from tests.support.http_sink import HttpSink
 from tests.support.rotel import ROTEL_VERSION
 from tests.support.sink import RecordingSink
 
-COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
+COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger", "otelcol")
 EXPORTS = ("grpc/none", "grpc/gzip", "http/gzip", "http/none")
 DEFAULT_PATHS = (
     "direct",
-    *(f"{c}:{e}" for e in EXPORTS[:3] for c in ("sidecar", "rotel", "jaeger")),
+    *(f"{c}:{e}" for e in EXPORTS[:3] for c in ("sidecar", "rotel", "otelcol", "jaeger")),
     "sidecar-grpcio:grpc/gzip",
     "sidecar-h2:grpc/none",
 )
@@ -72,7 +75,12 @@ def check_path(path: str) -> None:
 
 
 def make(
-    path: str, sink: str, workdir: Path, gzip_level: int | None, env: dict[str, str]
+    path: str,
+    sink: str,
+    workdir: Path,
+    gzip_level: int | None,
+    env: dict[str, str],
+    groups: str = "all",
 ) -> Collector:
     if path == "direct":
         return Direct(sink)
@@ -82,8 +90,10 @@ def make(
         return Rotel(sink, workdir, export=protocol, compression=compression)
     if collector == "jaeger":
         return Jaeger(sink, workdir, export=protocol, compression=compression)
+    if collector == "otelcol":
+        return OtelCol(sink, workdir, export=protocol, compression=compression, groups=groups)
     client = collector.partition("-")[2] or "auto"
-    return Sidecar(sink, compression, workdir, protocol, gzip_level, client, env or None)
+    return Sidecar(sink, compression, workdir, protocol, gzip_level, client, env or None, groups)
 
 
 def print_profiles(console: Console, directory: Path) -> None:
@@ -107,7 +117,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     p.add_argument("--protocols", default="grpc", help="how the generator sends: grpc,http")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS))
-    p.add_argument("--loads", default="varied", help=f"generator loads: {','.join(LOADS)}")
+    p.add_argument(
+        "--loads",
+        default="varied",
+        help=f"generator loads: {','.join(LOADS)}; LOAD:GROUPS runs the sidecar and otelcol "
+        "with that span-group spec (default: all), e.g. rollouts:default",
+    )
     p.add_argument("--rate", type=float, default=10_000.0, help="fixed-rate spans/s (0: skip)")
     p.add_argument("--rate-seconds", type=float, default=20.0)
     p.add_argument("--rate-spans", type=int, default=512, help="spans per request when paced")
@@ -150,9 +165,17 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[yellow]{err}: the jaeger paths are left out[/]")
             paths = [p for p in paths if not p.startswith("jaeger:")]
             rate_paths = [p for p in rate_paths if not p.startswith("jaeger:")]
-    loads = [x for x in args.loads.split(",") if x]
-    if set(loads) - set(LOADS):
-        raise SystemExit(f"unknown load(s) {sorted(set(loads) - set(LOADS))}; loads: {LOADS}")
+    if any(p.startswith("otelcol:") for p in (*paths, *rate_paths)):
+        try:
+            console.print(f"same-job Collector: {otelcol_binary()}")
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+            console.print(f"[yellow]{err}: the otelcol paths are left out[/]")
+            paths = [p for p in paths if not p.startswith("otelcol:")]
+            rate_paths = [p for p in rate_paths if not p.startswith("otelcol:")]
+    loads = [tuple(x.partition(":")[::2]) for x in args.loads.split(",") if x]
+    unknown = sorted({name for name, _ in loads} - set(LOADS))
+    if unknown:
+        raise SystemExit(f"unknown load(s) {unknown}; loads: {LOADS}")
     protocols = [p for p in args.protocols.split(",") if p]
     pin_modes = ["on"] if args.pin else [m for m in args.pin_modes.split(",") if m]
     if "on" in pin_modes and (os.cpu_count() or 1) < 2:
@@ -162,16 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, str, LoadSpec, bool]] = []
     for pinned in (m == "on" for m in pin_modes):
         for load in loads:
+            name, groups = load[0], load[1] or "all"
             for proto in protocols:
                 for path in paths:
-                    if path == "direct" and proto != "grpc":
-                        continue  # the sink speaks gRPC only
-                    spec = LoadSpec(proto, args.spans, args.requests, args.concurrency, load=load)
+                    if path == "direct" and (proto != "grpc" or groups != "all"):
+                        continue  # the sink speaks gRPC only; direct gates nothing
+                    spec = LoadSpec(
+                        proto, args.spans, args.requests, args.concurrency, load=name, groups=groups
+                    )
                     plan.append(("throughput", path, spec, pinned))
             if pinned and "off" in pin_modes:
                 continue  # memory and CPU share at a fixed rate: unpinned is enough
             for path in rate_paths:
-                spec = LoadSpec("grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds, load)
+                spec = LoadSpec(
+                    "grpc", args.rate_spans, 0, 4, args.rate, args.rate_seconds, name, groups=groups
+                )
                 plan.append(("fixed_rate", path, spec, pinned))
 
     start_machine = report.machine()
@@ -198,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             rng.shuffle(order)
             for kind, path, spec, pinned in order:
                 pin_label = " pinned" if pinned else ""
-                label = f"{kind} {path} {spec.protocol} {spec.load}{pin_label} #{rnd + 1}"
+                label = f"{kind} {path} {spec.protocol} {spec.label}{pin_label} #{rnd + 1}"
                 task = progress.add_task(label, total=None)
 
                 def update(got: int, expected: int, task: Any = task) -> None:
@@ -212,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                 pin(os.getpid(), {0} if pinned else set(range(os.cpu_count() or 1)))
                 over_http = path.partition(":")[2].startswith("http")
                 the_sink, the_relay = (http_sink, http_relay) if over_http else (sink, relay)
-                collector = make(path, the_relay.endpoint, workdir, args.gzip_level, env)
-                res = run(collector, the_sink, spec, rnd, update, pin_cores, spy, the_relay)
+                collector = make(
+                    path, the_relay.endpoint, workdir, args.gzip_level, env, spec.groups
+                )
+                settle = None if spec.groups == "all" else 1.5
+                res = run(collector, the_sink, spec, rnd, update, pin_cores, spy, the_relay, settle)
                 progress.update(task, description=label + f"  {res.spans_per_s:,.0f}/s")
                 progress.remove_task(task)
                 results[kind].append(res)

@@ -21,7 +21,16 @@ OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rot
   query service. Its build has no ``resource`` processor, so it adds no attributes
   (the closest, ``attributes``, would write every span, more work than the others do).
 
-The sidecar and rotel add the same two static resource attributes (``BENCH_RESOURCE``).
+- ``otelcol``: the OpenTelemetry Collector doing the sidecar's job, the project's
+  distribution (``scripts/otelcol_build.py``, core + contrib v0.161.0) with
+  ``otelcol-same-job.yaml``: ``resource`` (the same 2 attributes), ``batch``, OTLP export
+  at the path's protocol and compression, and ``filter`` + ``span_metrics`` deriving
+  gym.rollout/gym.verify histograms; with default span groups it also drops the groups
+  the sidecar's gate drops.
+
+The sidecar, rotel and otelcol add the same two static resource attributes
+(``BENCH_RESOURCE``). ``groups`` (the sidecar and otelcol) is the span-group spec: ``all``
+forwards every span, ``default`` drops the derive-only and off groups after deriving.
 """
 
 from __future__ import annotations
@@ -117,6 +126,7 @@ class Sidecar:
         gzip_level: int | None = None,
         grpc_client: str = "auto",
         env: dict[str, str] | None = None,
+        groups: str = "all",
     ) -> None:
         kind = "sidecar" if grpc_client == "auto" else f"sidecar-{grpc_client}"
         self.name = f"{kind}:{export}/{compression}"
@@ -132,7 +142,7 @@ class Sidecar:
                 "warning",
             ],
             config={
-                "span_groups": {"spec": "all"},
+                "span_groups": {"spec": groups},
                 "enrich": {"attributes": dict(BENCH_RESOURCE)},
                 "metrics": {"enabled": True},
                 "backend": {
@@ -315,6 +325,115 @@ class Jaeger(_ChildCollector):
     def start(self) -> None:
         cmd = [str(self.binary), "--config", str(self.config_path)]
         self._launch(cmd, "jaeger", timeout_s=30)
+
+    def stop(self) -> None:
+        if self._terminate():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+OTELCOL_CONFIG = Path(__file__).with_name("otelcol-same-job.yaml")
+"""The same-job Collector's configuration (beside the harness; see its comments)."""
+OTELCOL_CACHE_BINARY = (
+    Path("~/.cache/gym-telemetry/peers").expanduser()
+    / "otelcol-gym-gateway-v0.161.0"
+    / "bin"
+    / "otelcol-gym-gateway"
+)
+
+
+def otelcol_binary(build: bool = True) -> Path:
+    """The project's Collector distribution: ``$GYM_BENCH_OTELCOL``, else
+    ``scripts/otelcol_build.py`` (the gateway tier's build, shared caches; it builds on
+    first use when ``build``), else the binary in the peers cache."""
+    env = os.environ.get("GYM_BENCH_OTELCOL", "")
+    if env and Path(env).is_file():
+        return Path(env)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "otelcol_build.py"
+    if script.is_file():
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("otelcol_build", script)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        path = Path(mod.binary_path())
+        if path.is_file():
+            return path
+        if build:
+            return Path(mod.ensure())
+    if OTELCOL_CACHE_BINARY.is_file():
+        return OTELCOL_CACHE_BINARY
+    raise RuntimeError("no Collector distribution; build it with scripts/otelcol_build.py")
+
+
+def dropped_scopes(groups: str) -> list[str]:
+    """The ``gym_telemetry.<group>`` scopes a span-group spec does not forward."""
+    import gym_telemetry_semconv as semconv
+
+    modes = semconv.resolve_modes(groups)
+    return sorted(semconv.scope_name(g) for g, m in modes.items() if m != semconv.Mode.ON)
+
+
+class OtelCol(_ChildCollector):
+    """The OpenTelemetry Collector doing the sidecar's job (``otelcol-same-job.yaml``):
+    resource attributes, batch, export; filter + span_metrics for the derived metrics;
+    with span groups other than ``all``, the groups not forwarded dropped after deriving."""
+
+    def __init__(
+        self,
+        sink_endpoint: str,
+        workdir: Path,
+        export: str = "grpc",
+        compression: str = "gzip",
+        groups: str = "all",
+    ) -> None:
+        self.name = f"otelcol:{export}/{compression}"
+        self.binary = otelcol_binary()
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.http_target: str | None = f"http://127.0.0.1:{self.http_port}"
+        self.workdir = Path(tempfile.mkdtemp(prefix="otelcol-", dir=workdir))
+        config = yaml.safe_load(OTELCOL_CONFIG.read_text(encoding="utf-8"))
+        drop = dropped_scopes(groups)
+        pipelines = config["service"]["pipelines"]
+        if not drop:
+            pipelines["traces/export"]["processors"].remove("filter/groups")
+            del config["processors"]["filter/groups"]
+        if export == "http":
+            grpc_exp = config["exporters"].pop("otlp_grpc")
+            config["exporters"]["otlp_http"] = {
+                "endpoint": f"http://{sink_endpoint}",
+                "compression": grpc_exp["compression"],
+            }
+            for pipe in pipelines.values():
+                pipe["exporters"] = [
+                    "otlp_http" if e == "otlp_grpc" else e for e in pipe["exporters"]
+                ]
+        self.env = {
+            **os.environ,
+            "BENCH_GRPC_LISTEN": self.grpc_target,
+            "BENCH_HTTP_LISTEN": f"127.0.0.1:{self.http_port}",
+            "BENCH_SINK": sink_endpoint,
+            "BENCH_COMPRESSION": compression,
+            "BENCH_DROP_SCOPES": "^(" + "|".join(s.replace(".", "\\.") for s in drop) + ")$",
+        }
+        self.config_path = self.workdir / "otelcol.yaml"
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        cmd = [str(self.binary), "--config", str(self.config_path)]
+        with (self.workdir / "otelcol.out").open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        self.pid = self.proc.pid
+        try:
+            wait_listening(self.grpc_port, timeout_s=60)
+            wait_listening(self.http_port, timeout_s=60)
+        except TimeoutError:
+            self.stop()
+            log = (self.workdir / "otelcol.out").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"otelcol did not start: {log}") from None
 
     def stop(self) -> None:
         if self._terminate():

@@ -50,7 +50,7 @@ def _key(r: RunResult) -> tuple[str, str, str, bool]:
 
 def _order(path: str) -> tuple[str, int]:
     collector, _, export = path.partition(":")
-    rank = ("direct", "sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger")
+    rank = ("direct", "sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "otelcol", "jaeger")
     return (export, rank.index(collector) if collector in rank else 9)
 
 
@@ -79,7 +79,7 @@ def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     return out
 
 
-PEERS = ("rotel", "jaeger")
+PEERS = ("rotel", "otelcol", "jaeger")
 
 
 def ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
@@ -190,6 +190,9 @@ def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label
     colors = ["#dd8452" if n.startswith("rotel") else c for n, c in zip(names, colors, strict=True)]
     colors = [
         "#55a868" if n.startswith("jaeger") else c for n, c in zip(names, colors, strict=True)
+    ]
+    colors = [
+        "#c44e52" if n.startswith("otelcol") else c for n, c in zip(names, colors, strict=True)
     ]
     ax.bar(names, med, yerr=err, capsize=4, color=colors)
     ax.set_title(label, fontsize=10)

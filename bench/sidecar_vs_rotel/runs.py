@@ -44,6 +44,13 @@ class LoadSpec:
     seconds: float = 0.0
     load: str = "varied"
     seed: int = 1
+    groups: str = "all"
+    """The collectors' span-group spec (sidecar, otelcol); not the generator's."""
+
+    @property
+    def label(self) -> str:
+        """The load as reported: ``<load>`` with span groups ``all``, else ``<load>:<groups>``."""
+        return self.load if self.groups == "all" else f"{self.load}:{self.groups}"
 
     def args(self, target: str) -> list[str]:
         out = [
@@ -208,14 +215,18 @@ def run(
             path=collector.name,
             protocol=load.protocol,
             repeat=repeat,
-            load=load.load,
+            load=load.label,
             pinned=pin_cores is not None,
             spans_sent=int(done.get("spans", 0)),
             spans_delivered=got,
             seconds=seconds,
             spans_per_s=got / seconds if seconds > 0 else 0.0,
             cpu_s=cpu,
-            spans_per_cpu_s=(got / cpu) if cpu else None,
+            # Spans handled per CPU-second: delivered, or received when the collector
+            # drops some by design (span groups other than ``all``).
+            spans_per_cpu_s=((got if load.groups == "all" else int(done.get("spans", 0))) / cpu)
+            if cpu
+            else None,
             cpu_pct=(100.0 * cpu / seconds) if cpu is not None and seconds > 0 else None,
             peak_rss_mib=peak,
             rss_end_mib=rss_end,

@@ -2,7 +2,10 @@
 
 Written from the rules as the Kubernetes documentation states them
 (https://kubernetes.io/docs/concepts/security/pod-security-standards/, the controls of
-each profile with their restricted fields and allowed values, as enforced from 1.29 on):
+each profile with their restricted fields and allowed values), as the ``latest``
+version of the profiles stands in Kubernetes 1.37, and held to the real PodSecurity
+admission plugin of kube-apiserver v1.37.2 by ``tests/k8s/test_pod_security_real.py``
+(same verdict and same controls on every pod of its corpus).
 ``restricted_violations(pod)`` lists every rule a pod breaks, so a test can assert that a
 pod admitted by a ``pod-security.kubernetes.io/enforce: restricted`` namespace stays
 admissible once the injector has added its sidecar. Windows-only exemptions are not
@@ -43,6 +46,10 @@ SAFE_SYSCTLS = frozenset(
         "net.ipv4.tcp_fin_timeout",
         "net.ipv4.tcp_keepalive_intvl",
         "net.ipv4.tcp_keepalive_probes",
+        "net.ipv4.tcp_rmem",  # from 1.32
+        "net.ipv4.tcp_wmem",  # from 1.32
+        "net.ipv4.tcp_slow_start_after_idle",
+        "net.ipv4.tcp_notsent_lowat",
     }
 )
 SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t"})
@@ -69,6 +76,20 @@ def _containers(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         for container in spec.get(key) or []:
             out.append((f"{key}[{container.get('name')}]", container))
     return out
+
+
+def _probe_and_lifecycle_hosts(container: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, host) for each probe or lifecycle handler that names a host (from 1.34)."""
+    handlers = [(p, container.get(p)) for p in ("livenessProbe", "readinessProbe", "startupProbe")]
+    lifecycle = container.get("lifecycle") or {}
+    handlers += [(f"lifecycle.{h}", lifecycle.get(h)) for h in ("postStart", "preStop")]
+    found = []
+    for where, handler in handlers:
+        for action in ("httpGet", "tcpSocket"):
+            host = ((handler or {}).get(action) or {}).get("host")
+            if host:
+                found.append((f"{where}.{action}", str(host)))
+    return found
 
 
 def baseline_violations(pod: dict[str, Any]) -> list[str]:
@@ -109,6 +130,8 @@ def baseline_violations(pod: dict[str, Any]) -> list[str]:
                 bad.append(f"Host Ports: {where} hostPort {port['hostPort']}")
         if sc.get("procMount") not in (None, "Default"):
             bad.append(f"/proc Mount Type: {where}")
+        for hook, host in _probe_and_lifecycle_hosts(container):
+            bad.append(f"Host Probes / Lifecycle Hooks: {where}.{hook} host {host}")
     for where, sc in contexts:
         selinux = sc.get("seLinuxOptions") or {}
         if (
@@ -129,7 +152,9 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
     """Every ``restricted`` rule (baseline included) the pod breaks."""
     spec = pod.get("spec") or {}
     psc = spec.get("securityContext") or {}
-    bad = baseline_violations(pod)
+    # The restricted volume rule supersedes baseline's hostPath rule: the real plugin
+    # reports a hostPath volume once, as a restricted volume type.
+    bad = [v for v in baseline_violations(pod) if not v.startswith("HostPath Volumes")]
     for volume in spec.get("volumes") or []:
         sources = set(volume) - {"name"}
         if not sources <= RESTRICTED_VOLUME_SOURCES:

@@ -31,7 +31,7 @@ from tests.deploy.support import REPO, render
 from tests.gym.conftest import gym_python  # noqa: F401  (the session fixture)
 from tests.support.ports import free_port, wait_listening
 
-pytestmark = pytest.mark.gym
+pytestmark = [pytest.mark.gym, pytest.mark.timeout(3600)]  # a first render builds kubectl
 
 DOCKERFILE = REPO / "deploy" / "docker" / "gym-server.Dockerfile"
 OVERLAY = "overlays/gym-namespace"

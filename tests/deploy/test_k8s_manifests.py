@@ -27,6 +27,9 @@ from gym_sidecar.webhook.server import NAMESPACE_OPT_IN_PATH, POD_OPT_IN_PATH, I
 from tests.deploy.pod_security import restricted_violations
 from tests.deploy.support import K8S, REPO, render, validate_k8s
 
+# The first render builds kubectl (with kube-apiserver and etcd): minutes on a cold machine.
+pytestmark = pytest.mark.timeout(3600)
+
 KUSTOMIZATIONS = ["base", "overlays/gym-namespace", "overlays/self-signed-tls"]
 CERT_MANAGER = "cert-manager.io/v1"
 

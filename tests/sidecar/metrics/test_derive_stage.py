@@ -239,6 +239,41 @@ def test_exemplars_carry_the_span_and_trace_ids() -> None:
     assert vp2.point.count == 2 and len(vp2.point.exemplars) == 0
 
 
+def test_each_bucket_keeps_its_latest_span_as_exemplar_per_series() -> None:
+    """Ids are read only for exemplar candidates: the last span of each bucket of each
+    series wins, across blocks of a request too; ok and failed verifications in the same
+    bucket are different series and each keeps its own."""
+    stage, tail, _ = make()
+    ok1, ok2, failed, ok3 = verify(3), verify(3.5), verify(3.2, succeeded=False), verify(4)
+    early, late, other = rollout(61_000), rollout(62_000), rollout(700)
+    later_block = verify(4.5)
+
+    async def go() -> None:
+        req = request({VERIFY_SCOPE: [ok1, ok2, failed, ok3], ROLLOUT_SCOPE: [early, late, other]})
+        await stage.consume(traces(req))
+        await stage.consume(traces(request({VERIFY_SCOPE: [later_block]})))
+        await stage.flush()
+
+    run(go())
+    [first] = tail.metric_requests()
+    by_ok = {
+        p.attrs[semconv.VERIFY_SUCCEEDED]: p.point
+        for p in points(first, semconv.METRIC_VERIFY_DURATION)
+    }
+    assert by_ok[True].count == 4 and by_ok[False].count == 1
+    [ex_ok] = by_ok[True].exemplars  # 3, 3.5, 4, 4.5 ms: all in the (1, 5] bucket
+    assert (ex_ok.trace_id, ex_ok.span_id, ex_ok.as_double) == (
+        later_block.trace_id,
+        later_block.span_id,
+        4.5,
+    )
+    [ex_failed] = by_ok[False].exemplars
+    assert (ex_failed.trace_id, ex_failed.span_id) == (failed.trace_id, failed.span_id)
+    [rp] = points(first, semconv.METRIC_ROLLOUT_DURATION)
+    got = {(e.trace_id, e.span_id) for e in rp.point.exemplars}
+    assert got == {(late.trace_id, late.span_id), (other.trace_id, other.span_id)}
+
+
 def test_success_rate_is_windowed_per_interval() -> None:
     stage, tail, _ = make()
 

@@ -1,0 +1,157 @@
+"""The child of ``bench.gym_verify_callgrind``, run by the Gym env's python (it imports only
+Gym, the agent and the standard library; not the repository).
+
+    python gym_verify_callgrind_child.py '{"variant": "default", "requests": 200, ...}'
+
+Builds the real ``example_single_tool_call`` resources server the way Gym's own tests do,
+activates the agent for the agent variants (``install()`` + ``start_server_telemetry``,
+as Gym's activation does), warms up, then serves ``requests`` ``POST /verify`` requests
+in process through ASGI (body, ``traceparent`` and rollout baggage as a Gym agent sends
+them). The measured loop is bracketed by ``os.getpgrp()`` and ``os.getsid(0)``: under
+callgrind ``--zero-before=getpgrp --dump-before=getsid`` they zero and dump the counters,
+so the dump holds exactly the loop (every thread). Natively the child reports process
+CPU (all threads), main-thread CPU and wall time of the loop, and the cyclic GC's
+collections during it. Prints one JSON line.
+
+Options in the JSON: ``variant`` (``bare``, or a span-group spec such as ``default``,
+``all``, ``none``), ``requests``, ``warmup``, ``gc`` (``on``, ``off``: disabled for the
+loop, ``freeze``: ``gc.freeze()`` after warm-up), ``body``, ``traceparent``,
+``baggage``, ``export`` (``queue``: spans are queued, never exported, as
+``bench/gym_verify_inprocess.py`` does; ``sink:HOST:PORT``: exported to a real OTLP
+sink by the agent's batch processor as in production).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import json
+import os
+import sys
+import time
+from typing import Any
+from unittest.mock import MagicMock
+
+
+def instrument_on() -> None:
+    """Under callgrind started with ``--instr-atstart=no`` (``BENCH_CALLGRIND=1``): switch
+    instrumentation on now (start-up ran uninstrumented, ~10x faster) and wait for it."""
+    if os.environ.get("BENCH_CALLGRIND") != "1":
+        return
+    import subprocess
+
+    done = subprocess.run(
+        ["callgrind_control", "-i", "on", str(os.getpid())],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode or "OK" not in done.stdout:
+        raise RuntimeError(f"callgrind_control failed: {done.stdout} {done.stderr}")
+
+
+def main() -> None:
+    opts: dict[str, Any] = json.loads(sys.argv[1])
+    variant = opts["variant"]
+    n, warmup = int(opts["requests"]), int(opts.get("warmup", 200))
+    export = opts.get("export", "queue")
+    env = {
+        "GYM_TELEMETRY_SPAN_GROUPS": "none" if variant == "bare" else variant,
+        "GYM_TELEMETRY_POLL_INTERVAL_S": "0",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+    if export == "queue":
+        env |= {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+            "OTEL_BSP_SCHEDULE_DELAY": "100000000",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "1000000",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1000000",
+        }
+    else:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://" + export.removeprefix("sink:")
+    os.environ.update(env)
+    from nemo_gym.server_utils import ServerClient
+    from resources_servers.example_single_tool_call.app import (
+        SimpleWeatherResourcesServer,
+        SimpleWeatherResourcesServerConfig,
+    )
+
+    config = SimpleWeatherResourcesServerConfig(
+        host="127.0.0.1", port=8080, entrypoint="", name="weather"
+    )
+    server = SimpleWeatherResourcesServer(config=config, server_client=MagicMock(spec=ServerClient))
+    if variant != "bare":
+        from gym_telemetry.autoinstrument.identity import start_server_telemetry
+        from gym_telemetry.autoinstrument.install import install
+
+        install()
+        assert start_server_telemetry(server)
+    app = server.setup_webserver()
+    body = opts["body"].encode()
+    headers = [
+        (b"host", b"bench"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"traceparent", opts["traceparent"].encode()),
+        (b"baggage", opts["baggage"].encode()),
+    ]
+    statuses: collections.Counter[int] = collections.Counter()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses[message["status"]] += 1
+
+    async def run(count: int) -> None:
+        for _ in range(count):
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "POST",
+                "path": "/verify",
+                "raw_path": b"/verify",
+                "query_string": b"",
+                "root_path": "",
+                "headers": list(headers),
+                "scheme": "http",
+                "server": ("bench", 80),
+                "client": ("bench", 1),
+            }
+            await app(scope, receive, send)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(run(warmup))
+    gc.collect()
+    mode = opts.get("gc", "on")
+    if mode == "freeze":
+        gc.freeze()
+    if mode == "off":
+        gc.disable()
+    stats0 = [s["collections"] for s in gc.get_stats()]
+    cpu0, thr0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+    instrument_on()
+    os.getpgrp()  # callgrind: --zero-before=getpgrp
+    loop.run_until_complete(run(n))
+    os.getsid(0)  # callgrind: --dump-before=getsid
+    cpu1, thr1, wall1 = time.process_time(), time.thread_time(), time.perf_counter()
+    stats1 = [s["collections"] for s in gc.get_stats()]
+    gc.enable()
+    assert set(statuses) == {200}, statuses
+    out = {
+        "process_cpu_us": 1e6 * (cpu1 - cpu0) / n,
+        "main_thread_cpu_us": 1e6 * (thr1 - thr0) / n,
+        "wall_us": 1e6 * (wall1 - wall0) / n,
+        "gc_collections": [b - a for a, b in zip(stats0, stats1, strict=True)],
+        "threads": len(sys._current_frames()),
+    }
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # skip the exporter's shutdown (nothing may listen on the endpoint)
+
+
+if __name__ == "__main__":
+    main()
