@@ -403,7 +403,13 @@ def test_failed_and_slow_rollouts_kept_whole(run: Run, kind: str) -> None:
         assert trace is not None, f"{kind} rollout {d.rollout_id} ({trace_id}) not kept"
         assert len(trace.spans) == run.truth.spans[trace_id], d.rollout_id
         assert len(trace.services()) == len(SERVERS), trace.services()
-        assert len(trace.roots()) == 1, [s.operation for s in trace.roots()]
+        assert len(trace.roots()) == 1, (
+            d.rollout_id,
+            trace_id,
+            [(s.operation, s.service, s.span_id, s.parent_id) for s in trace.spans],
+            [s.span_id for s in trace.orphans()],
+            run.raw[trace_id].get("warnings"),
+        )
 
 
 def test_no_partial_trace(run: Run) -> None:
