@@ -39,7 +39,7 @@ import math
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,15 +223,38 @@ def _sent(tier2: list[Collector]) -> float:
     )
 
 
-def _exporter_settled(tier2: list[Collector]) -> bool:
-    for c in tier2:
-        out = c.metric("otelcol_processor_outgoing_items", processor="batch")
-        done = c.metric("otelcol_exporter_sent_spans") + c.metric(
-            "otelcol_exporter_send_failed_spans"
+def _exporter_snapshot(tier2: list[Collector]) -> list[tuple[float, ...]]:
+    # the batch processor reports what it sent on as the sum of its send sizes (it
+    # has no outgoing_items counter); the exporter's queue and in-flight requests
+    # must be empty too
+    return [
+        (
+            c.metric("otelcol_processor_batch_batch_send_size_sum", processor="batch"),
+            c.metric("otelcol_exporter_sent_spans")
+            + c.metric("otelcol_exporter_send_failed_spans"),
+            c.metric("otelcol_exporter_queue_size", data_type="traces"),
+            c.metric("otelcol_exporter_in_flight_requests", data_type="traces"),
         )
-        if out != done:
+        for c in tier2
+    ]
+
+
+def _exporter_settled(tier2: list[Collector], quiet_s: float = 5.0) -> Callable[[], bool]:
+    """Every span the batch processor let out was sent (or failed), nothing is queued
+    or in flight, and that has held unchanged for ``quiet_s`` (over the batch
+    timeout, 1 s, so that nothing still waits in a batch)."""
+    last: dict[str, Any] = {}
+
+    def settled() -> bool:
+        snap = _exporter_snapshot(tier2)
+        now = time.monotonic()
+        drained = all(out == done and queued == 0 and busy == 0 for out, done, queued, busy in snap)
+        if not drained or snap != last.get("snap"):
+            last.update(snap=snap, since=now)
             return False
-    return True
+        return now - last["since"] >= quiet_s
+
+    return settled
 
 
 def _jaeger_contents(jaeger: JaegerServer, truth: Truth) -> tuple[dict[str, JaegerTrace], dict]:
@@ -321,7 +344,9 @@ def run(
             f"tier 2 decided {_decided(tier2)} of {len(truth.spans)} traces:\n"
             + "\n".join(c.log_tail() for c in tier2)
         )
-        assert wait_for(lambda: _exporter_settled(tier2), WAIT_S, 1.0)
+        assert wait_for(_exporter_settled(tier2), WAIT_S, 1.0), (
+            f"tier 2 never drained: {_exporter_snapshot(tier2)}"
+        )
         sent = int(_sent(tier2))
         holder: dict[str, Any] = {}
 
@@ -378,7 +403,13 @@ def test_failed_and_slow_rollouts_kept_whole(run: Run, kind: str) -> None:
         assert trace is not None, f"{kind} rollout {d.rollout_id} ({trace_id}) not kept"
         assert len(trace.spans) == run.truth.spans[trace_id], d.rollout_id
         assert len(trace.services()) == len(SERVERS), trace.services()
-        assert len(trace.roots()) == 1, [s.operation for s in trace.roots()]
+        assert len(trace.roots()) == 1, (
+            d.rollout_id,
+            trace_id,
+            [(s.operation, s.service, s.span_id, s.parent_id) for s in trace.spans],
+            [s.span_id for s in trace.orphans()],
+            run.raw[trace_id].get("warnings"),
+        )
 
 
 def test_no_partial_trace(run: Run) -> None:
