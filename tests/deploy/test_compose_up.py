@@ -13,7 +13,8 @@ those two published ports (and the docker CLI for the containers' own facts):
 - Prometheus scraped every sidecar: ``gym_verify_count_total`` by ``succeeded`` equals
   the verifications driven, and its exemplars open those rollouts' traces in Jaeger;
 - ``docker compose restart`` of the resources server's sidecar while rollouts run loses
-  no span (the compose stack's sidecars use the in-memory queue, drained on SIGTERM);
+  no span the sidecar answered OK (the compose stack's sidecars use the in-memory queue,
+  drained on SIGTERM; the sidecar's own counters say so), and rollouts after it are whole;
 - no service logged a traceback, and ``docker compose down`` leaves no container,
   network or volume of the project behind.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -356,22 +358,31 @@ def _span_counts(trace: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="passed 2 of 3 runs; one run lost tool-server spans of rollout 1-11 across the "
-    "restart (1 of its spans in Jaeger): not yet known whether the agent dropped them while "
-    "the sidecar was down or the sidecar lost acknowledged ones (issue 22, open)",
-)
+_SIDECAR_TOTALS = re.compile(r"traces: received=(\d+) exported=(\d+) dropped=(\d+)")
+AGENT_SERVICE = service_name(SERVERS["tool-server"])  # its sidecar is the one restarted
+
+
 def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
     """``docker compose restart tool-server-sidecar`` while the driver runs rollouts.
 
     The compose stack's sidecars keep the export queue in memory (sidecar.yaml sets no
     ``queue.persistent``): on SIGTERM the sidecar stops receiving, drains the pipeline
-    and the queue to Jaeger, then exits; the agent in tool-server retries what the
-    stopped sidecar did not answer. So every rollout, before, across and after the
-    restart, must be one trace with as many spans per service as an undisturbed one.
+    and the queue to Jaeger, logs its totals, then exits. What must hold is the issue's
+    requirement: no span the sidecar answered OK is lost. The sidecar's own counters
+    say it (its shutdown line ``traces: received=R exported=E dropped=D``: ``received``
+    counts only spans answered OK, ``exported`` only what Jaeger acknowledged,
+    ``dropped`` what a stage dropped on purpose, ``could not be sent`` what the drain
+    deadline cut): R == E + D, nothing cut.
+
+    The agent in tool-server is the SDK's OTLP/gRPC exporter: a batch refused while
+    the sidecar is down is retried with back-off (1, 2, 4 s, +-20 %) within
+    ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s) and then dropped by the agent, so a batch
+    that meets an outage longer than ~7 s is never offered to the sidecar again
+    (docs/deployment.md). On a loaded machine the restart window (drain, exit, a
+    Python start) can exceed that: those spans of the rollouts run during the window
+    are the agent's, and only tool-server's may be missing; every other service's
+    spans, and every rollout after the restart, are whole.
     """
-    baseline = _span_counts(_complete_traces(stack, ["0-0"])["0-0"])
     driver: dict[str, Any] = {}
 
     def drive() -> None:
@@ -392,29 +403,58 @@ def test_restarting_a_sidecar_mid_run_loses_no_span(stack: Stack) -> None:
     assert len(restarted) == RESTART_ROLLOUTS and set(restarted.values()) == {"reward=1.0"}, driver[
         "out"
     ][-4000:]
-    # and rollouts after the restart, on the restarted sidecar
+    # the sidecar's own account of its first life: every span it answered OK went to
+    # Jaeger (acknowledged) or was dropped on purpose; the drain cut nothing
+    log = stack.logs("tool-server-sidecar")
+    assert "export queue drained" in log, log[-4000:]
+    assert "could not be sent" not in log, log[-4000:]
+    assert "were not sent to the backend" not in log, log[-4000:]
+    [(received, exported, dropped)] = [
+        tuple(int(n) for n in m.groups()) for m in _SIDECAR_TOTALS.finditer(log)
+    ]
+    assert received > 0 and received == exported + dropped, (received, exported, dropped)
+    # rollouts after the restart, on the restarted sidecar: all whole
     after = stack.compose(
         "run", "--rm", "--no-deps", "-T", "-e", f"ROLLOUTS={AFTER_ROLLOUTS}",
         "-e", "TASK_INDEX=2", "rollout-driver", timeout_s=1800,
     )  # fmt: skip
+    after_ids = list(_driver_rollouts(after, 2))
     assert set(_driver_rollouts(after, 2).values()) == {"reward=1.0"}, after[-4000:]
-    ids = [*restarted, *_driver_rollouts(after, 2)]
-    traces = _complete_traces(stack, ids)
+    ids = [*restarted, *after_ids]
+    traces: dict[str, dict[str, Any]] = {}
+    baseline: dict[str, int] = {}
 
-    def all_whole() -> bool:
+    def as_expected() -> bool:
+        # an undisturbed rollout of the first run, read again: when this test starts,
+        # its last spans may still be on their way
+        undisturbed = stack.rollout_trace("0-0")
+        baseline.clear()
+        baseline.update(_span_counts(undisturbed) if undisturbed else {})
+        if len(baseline) != len(SERVERS):
+            return False
         for rollout_id in ids:
             trace = stack.rollout_trace(rollout_id)
-            if trace is None or _span_counts(trace) != baseline:
-                traces[rollout_id] = trace or {}
-                return False
+            counts = _span_counts(trace) if trace else {}
+            traces[rollout_id] = trace or {}
+            if rollout_id in after_ids or counts.get(AGENT_SERVICE, 0) == baseline[AGENT_SERVICE]:
+                if counts != baseline:
+                    return False
+            elif {k: v for k, v in counts.items() if k != AGENT_SERVICE} != {
+                k: v for k, v in baseline.items() if k != AGENT_SERVICE
+            }:
+                return False  # only the restarted sidecar's agent may have lost spans
         return True
 
-    assert wait_for(all_whole, WAIT_S, 1.0), {
-        r: _span_counts(t) for r, t in traces.items() if t and _span_counts(t) != baseline
-    }
-    log = stack.logs("tool-server-sidecar")
-    assert "export queue drained" in log, log[-4000:]
-    assert "could not be sent" not in log, log[-4000:]  # nothing lost at the deadline
+    assert wait_for(as_expected, WAIT_S, 1.0), (
+        baseline,
+        {r: _span_counts(t) for r, t in traces.items() if t and _span_counts(t) != baseline},
+    )
+    # a rollout short of tool-server spans: its agent said it gave up on a batch (its
+    # queue is FIFO with one worker, so once the 2-* rollouts are whole every 1-* span
+    # was either sent or given up on)
+    if any(_span_counts(traces[r]) != baseline for r in restarted):
+        agent_log = stack.logs("tool-server")
+        assert "Failed to export traces" in agent_log, agent_log[-4000:]
     assert stack.container("tool-server-sidecar")["RestartCount"] == 0  # restarted, not crashed
 
 
