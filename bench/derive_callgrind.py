@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,26 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.callgrind_support import TOTALS, instrument_on, valgrind_command
+
 REPO = Path(__file__).resolve().parents[1]
-_TOTALS = re.compile(r"^(?:totals|summary):\s*(\d+)", re.MULTILINE)
-
-
-def instrument_on() -> None:
-    """Under callgrind started with ``--instr-atstart=no`` (``BENCH_CALLGRIND=1``): switch
-    instrumentation on now (start-up ran uninstrumented, ~10x faster) and wait for it."""
-    if os.environ.get("BENCH_CALLGRIND") != "1":
-        return
-    import subprocess
-
-    done = subprocess.run(
-        ["callgrind_control", "-i", "on", str(os.getpid())],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode or "OK" not in done.stdout:
-        raise RuntimeError(f"callgrind_control failed: {done.stdout} {done.stderr}")
 
 
 def _write_bodies(load: str, path: Path) -> None:
@@ -134,12 +116,7 @@ def _run(
         out_dir = Path(tempfile.mkdtemp(prefix="cg-derive-"))
         env["BENCH_CALLGRIND"] = "1"
         cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            "--zero-before=getpgrp",
-            "--dump-before=getsid",
-            f"--callgrind-out-file={out_dir}/cg.%p",
+            *valgrind_command(out_dir),
             *cmd,
             "--repeats",
             "1",
@@ -152,7 +129,7 @@ def _run(
     res: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     if out_dir is not None:
         dumps = sorted(out_dir.glob("cg.*.[0-9]*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
-        counts = [int(m.group(1)) for f in dumps if (m := _TOTALS.search(f.read_text()))]
+        counts = [int(m.group(1)) for f in dumps if (m := TOTALS.search(f.read_text()))]
         shutil.rmtree(out_dir, ignore_errors=True)
         res["extract_instr"] = counts[0] / res["derived"]
         res["record_instr"] = counts[1] / res["derived"]

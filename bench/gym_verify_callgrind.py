@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -48,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "bench" / "gym_verify_callgrind_child.py"
 sys.path.insert(0, str(REPO))
 
+from bench.callgrind_support import TOTALS, valgrind_command  # noqa: E402
 from bench.gym_verify_throughput import (  # noqa: E402
     BAGGAGE,
     TRACEPARENT,
@@ -56,8 +56,6 @@ from bench.gym_verify_throughput import (  # noqa: E402
     verify_body,
 )
 from tests.support.ports import wait_listening  # noqa: E402
-
-_TOTALS = re.compile(r"^(?:totals|summary):\s*(\d+)", re.MULTILINE)
 
 
 def _opts(args: argparse.Namespace, variant: str, requests: int, export: str) -> str:
@@ -86,13 +84,7 @@ def callgrind(python: str, variant: str, args: argparse.Namespace, export: str) 
     """Instructions of the measured loop, per thread, for one variant."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"cg-{variant}-"))
     cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        "--zero-before=getpgrp",
-        "--dump-before=getsid",
-        "--separate-threads=yes",
-        f"--callgrind-out-file={out_dir}/cg.%p",
+        *valgrind_command(out_dir, "--separate-threads=yes"),
         python,
         str(CHILD),
         _opts(args, variant, args.requests, export),
@@ -112,7 +104,7 @@ def callgrind(python: str, variant: str, args: argparse.Namespace, export: str) 
     child = json.loads(done.stdout.strip().splitlines()[-1])
     threads = []
     for f in sorted(out_dir.glob("cg.*.1*")):  # the dump at getsid, one file per thread
-        m = _TOTALS.search(f.read_text(errors="replace"))
+        m = TOTALS.search(f.read_text(errors="replace"))
         if m:
             threads.append(int(m.group(1)))
     shutil.rmtree(out_dir, ignore_errors=True)

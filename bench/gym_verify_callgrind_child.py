@@ -33,23 +33,7 @@ import time
 from typing import Any
 from unittest.mock import MagicMock
 
-
-def instrument_on() -> None:
-    """Under callgrind started with ``--instr-atstart=no`` (``BENCH_CALLGRIND=1``): switch
-    instrumentation on now (start-up ran uninstrumented, ~10x faster) and wait for it."""
-    if os.environ.get("BENCH_CALLGRIND") != "1":
-        return
-    import subprocess
-
-    done = subprocess.run(
-        ["callgrind_control", "-i", "on", str(os.getpid())],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode or "OK" not in done.stdout:
-        raise RuntimeError(f"callgrind_control failed: {done.stdout} {done.stderr}")
+from callgrind_support import instrument_on  # a sibling file: run as a script, from bench/
 
 
 def main() -> None:

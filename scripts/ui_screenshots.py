@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.webview import WebViewChild  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from tests.support.browser import launch  # noqa: E402
-from tests.support.webview import WebViewProcess  # noqa: E402
 
 VIEWPORT = {"width": 1400, "height": 900}
 
@@ -87,7 +87,7 @@ def main() -> int:
         if store_dir is None:
             store_dir = Path(tmp) / "store"
             run_demo(store_dir, Path(tmp) / "work")
-        with WebViewProcess(store_dir, Path(tmp)) as view:
+        with WebViewChild(store_dir, Path(tmp)).start(timeout_s=60) as view:
             for path in shoot(view.url, args.out):
                 print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     return 0

@@ -15,11 +15,8 @@ inside the declared bounds (the newest release below the upper bound).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -27,6 +24,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from tests.support.range_venv import floor, install_venv
 from tests.support.sink import RecordingSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,21 +43,6 @@ def _declared() -> dict[str, SpecifierSet]:
     return out
 
 
-def _floor(spec: SpecifierSet) -> str:
-    (low,) = [s.version for s in spec if s.operator == ">="]
-    return low
-
-
-def _uv() -> str:
-    found = os.environ.get("UV") or shutil.which("uv")
-    if found is None:
-        cached = Path.home() / ".cache" / "gym-telemetry" / "uv" / "bin" / "uv"
-        found = str(cached) if cached.exists() else None
-    if found is None:
-        pytest.fail("uv is needed to test the SDK range (scripts/bootstrap.sh installs it)")
-    return found
-
-
 def test_the_declared_range_is_bounded_on_both_sides() -> None:
     declared = _declared()
     for name in OTEL:
@@ -69,22 +52,11 @@ def test_the_declared_range_is_bounded_on_both_sides() -> None:
 
 @pytest.mark.parametrize("end", ["lowest", "highest"])
 def test_export_works_at_each_end_of_the_declared_range(tmp_path: Path, end: str) -> None:
-    uv = _uv()
     declared = _declared()
-    venv = tmp_path / "venv"
-    env = {**os.environ, "UV_LINK_MODE": "copy", "VIRTUAL_ENV": str(venv)}
-    env.pop("PYTHONPATH", None)
-
-    def run(*cmd: str, timeout: float) -> None:
-        done = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    run(uv, "venv", "--python", sys.executable, str(venv), timeout=120)
-    pins = [f"{name}=={_floor(declared[name])}" for name in OTEL] if end == "lowest" else []
-    python = str(venv / "bin" / "python")
-    run(uv, "pip", "install", "--python", python, str(AGENT), *pins, timeout=600)
+    pins = [f"{name}=={floor(declared[name])}" for name in OTEL] if end == "lowest" else []
+    python, env = install_venv(
+        tmp_path / "venv", [str(AGENT), *pins], venv_timeout=120, install_timeout=600
+    )
     with RecordingSink() as sink:
         child = subprocess.run(
             [python, str(CHILD), sink.endpoint],
@@ -104,7 +76,7 @@ def test_export_works_at_each_end_of_the_declared_range(tmp_path: Path, end: str
         got = Version(report[key])
         assert got in declared[name], (name, report[key])
         if end == "lowest":
-            assert got == Version(_floor(declared[name]))
+            assert got == Version(floor(declared[name]))
     assert report["active"] and report["delivered"]
     assert report["lean_recorder"], f"the lean recorder refused SDK {report['sdk']}"
     if end == "highest":

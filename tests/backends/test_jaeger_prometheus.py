@@ -38,6 +38,7 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
+from gym_telemetry_demo.webview import WebViewChild
 
 from tests.gym.stack import (
     AGENT,
@@ -62,7 +63,6 @@ from tests.support.jaeger import (
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
 from tests.support.wait import wait_for
-from tests.support.webview import WebViewProcess
 
 pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
 
@@ -222,13 +222,13 @@ def run(
     jaeger = JaegerServer(workdir / "jaeger", jaeger_bin).start()
     sidecar: SidecarProcess | None = None
     prometheus: PrometheusServer | None = None
-    webview: WebViewProcess | None = None
+    webview: WebViewChild | None = None
     store_dir = workdir / "store"
     try:
         sidecar = SidecarProcess(
             config=_sidecar_config(jaeger, TRANSPORTS[request.param], store_dir), log_dir=workdir
         ).start()
-        webview = WebViewProcess(store_dir, workdir).start()
+        webview = WebViewChild(store_dir, workdir).start(timeout_s=60)
         store = JaegerAPI(webview.url)
         admin = sidecar.admin_url.removeprefix("http://")
         prometheus = PrometheusServer(workdir / "prometheus", [admin], prometheus_bin).start()

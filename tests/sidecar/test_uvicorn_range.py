@@ -14,16 +14,14 @@ inside the bounds.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from tests.agent.test_sdk_range import _floor, _uv
+from tests.support.range_venv import floor, install_venv
 
 REPO = Path(__file__).resolve().parents[2]
 SIDECAR = REPO / "sidecar"
@@ -49,22 +47,14 @@ def test_the_uvicorn_range_is_bounded_on_both_sides() -> None:
 def test_the_guarded_protocol_works_at_each_end_of_the_uvicorn_range(
     tmp_path: Path, end: str
 ) -> None:
-    uv = _uv()
     declared = _declared()
-    venv = tmp_path / "venv"
-    env = {**os.environ, "UV_LINK_MODE": "copy", "VIRTUAL_ENV": str(venv)}
-    env.pop("PYTHONPATH", None)
-
-    def run(*cmd: str, timeout: float) -> None:
-        done = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    run(uv, "venv", "--python", sys.executable, str(venv), timeout=300)
-    pins = [f"uvicorn=={_floor(declared)}"] if end == "lowest" else []
-    python = str(venv / "bin" / "python")
-    run(uv, "pip", "install", "--python", python, str(SEMCONV), str(SIDECAR), *pins, timeout=900)
+    pins = [f"uvicorn=={floor(declared)}"] if end == "lowest" else []
+    python, env = install_venv(
+        tmp_path / "venv",
+        [str(SEMCONV), str(SIDECAR), *pins],
+        venv_timeout=300,
+        install_timeout=900,
+    )
     # A copy outside tests/sidecar/, whose inspect/ folder would shadow the standard
     # library's inspect as the script's own directory comes first on sys.path.
     script = tmp_path / CHILD.name
@@ -84,7 +74,7 @@ def test_the_guarded_protocol_works_at_each_end_of_the_uvicorn_range(
     got = Version(report["uvicorn"])
     assert got in declared, report
     if end == "lowest":
-        assert got == Version(_floor(declared))
+        assert got == Version(floor(declared))
     assert report["served"] == "HTTP/1.1 200 OK ok", report
     assert report["refused"] == "HTTP/1.1 431 Request Header Fields Too Large", report
     assert report["header_limit_hits"] == 1, report

@@ -15,7 +15,11 @@ from gym_telemetry_demo.procs import log_tail, stop_process
 
 
 class WebViewChild:
-    """Start (``start``: blocks until ``/rollouts`` answers) and stop the web view."""
+    """Start (``start``: blocks until ``/rollouts`` answers) and stop the web view.
+
+    The one launcher for the demo, the tests and the benches; also a context manager
+    (``with WebViewChild(...).start(timeout_s=60) as view``, or unstarted: ``__enter__`` starts it).
+    """
 
     def __init__(self, store_dir: Path, workdir: Path, jaeger_url: str | None = None) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -68,5 +72,11 @@ class WebViewChild:
     def trace_url(self, trace_id: str) -> str:
         return f"{self.url}/trace/{trace_id}"
 
-    def stop(self) -> int | None:
-        return stop_process(self.proc, grace_s=10)
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        return stop_process(self.proc, grace_s=grace_s)
+
+    def __enter__(self) -> WebViewChild:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

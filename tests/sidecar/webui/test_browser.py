@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gym_telemetry_demo.webview import WebViewChild
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.sidecar.webui.data import AGENT, SpanSpec, gym_trace, new_id, request, write
 from tests.sidecar.webui.test_hostile_and_bounded import HOSTILE, LONG, hostile_trace
 from tests.support.browser import launch
-from tests.support.webview import WebViewProcess
 
 NOW = time.time_ns()
 WAIT_MS = 60_000
@@ -71,7 +71,7 @@ def test_hostile_span_data_is_only_text(tmp_path: Path, page: tuple[Page, list[s
     pg, dialogs = page
     tid = new_id(16)
     write(tmp_path / "traces.db", [request(tid, hostile_trace(tid))], NOW - 60 * 10**9)
-    with WebViewProcess(tmp_path, tmp_path) as view:
+    with WebViewChild(tmp_path, tmp_path).start(timeout_s=60) as view:
         for path in (
             "/rollouts",
             f"/trace/{tid.hex()}",
@@ -114,7 +114,7 @@ def test_a_10000_span_trace_pages_in_the_browser(
         for i in range(9_999)
     ]
     write(tmp_path / "traces.db", [request(tid, specs)], NOW - 60 * 10**9)
-    with WebViewProcess(tmp_path, tmp_path) as view:
+    with WebViewChild(tmp_path, tmp_path).start(timeout_s=60) as view:
         pg.goto(f"{view.url}/trace/{tid.hex()}")
         assert pg.locator("details[data-testid=span]").count() == 500
         assert pg.locator("[data-testid=trace-summary]").get_attribute("data-spans") == "10000"
@@ -128,7 +128,7 @@ def test_the_rollouts_list_refreshes_in_place(tmp_path: Path, page: tuple[Page, 
     pg, _ = page
     path = tmp_path / "traces.db"
     write(path, [request(*gym_trace("first-0", NOW - 10 * 10**9))])
-    with WebViewProcess(tmp_path, tmp_path) as view:
+    with WebViewChild(tmp_path, tmp_path).start(timeout_s=60) as view:
         pg.goto(view.url + "/rollouts")
         assert pg.locator("[data-testid=rollout-row]").count() == 1
         pg.evaluate("() => { window.__same_document = true; }")
