@@ -54,8 +54,8 @@ def _read_bodies(path: Path) -> list[bytes]:
 
 def child(bodies: Path, repeats: int) -> None:
     from gym_sidecar.metrics.config import MetricsConfig
-    from gym_sidecar.metrics.spans import SpanDeriver
     from gym_sidecar.metrics.derived import DerivedMetrics
+    from gym_sidecar.metrics.spans import SpanDeriver
     from gym_sidecar.selfmetrics import SelfMetrics
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
