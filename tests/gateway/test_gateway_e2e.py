@@ -330,10 +330,13 @@ def run(
             name: {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": sc.grpc_endpoint,
                 "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sc.admin_url,
-                # what is checked is the gateway's whole-trace keeping, not the agent's
-                # queue bound: a queue that cannot fill on a starved machine keeps a
-                # dropped root (uncounted by the sidecars' stores) out of the picture
+                # What is checked is the gateway's whole-trace keeping, not the agent's
+                # bounds: a span the agent drops (queue full) or fails to export (the
+                # SDK gives a batch up after OTEL_EXPORTER_OTLP_TIMEOUT, 10 s, which a
+                # starved sidecar can exceed) never reaches a store, so it goes
+                # unnoticed unless it was a root. Neither bound can be reached here.
                 "OTEL_BSP_MAX_QUEUE_SIZE": "100000",
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "120",  # seconds (the Python SDK's unit)
             }
             for name, sc in sidecars.items()
         }
