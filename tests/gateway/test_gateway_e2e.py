@@ -113,6 +113,9 @@ class Run:
     agent_log: dict[str, list[str]] = field(default_factory=dict)
     """Per Gym server, its log's lines from the agent and the SDK's export machinery
     (export failures, shutdown warnings): what a span lost before its sidecar left."""
+    sidecar_drops: dict[str, list[str]] = field(default_factory=dict)
+    """Per Gym server, its sidecar's ``gym_sidecar_dropped_items_total`` samples: a span
+    a sidecar dropped before its fan-out is in neither its store nor the gateway."""
 
 
 def _tier2_env(jaeger: JaegerServer) -> dict[str, str]:
@@ -352,6 +355,14 @@ def run(
                 f"{name}'s sidecar never exported everything:\n{sc.log_text()[-4000:]}"
             )
 
+        sidecar_drops = {
+            name: [
+                ln
+                for ln in sc.admin_get("/metrics")[1].splitlines()
+                if ln.startswith("gym_sidecar_dropped_items_total")
+            ]
+            for name, sc in sidecars.items()
+        }
         metrics: dict[str, float] = {}
 
         def counted() -> bool:
@@ -390,6 +401,7 @@ def run(
             metrics,
             sent,
             _agent_log(workdir / "gym"),
+            sidecar_drops,
         )
     finally:
         for proc in reversed(started):
@@ -435,8 +447,10 @@ def test_failed_and_slow_rollouts_kept_whole(run: Run, kind: str) -> None:
             [s.span_id for s in trace.orphans()],
             run.raw[trace_id].get("warnings"),
             # a root the agent lost (queue full, failed export) never reached a sidecar,
-            # so the counts above still agree: its server's log says why
+            # so the counts above still agree: its server's log says why (and a
+            # sidecar's drop before its store, its counter)
             run.agent_log,
+            run.sidecar_drops,
         )
 
 
