@@ -263,7 +263,9 @@ def _exporter_settled(tier2: list[Collector], quiet_s: float = 5.0) -> Callable[
     return settled
 
 
-AGENT_LOG_MARKS = ("gym_telemetry", "opentelemetry", "export", "Transient error")
+# the agent's own lines ("gym_telemetry: ..."), the SDK exporter's and batch worker's;
+# not the frames of the failing verifier's tracebacks (they run through the agent's code)
+AGENT_LOG_MARKS = ("gym_telemetry:", "Failed to export", "Transient error", "opentelemetry.")
 
 
 def _agent_log(gym_dir: Path) -> dict[str, list[str]]:
@@ -271,9 +273,11 @@ def _agent_log(gym_dir: Path) -> dict[str, list[str]]:
     for name in SERVERS:
         path = gym_dir / f"{name}.log"
         text = path.read_text(errors="replace") if path.is_file() else ""
-        lines[name] = [ln for ln in text.splitlines() if any(m in ln for m in AGENT_LOG_MARKS)][
-            -40:
-        ]
+        lines[name] = [
+            ln
+            for ln in text.splitlines()
+            if 'File "' not in ln and any(m in ln for m in AGENT_LOG_MARKS)
+        ][-40:]
     return lines
 
 
