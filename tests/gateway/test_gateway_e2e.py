@@ -344,6 +344,10 @@ def run(
                 # unnoticed unless it was a root. Neither bound can be reached here.
                 "OTEL_BSP_MAX_QUEUE_SIZE": "100000",
                 "OTEL_EXPORTER_OTLP_TIMEOUT": "120",  # seconds (the Python SDK's unit)
+                # the slow rollouts end last, just before SIGTERM: their roots are in the
+                # stop flush, whose default 2 s a starved machine can pass (GymServers
+                # waits 15 s before SIGKILL)
+                "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S": "10",
             }
             for name, sc in sidecars.items()
         }
