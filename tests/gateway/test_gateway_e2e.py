@@ -110,6 +110,12 @@ class Run:
     raw: dict[str, dict[str, Any]]  # trace id -> the API's JSON of it
     metrics: dict[str, float]
     tier2_sent: int
+    agent_log: dict[str, list[str]] = field(default_factory=dict)
+    """Per Gym server, its log's lines from the agent and the SDK's export machinery
+    (export failures, shutdown warnings): what a span lost before its sidecar left."""
+    sidecar_drops: dict[str, list[str]] = field(default_factory=dict)
+    """Per Gym server, its sidecar's ``gym_sidecar_dropped_items_total`` samples: a span
+    a sidecar dropped before its fan-out is in neither its store nor the gateway."""
 
 
 def _tier2_env(jaeger: JaegerServer) -> dict[str, str]:
@@ -257,6 +263,24 @@ def _exporter_settled(tier2: list[Collector], quiet_s: float = 5.0) -> Callable[
     return settled
 
 
+# the agent's own lines ("gym_telemetry: ..."), the SDK exporter's and batch worker's;
+# not the frames of the failing verifier's tracebacks (they run through the agent's code)
+AGENT_LOG_MARKS = ("gym_telemetry:", "Failed to export", "Transient error", "opentelemetry.")
+
+
+def _agent_log(gym_dir: Path) -> dict[str, list[str]]:
+    lines: dict[str, list[str]] = {}
+    for name in SERVERS:
+        path = gym_dir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        lines[name] = [
+            ln
+            for ln in text.splitlines()
+            if 'File "' not in ln and any(m in ln for m in AGENT_LOG_MARKS)
+        ][-40:]
+    return lines
+
+
 def _jaeger_contents(jaeger: JaegerServer, truth: Truth) -> tuple[dict[str, JaegerTrace], dict]:
     traces: dict[str, JaegerTrace] = {}
     raw: dict[str, dict[str, Any]] = {}
@@ -313,6 +337,17 @@ def run(
             name: {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": sc.grpc_endpoint,
                 "GYM_TELEMETRY_SIDECAR_ADMIN_URL": sc.admin_url,
+                # What is checked is the gateway's whole-trace keeping, not the agent's
+                # bounds: a span the agent drops (queue full) or fails to export (the
+                # SDK gives a batch up after OTEL_EXPORTER_OTLP_TIMEOUT, 10 s, which a
+                # starved sidecar can exceed) never reaches a store, so it goes
+                # unnoticed unless it was a root. Neither bound can be reached here.
+                "OTEL_BSP_MAX_QUEUE_SIZE": "100000",
+                "OTEL_EXPORTER_OTLP_TIMEOUT": "120",  # seconds (the Python SDK's unit)
+                # the slow rollouts end last, just before SIGTERM: their roots are in the
+                # stop flush, whose default 2 s a starved machine can pass (GymServers
+                # waits 15 s before SIGKILL)
+                "GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S": "10",
             }
             for name, sc in sidecars.items()
         }
@@ -328,6 +363,14 @@ def run(
                 f"{name}'s sidecar never exported everything:\n{sc.log_text()[-4000:]}"
             )
 
+        sidecar_drops = {
+            name: [
+                ln
+                for ln in sc.admin_get("/metrics")[1].splitlines()
+                if ln.startswith("gym_sidecar_dropped_items_total")
+            ]
+            for name, sc in sidecars.items()
+        }
         metrics: dict[str, float] = {}
 
         def counted() -> bool:
@@ -365,6 +408,8 @@ def run(
             holder["raw"],
             metrics,
             sent,
+            _agent_log(workdir / "gym"),
+            sidecar_drops,
         )
     finally:
         for proc in reversed(started):
@@ -409,6 +454,11 @@ def test_failed_and_slow_rollouts_kept_whole(run: Run, kind: str) -> None:
             [(s.operation, s.service, s.span_id, s.parent_id) for s in trace.spans],
             [s.span_id for s in trace.orphans()],
             run.raw[trace_id].get("warnings"),
+            # a root the agent lost (queue full, failed export) never reached a sidecar,
+            # so the counts above still agree: its server's log says why (and a
+            # sidecar's drop before its store, its counter)
+            run.agent_log,
+            run.sidecar_drops,
         )
 
 
