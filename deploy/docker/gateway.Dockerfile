@@ -8,6 +8,9 @@
 # deploy/compose/gateway.yaml does the same through build.additional_contexts.
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
+# gateway-bin is a named build context (--build-context / additional_contexts), not a
+# stage of this file, which hadolint cannot know.
+# hadolint ignore=DL3022
 COPY --from=gateway-bin otelcol-gym-gateway /usr/local/bin/otelcol-gym-gateway
 COPY deploy/gateway/tier1.yaml deploy/gateway/tier1-dns.yaml deploy/gateway/tier2.yaml /etc/gym-gateway/
 USER 10001:10001
