@@ -102,12 +102,12 @@ def ensure_base_image(engine: Engine) -> None:
         log(f"{BASE_IMAGE} loaded from {archive} in {time.monotonic() - started:.1f} s")
         return
     if shutil.which("debootstrap") is None:
-        subprocess.run(
-            ["apt-get", "-o", "DPkg::Lock::Timeout=900", "install", "-y", "debootstrap"],
-            stdout=2,
-            timeout=1800,
-            check=True,
-        )
+        apt = ["apt-get", "-o", "DPkg::Lock::Timeout=900"]
+        install = [*apt, "install", "-y", "debootstrap"]
+        # A fresh machine may not have run `apt-get update` yet: one retry after it.
+        if subprocess.run(install, stdout=2, timeout=1800, check=False).returncode:
+            subprocess.run([*apt, "update"], stdout=2, timeout=1800, check=False)
+            subprocess.run(install, stdout=2, timeout=1800, check=True)
     with tempfile.TemporaryDirectory(prefix="gym-telemetry-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = [
