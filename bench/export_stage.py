@@ -2,7 +2,7 @@
 
     uv run --frozen python -m bench.export_stage [--requests 400] [--repeats 3]
 
-A counting OTLP/gRPC sink runs as its own process (``tests.support.sink``). In this
+A counting OTLP/gRPC sink runs as its own process (``testkit.sink``). In this
 process the export stage built by ``build_export_stage`` takes pre-built
 ``ExportTraceServiceRequest`` messages (512 spans, ~190 KB each) through ``consume``
 (serialize, enqueue) as fast as the queue admits them (a Backpressure waits for its
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     port = free_port()
-    sink = subprocess.Popen([sys.executable, "-m", "tests.support.sink", "--port", str(port)])
+    sink = subprocess.Popen([sys.executable, "-m", "testkit.sink", "--port", str(port)])
     try:
         wait_listening(port)
         size = len(make_request().SerializeToString())

@@ -30,7 +30,7 @@ from gym_sidecar.gating.stage import GateStage, build_gate_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.sidecar.gating.helpers import add_resource
+from testkit.otlp_samples import add_resource
 
 
 def small_request() -> bytes:

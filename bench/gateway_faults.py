@@ -41,8 +41,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceS
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
-from tests.support.otelcol import TIER1, TIER2, Collector, gateway_binary
-from tests.support.sink import RecordingSink
+from testkit.otelcol import TIER1, TIER2, Collector, gateway_binary
+from testkit.sink import RecordingSink
 
 SPANS_PER_TRACE = 12
 PARTS = (("nemo-gym/policy_model", 4), ("nemo-gym/failing_weather", 4), ("nemo-gym/agent", 4))

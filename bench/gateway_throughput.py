@@ -4,7 +4,7 @@
 
 Runs tier 1 (``deploy/gateway/tier1.yaml``) in front of two tier-2 collectors
 (``deploy/gateway/tier2.yaml``) exporting to a counting OTLP sink
-(``tests.support.sink``), all on loopback, and sends ``bench.loadgen``'s Gym-shaped
+(``testkit.sink``), all on loopback, and sends ``bench.loadgen``'s Gym-shaped
 load (``--load random-ids``: every span its own trace id, so tier 2 holds one trace per
 span, the worst case per span) into tier 1. Reported per tier, from ``/proc``:
 CPU seconds (user + system) spent while the load ran, spans per CPU-second, peak RSS
@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.otelcol import TIER1, TIER2, Collector, gateway_binary
-from tests.support.ports import free_port, wait_listening
+from gym_telemetry_demo.ports import free_port, wait_listening
+
+from testkit.otelcol import TIER1, TIER2, Collector, gateway_binary
 
 CLK_TCK = 100
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     sink_port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(sink_port)],
+        [sys.executable, "-m", "testkit.sink", "--port", str(sink_port)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -48,7 +48,7 @@ from bench.gym_verify_throughput import (  # noqa: E402
     measure,
     start_sink,
 )
-from tests.gym.stack import GymStack, load_configs  # noqa: E402
+from testkit.gym_stack import GymStack, load_configs  # noqa: E402
 
 # Installed on the servers' path: cyclic-GC time and counts, dumped to a JSON file every 0.5 s.
 _GC_PROBE = """

@@ -47,6 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "bench" / "gym_verify_callgrind_child.py"
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.ports import wait_listening  # noqa: E402
+
 from bench.callgrind_support import TOTALS, valgrind_command  # noqa: E402
 from bench.gym_verify_throughput import (  # noqa: E402
     BAGGAGE,
@@ -55,7 +57,6 @@ from bench.gym_verify_throughput import (  # noqa: E402
     start_sink,
     verify_body,
 )
-from tests.support.ports import wait_listening  # noqa: E402
 
 
 def _opts(args: argparse.Namespace, variant: str, requests: int, export: str) -> str:

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import free_port, wait_listening  # noqa: E402
 
-from tests.gym.stack import EXAMPLE_TASK, GymStack, load_configs  # noqa: E402
+from testkit.gym_stack import EXAMPLE_TASK, GymStack, load_configs  # noqa: E402
 
 SERVER = "example_single_tool_call"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -183,12 +183,12 @@ def gym_python() -> Path:
 
 
 def start_sink() -> tuple[subprocess.Popen[str], int]:
-    """A counting OTLP/gRPC sink process (``tests.support.sink``) on a free port, and
+    """A counting OTLP/gRPC sink process (``testkit.sink``) on a free port, and
     that port. The caller waits for it to listen, then terminates it and reads its
     last stdout line (the counts)."""
     port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(port)],
+        [sys.executable, "-m", "testkit.sink", "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

@@ -9,7 +9,7 @@ pydantic body, and a separate load process (aiohttp, ``--connections`` keep-aliv
 connections, each sending back to back, with a ``traceparent`` and the rollout-id
 baggage as a Gym agent's call has). The load process warms up for ``--warmup`` s,
 then counts answered requests for ``--seconds`` s. Spans go over OTLP/gRPC to a counting
-sink in this process (``tests.support.sink``), so export cost is in the server's CPU.
+sink in this process (``testkit.sink``), so export cost is in the server's CPU.
 
 Variants (every app is built with FastAPI's built-in telemetry off, so no variant pays
 for it; see ``gym_telemetry.fastapi_telemetry_off``):
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from tests.support.sink import RecordingSink
+    from testkit.sink import RecordingSink
 
 VARIANTS = ("bare", "gym_telemetry", "stock", "both")
 BODY = json.dumps(
@@ -357,7 +357,7 @@ def harness(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from bench.sidecar_vs_rotel.report import machine
-    from tests.support.sink import RecordingSink
+    from testkit.sink import RecordingSink
 
     if args.quick:
         args.repeats, args.seconds, args.warmup = 1, 3.0, 1.0

@@ -27,7 +27,7 @@ from gym_telemetry_demo.sidecar import SidecarProcess
 
 from bench.sidecar_vs_rotel.procs import status_mib
 from bench.sidecar_vs_rotel.runs import LoadSpec, run
-from tests.support.sink import RecordingSink
+from testkit.sink import RecordingSink
 
 
 class DefaultSidecar:

@@ -25,7 +25,7 @@ import httpx
 from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.sidecar import SidecarProcess
 
-from tests.sidecar.otlp_samples import SERVICES, trace_request
+from testkit.otlp_samples import SERVICES, trace_request
 
 
 def cpu_seconds(pid: int) -> float:
@@ -45,7 +45,7 @@ def main() -> None:
 
     sink_port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(sink_port)],
+        [sys.executable, "-m", "testkit.sink", "--port", str(sink_port)],
         stdout=subprocess.PIPE,
         text=True,
     )

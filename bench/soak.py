@@ -7,7 +7,7 @@ nothing).
 
 - The sidecar: ``gym-sidecar run --backend <sink>`` and nothing else (gRPC export, no
   compression, default span groups, the default 64 MiB memory queue).
-- The backend: a counting gRPC sink (``tests.support.sink.RecordingSink``) on a fixed
+- The backend: a counting gRPC sink (``testkit.sink.RecordingSink``) on a fixed
   port; every ``--outage-every-s`` (first at ``--first-outage-s``) it is stopped for
   ``--outage-s`` and started again on the same port. While it is away the sidecar
   retries, its queue fills, and once the queue is full clients are refused
@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_demo.ports import free_port
+from gym_telemetry_demo.sidecar import SidecarProcess
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.loadgen import build_requests
 from bench.sidecar_vs_rotel.procs import cpu_seconds, status_mib
-from tests.support.ports import free_port
-from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
+from testkit.sink import RecordingSink
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 SAMPLE_S = 5.0

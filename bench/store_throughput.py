@@ -49,11 +49,11 @@ from gym_sidecar.store.writer import StoreMetrics
 from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.sidecar import SidecarProcess
 
-from tests.sidecar.otlp_samples import SERVICES
-from tests.sidecar.store.requests import Rollout, trace_request
+from testkit.otlp_samples import SERVICES
+from testkit.rollout_requests import Rollout, trace_request
 
 BASE_SPANS_PER_ROLLOUT = 5
-"""Spans of a ``tests.sidecar.store.requests.Rollout`` without extra spans."""
+"""Spans of a ``testkit.rollout_requests.Rollout`` without extra spans."""
 
 
 def payloads(count: int, rollouts: int, spans_per_rollout: int) -> list[bytes]:
@@ -174,7 +174,7 @@ def through_sidecar(
 def to_sink(data: list[bytes], spans: int, seconds: float, senders: int, root: Path) -> None:
     port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.sink", "--port", str(port)],
+        [sys.executable, "-m", "testkit.sink", "--port", str(port)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -3,10 +3,10 @@ misreports data, with mutmut 3 (a workspace dev group, ``uv sync --group mutate`
 
 For each module in ``MODULES`` this lays out a scratch project under
 ``~/.cache/gym-telemetry/mutate/<name>/`` the way mutmut expects one (``src/`` holding
-the workspace's four packages, ``tests/``, a ``pyproject.toml`` whose ``[tool.mutmut]``
-mutates that one file and runs only the tests listed for it), runs ``mutmut run`` there
-with ``--max-children`` workers (default 1: the machine is shared), and collects
-killed / survived / timed out / no tests per module. mutmut itself then runs, for each
+the workspace's four packages, ``tests/`` and ``testkit/``, a ``pyproject.toml`` whose
+``[tool.mutmut]`` mutates that one file and runs only the tests listed for it), runs
+``mutmut run`` there with ``--max-children`` workers (default 1: the machine is shared), and
+collects killed / survived / timed out / no tests per module. mutmut itself then runs, for each
 mutant, only the listed tests that called the mutated function.
 
 The tests listed per module are in-process ones: a test that starts a sidecar as a
@@ -161,7 +161,8 @@ def stage(module: Module) -> Path:
     (work / "src").mkdir(parents=True)
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, work / "src" / Path(pkg).name)
-    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("tests", "testkit"):
+        shutil.copytree(ROOT / tree, work / tree, ignore=shutil.ignore_patterns("__pycache__"))
     pytest_args = ["-p", "no:cacheprovider", "-q", "-x"]
     (work / "pyproject.toml").write_text(
         "[tool.mutmut]\n"

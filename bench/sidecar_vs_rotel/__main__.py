@@ -46,9 +46,9 @@ from bench.sidecar_vs_rotel.procs import (
 )
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
 from bench.sidecar_vs_rotel.runs import LoadSpec, RunResult, run
-from tests.support.http_sink import HttpSink
-from tests.support.rotel import ROTEL_VERSION
-from tests.support.sink import RecordingSink
+from testkit.http_sink import HttpSink
+from testkit.rotel import ROTEL_VERSION
+from testkit.sink import RecordingSink
 
 COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger", "otelcol")
 EXPORTS = ("grpc/none", "grpc/gzip", "http/gzip", "http/none")

@@ -1,7 +1,7 @@
 """The collectors under test as processes, and what /proc says about them.
 
-The paths end in a counting sink: over gRPC ``tests.support.sink.RecordingSink``, over
-OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rotel's
+The paths end in a counting sink: over gRPC ``testkit.sink.RecordingSink``, over
+OTLP/HTTP ``testkit.http_sink.HttpSink`` (both accept up to 64 MiB, as rotel's
 ~3 MB batches need):
 
 - ``direct``: no collector; the load generator sends to the gRPC sink (the transport
@@ -12,7 +12,7 @@ OTLP/HTTP ``tests.support.http_sink.HttpSink`` (both accept up to 64 MiB, as rot
   OTLP/HTTP (``--backend-protocol``; gzip at the default ``compression_level``).
   ``sidecar-h2`` and ``sidecar-grpcio`` force ``backend.grpc_client`` (the default,
   ``auto``, uses h2 with gzip and grpc.aio without).
-- ``rotel``: rotel from PyPI (``tests.support.rotel.rotel_binary``, installed into a
+- ``rotel``: rotel from PyPI (``testkit.rotel.rotel_binary``, installed into a
   cached venv), OTLP exporter over gRPC or HTTP (``--otlp-exporter-protocol``), gzip or
   none (``--otlp-exporter-compression``).
 - ``jaeger``: Jaeger v2 (built from the Go module proxy, see :func:`jaeger_binary`) in a
@@ -48,7 +48,7 @@ import yaml
 from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.sidecar import SidecarProcess
 
-from tests.support.rotel import ROTEL_VERSION, rotel_binary
+from testkit.rotel import ROTEL_VERSION, rotel_binary
 
 BENCH_RESOURCE = {"deployment.environment.name": "bench", "k8s.cluster.name": "gym-bench"}
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -22,8 +22,8 @@ from typing import Any
 from bench import pyspy
 from bench.sidecar_vs_rotel.procs import Collector, cpu_seconds, pin, status_mib
 from bench.sidecar_vs_rotel.relay import ByteCountingRelay
-from tests.support.http_sink import HttpSink
-from tests.support.sink import RecordingSink
+from testkit.http_sink import HttpSink
+from testkit.sink import RecordingSink
 
 Progress = Callable[[int, int], None]
 """Called with (spans delivered so far, spans expected) while a run is going."""

@@ -23,8 +23,8 @@ from fastapi import FastAPI
 from gym_telemetry import endpoints, provider, rollout_correlation, span_groups
 from pydantic import BaseModel
 
+from testkit.sink import RecordingSink
 from tests.support.ports import free_port
-from tests.support.sink import RecordingSink
 
 
 class Body(BaseModel):

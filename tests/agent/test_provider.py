@@ -20,9 +20,9 @@ import pytest
 from fastapi import FastAPI
 from gym_telemetry import endpoints, provider, span_groups
 
+from testkit.sink import RecordingSink
 from tests.agent.conftest import Spans
 from tests.support.ports import free_port
-from tests.support.sink import RecordingSink
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,10 +27,10 @@ from gym_telemetry.remote_config import RemoteConfigPoller
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.sidecar.gating.helpers import add_resource
+from testkit.otlp_samples import add_resource
+from testkit.sink import RecordingSink
 from tests.support.ports import free_port, wait_listening
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 TOKEN = "agent-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

@@ -24,8 +24,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from testkit.sink import RecordingSink
 from tests.support.range_venv import floor, install_venv
-from tests.support.sink import RecordingSink
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "agent"

@@ -24,8 +24,8 @@ from gym_telemetry.endpoints import (
 from opentelemetry import propagate
 from pydantic import BaseModel
 
+from testkit.sink import RecordingSink
 from tests.agent.conftest import Spans
-from tests.support.sink import RecordingSink
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -40,7 +40,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from gym_telemetry_demo.webview import WebViewChild
 
-from tests.gym.stack import (
+from testkit.gym_stack import (
     AGENT,
     FAILING_AGENT,
     FAILING_RESOURCES,
@@ -53,6 +53,7 @@ from tests.gym.stack import (
     run_body,
     telemetry_env,
 )
+from testkit.wait import wait_for
 from tests.support.jaeger import (
     JaegerAPI,
     JaegerQueryClient,
@@ -62,7 +63,6 @@ from tests.support.jaeger import (
 )
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.gym, pytest.mark.backends, pytest.mark.timeout(3600)]
 

@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from testkit.otlp_samples import SERVICES, deep_json_text, trace_request, trace_request_json
+from testkit.sink import RecordingSink
 from tests.faults.support import rss_kib
-from tests.sidecar.otlp_samples import SERVICES, deep_json_text, trace_request, trace_request_json
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 KiB = 1024
 MiB = 1024 * KiB

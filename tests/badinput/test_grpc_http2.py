@@ -27,9 +27,9 @@ import h2.exceptions
 import pytest
 from hyperframe.frame import DataFrame, HeadersFrame
 
-from tests.sidecar.otlp_samples import SERVICES, grpc_export, trace_request
+from testkit.otlp_samples import SERVICES, grpc_export, trace_request
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 ANSWER_BOUND_S = 5.0
 """Every input is answered (status, reset, GOAWAY or close) within this."""

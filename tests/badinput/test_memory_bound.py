@@ -18,11 +18,11 @@ import grpc
 import httpx
 import pytest
 
+from testkit.otlp_samples import SERVICES, trace_request
+from testkit.sink import RecordingSink
 from tests.badinput.test_fuzz_receivers import field
 from tests.faults.support import rss_kib
-from tests.sidecar.otlp_samples import SERVICES, trace_request
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 MiB = 1024 * 1024
 PEAK_BOUND_MIB = 640

@@ -19,11 +19,11 @@ import gym_telemetry_semconv as semconv
 import pytest
 import yaml
 
+from testkit.sink import RecordingSink
 from tests.deploy.support import REPO
 from tests.gym.conftest import gym_python  # noqa: F401  (the session fixture)
 from tests.support.ports import free_port, wait_listening
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 pytestmark = pytest.mark.gym
 

@@ -39,11 +39,11 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 
+from testkit.wait import wait_for
 from tests.deploy.support import REPO
 from tests.support.docker_daemon import Engine
 from tests.support.jaeger import JaegerTrace, same_trace_id
 from tests.support.ports import free_port
-from tests.support.wait import wait_for
 
 pytestmark = [
     pytest.mark.docker,

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.wait import wait_for
 from tests.deploy.support import REPO
 from tests.support.docker_daemon import Engine
 from tests.support.ports import free_port
-from tests.support.wait import wait_for
 
 pytestmark = [
     pytest.mark.docker,

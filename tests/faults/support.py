@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from tests.support.wait import wait_for
+from testkit.wait import wait_for
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -170,7 +170,7 @@ class GrpcLoad:
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.1) -> bool:
-    """:func:`tests.support.wait.wait_for` with a required timeout and the fault suite's
+    """:func:`testkit.wait.wait_for` with a required timeout and the fault suite's
     coarser poll (its predicates read whole sinks and directories)."""
     return wait_for(predicate, timeout_s, interval_s)
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 
+from testkit.sink import RecordingSink
+from testkit.wait import wait_for
 from tests.support.ports import free_port, wait_listening
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
-from tests.support.wait import wait_for
 
 REQUESTS = int(os.environ.get("GYM_FAULTS_AGENT_REQUESTS", "4000"))
 CLIENTS = 4

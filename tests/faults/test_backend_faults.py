@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 import pytest
 
+from testkit.sink import RecordingSink
 from tests.faults.support import GrpcLoad, rss_kib, span_ids_of, span_request, wait_until
 from tests.sidecar.export.http_backend import ScriptedHttpBackend
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 MiB = 1024 * 1024
 DOWN_S = float(os.environ.get("GYM_FAULTS_BACKEND_DOWN_S", "30"))

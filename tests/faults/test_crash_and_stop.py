@@ -21,6 +21,7 @@ import pytest
 from gym_sidecar.export import segments
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from testkit.sink import RecordingSink
 from tests.faults.support import (
     TRACE_METHOD,
     GrpcLoad,
@@ -30,7 +31,6 @@ from tests.faults.support import (
 )
 from tests.support.ports import free_port
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 MiB = 1024 * 1024
 

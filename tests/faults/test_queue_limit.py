@@ -20,10 +20,10 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from testkit.sink import RecordingSink
 from tests.faults.support import TRACE_METHOD, small_filesystem, span_ids_of, span_request
 from tests.support.ports import free_port
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 KiB = 1024
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.otelcol import gateway_binary
 from tests.backends.conftest import gym_python, jaeger_bin, prometheus_bin
-from tests.support.otelcol import gateway_binary
 
 __all__ = ["gateway_bin", "gym_python", "jaeger_bin", "prometheus_bin"]
 

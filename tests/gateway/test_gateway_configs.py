@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scripts import otelcol_build
-from tests.support.otelcol import TIER1, TIER1_DNS, TIER2
+from testkit.otelcol import TIER1, TIER1_DNS, TIER2
 
 pytestmark = [pytest.mark.backends, pytest.mark.gateway, pytest.mark.timeout(3600)]
 

@@ -48,7 +48,7 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import (
+from testkit.gym_stack import (
     FAILING_AGENT,
     FAILING_RESOURCES,
     MODEL,
@@ -58,11 +58,11 @@ from tests.gym.stack import (
     run_body,
     telemetry_env,
 )
+from testkit.otelcol import TIER1, TIER2, Collector
+from testkit.wait import wait_for
 from tests.support.jaeger import JaegerServer, JaegerTrace
-from tests.support.otelcol import TIER1, TIER2, Collector
 from tests.support.prometheus import PrometheusServer
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.wait import wait_for
 
 pytestmark = [
     pytest.mark.gym,

@@ -13,9 +13,9 @@ from pathlib import Path
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from testkit.gym_stack import GymStack, load_configs, post_json, run_body
+from testkit.sink import RecordingSink
 from tests.gym.traces import SERVER, by_rollout, traces
-from tests.support.sink import RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

@@ -21,10 +21,10 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from testkit.gym_stack import GymStack, load_configs, post_json, run_body
+from testkit.sink import RecordedSpan, RecordingSink
 from tests.sidecar.metrics.collect import points
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordedSpan, RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1200)]
 

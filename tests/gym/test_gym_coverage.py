@@ -39,10 +39,10 @@ import gym_telemetry_semconv as semconv
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from tests.gym.stack import gym_env_start, launcher_config, launcher_env, post_json
+from testkit.gym_stack import gym_env_start, launcher_config, launcher_env, post_json
+from testkit.sink import RecordedSpan, RecordingSink
 from tests.gym.traces import SERVER, Trace, traces, write_shapes
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordedSpan, RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(2400)]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import (
+from testkit.gym_stack import (
     gym_env_start,
     launcher_config,
     launcher_env,
@@ -31,9 +31,9 @@ from tests.gym.stack import (
     post_json,
     run_body,
 )
+from testkit.sink import RecordingSink
 from tests.gym.traces import SERVER, by_rollout, traces
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

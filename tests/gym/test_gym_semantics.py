@@ -44,11 +44,11 @@ from gym_sidecar.store import db, queries
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from tests.gym.stack import EXAMPLES, gym_env_start, launcher_config, launcher_env, post_json
+from testkit.gym_stack import EXAMPLES, gym_env_start, launcher_config, launcher_env, post_json
+from testkit.sink import RecordedSpan, RecordingSink
 from tests.gym.traces import CLIENT, SERVER, Trace, traces
 from tests.sidecar.metrics.collect import points
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordedSpan, RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

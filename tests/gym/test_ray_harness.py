@@ -29,10 +29,10 @@ import gym_telemetry_semconv as semconv
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.gym.stack import gym_env_start, launcher_config, launcher_env, post_json
+from testkit.gym_stack import gym_env_start, launcher_config, launcher_env, post_json
+from testkit.sink import RecordingSink
 from tests.gym.traces import SERVER, traces, write_shapes
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

@@ -23,7 +23,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
-from tests.gym.stack import (
+from testkit.gym_stack import (
     AGENT,
     FAILING_AGENT,
     FAILING_RESOURCES,
@@ -36,10 +36,10 @@ from tests.gym.stack import (
     run_body,
     telemetry_env,
 )
+from testkit.sink import RecordedSpan, RecordingSink
 from tests.gym.traces import CLIENT, SERVER, Trace, by_rollout, traces
 from tests.sidecar.metrics.collect import Point, points
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordedSpan, RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
+from testkit.gym_stack import GymStack, load_configs, post_json, run_body
+from testkit.wait import wait_for
 from tests.support.ports import free_port
-from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(1800)]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import gym_telemetry_semconv as semconv
 import pytest
 
-from tests.gym.stack import GymStack, load_configs, post_json, run_body
-from tests.support.sink import RecordingSink
+from testkit.gym_stack import GymStack, load_configs, post_json, run_body
+from testkit.sink import RecordingSink
 
 pytestmark = [pytest.mark.gym, pytest.mark.timeout(600)]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.sink import RecordedSpan
+from testkit.sink import RecordedSpan
 
 SERVER = Span.SpanKind.SPAN_KIND_SERVER
 CLIENT = Span.SpanKind.SPAN_KIND_CLIENT

@@ -24,6 +24,7 @@ from gym_sidecar.webhook.mutate import (
     DATA_VOLUME_NAME,
 )
 
+from testkit.wait import wait_for
 from tests.k8s.conftest import (
     INJECT,
     INJECTED,
@@ -38,7 +39,6 @@ from tests.k8s.conftest import (
 )
 from tests.support.control_plane import CertificateAuthority, ControlPlane, metric_value
 from tests.support.ports import free_port
-from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(3600)]
 

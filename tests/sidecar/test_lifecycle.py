@@ -15,11 +15,11 @@ import pytest
 from gym_sidecar.config import load_config
 from gym_sidecar.server import SidecarServer
 
-from tests.sidecar.otlp_samples import grpc_export, http_post, trace_request
+from testkit.otlp_samples import grpc_export, http_post, trace_request
+from testkit.sink import RecordingSink
+from testkit.wait import wait_for
 from tests.support.ports import free_port
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
-from tests.support.wait import wait_for
 
 
 @pytest.fixture

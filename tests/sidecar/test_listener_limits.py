@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sidecar.otlp_samples import http_post, trace_request
+from testkit.otlp_samples import http_post, trace_request
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 KiB = 1024
 MiB = 1024 * KiB

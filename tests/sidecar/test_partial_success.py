@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tests.sidecar.otlp_samples import grpc_export, http_post, json_bytes, trace_request
+from testkit.otlp_samples import grpc_export, http_post, json_bytes, trace_request
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 QUEUE = {"max_bytes": 4096, "batch_max_bytes": 4096}
 

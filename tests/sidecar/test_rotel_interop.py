@@ -1,7 +1,7 @@
 """Interop with an independent OTLP implementation: the sidecar forwards to rotel.
 
 rotel (a Rust OpenTelemetry collector, installed from PyPI into a cached venv by
-tests/support/rotel.py) runs with the blackhole exporter and its detailed debug log;
+testkit/rotel.py) runs with the blackhole exporter and its detailed debug log;
 the spans and attributes it prints are what the sidecar sent it.
 """
 
@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from tests.support.rotel import RotelBlackhole
+from testkit.rotel import RotelBlackhole
 from tests.support.sidecar_proc import SidecarProcess
 
 pytestmark = pytest.mark.peer

@@ -33,8 +33,8 @@ from typing import Any
 import yaml
 from gym_telemetry_demo.procs import log_tail, stop_process
 
+from testkit.wait import wait_for
 from tests.support.ports import free_port, wait_listening
-from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanContext
 
-from tests.support.sink import RecordingSink
+from testkit.sink import RecordingSink
 
 
 def _lean(spans: list[ReadableSpan]) -> ExportTraceServiceRequest:

@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from tests.support.sink import RecordingSink
+from testkit.sink import RecordingSink
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

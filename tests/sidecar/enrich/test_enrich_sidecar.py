@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from gym_sidecar.core import downward_api
 
-from tests.sidecar.otlp_samples import grpc_export, kv, logs_request, metrics_request, trace_request
+from testkit.otlp_samples import grpc_export, kv, logs_request, metrics_request, trace_request
+from testkit.sink import RecordingSink, attrs
 from tests.support.docker_engine import EngineContractServer, FakeContainer
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink, attrs
 
 CID = "5e1dca4" + "0" * 57
 K8S_ENV = {

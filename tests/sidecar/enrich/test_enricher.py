@@ -20,10 +20,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from testkit.sink import attrs
+from testkit.wait import wait_for_async as wait_for
 from tests.support.collect_stage import CollectStage
 from tests.support.docker_engine import EngineContractServer, FakeContainer
-from tests.support.sink import attrs
-from tests.support.wait import wait_for_async as wait_for
 
 CID = "c0ffee00" * 8
 

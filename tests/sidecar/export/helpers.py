@@ -11,8 +11,8 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from tests.support.wait import wait_for  # noqa: F401  (re-exported for the export tests)
-from tests.support.wait import wait_for_async as wait_until  # noqa: F401  (re-exported)
+from testkit.wait import wait_for  # noqa: F401  (re-exported for the export tests)
+from testkit.wait import wait_for_async as wait_until  # noqa: F401  (re-exported)
 
 
 def trace_request(tag: str, spans: int = 3) -> ExportTraceServiceRequest:

@@ -20,8 +20,8 @@ from gym_sidecar.export.disk_queue import DiskQueue, build_queue
 from gym_sidecar.export.queue import MemoryQueue
 from gym_sidecar.selfmetrics import SelfMetrics
 
+from testkit.wait import wait_for_async
 from tests.faults.support import small_filesystem
-from tests.support.wait import wait_for_async
 
 
 def corrupt(metrics: SelfMetrics, kind: str) -> float:

@@ -18,11 +18,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from testkit.otlp_samples import grpc_export, http_post
+from testkit.sink import RecordingSink
 from tests.sidecar.export.helpers import trace_request, wait_for
 from tests.sidecar.export.http_backend import ScriptedHttpBackend
-from tests.sidecar.otlp_samples import grpc_export, http_post
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 FAST_RETRY = {
     "retry_initial_interval_s": 0.05,

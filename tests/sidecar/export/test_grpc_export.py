@@ -18,6 +18,7 @@ from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter, classify, grpc_target
 from gym_sidecar.export.stage import QueueStage
 from gym_sidecar.selfmetrics import SelfMetrics
 
+from testkit.sink import RecordingSink
 from tests.sidecar.export.helpers import (
     dropped,
     exported,
@@ -26,7 +27,6 @@ from tests.sidecar.export.helpers import (
     trace_batch,
     wait_until,
 )
-from tests.support.sink import RecordingSink
 
 FAST = {"retry_initial_interval_s": 0.01, "retry_max_interval_s": 0.05, "batch_timeout_s": 0.0}
 

@@ -22,10 +22,10 @@ from gym_sidecar.export.grpc_h2 import GrpcH2Exporter, _Call, _outcome
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from testkit.sink import RecordingSink
 from tests.sidecar.export.helpers import run, trace_request
 from tests.sidecar.export.test_otlp_grpc_exporter import TRACES, server
 from tests.support.ports import free_port
-from tests.support.sink import RecordingSink
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])

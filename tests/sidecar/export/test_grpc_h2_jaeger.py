@@ -17,9 +17,9 @@ from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
 
+from testkit.wait import wait_for
 from tests.sidecar.export.helpers import run, trace_request
 from tests.support.jaeger import JaegerServer, jaeger_binary
-from tests.support.wait import wait_for
 
 # The first use builds Jaeger from the Go module proxy (minutes on a cold machine).
 pytestmark = [pytest.mark.peer, pytest.mark.timeout(3600)]

@@ -16,8 +16,8 @@ from gym_sidecar.export.otlp_http import (
 )
 from pydantic import ValidationError
 
+from testkit.http_sink import HttpSink
 from tests.sidecar.export.helpers import run, trace_request
-from tests.support.http_sink import HttpSink
 
 
 def many_spans(requests: int) -> bytes:

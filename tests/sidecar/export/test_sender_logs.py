@@ -13,9 +13,9 @@ from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.export.stage import QueueStage
 from gym_sidecar.selfmetrics import SelfMetrics
 
+from testkit.sink import RecordingSink
 from tests.sidecar.export.helpers import dropped, run, trace_batch, wait_until
 from tests.support.ratelimit import hand_clock
-from tests.support.sink import RecordingSink
 
 
 @pytest.fixture

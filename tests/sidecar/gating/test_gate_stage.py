@@ -14,7 +14,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.sidecar.gating.helpers import add_resource, scope_counts
+from testkit.otlp_samples import add_resource
+from tests.sidecar.gating.helpers import scope_counts
 from tests.support.collect_stage import CollectStage
 
 VERIFY = semconv.scope_name(semconv.GROUP_VERIFY)

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.sidecar.gating.helpers import add_resource
+from testkit.otlp_samples import add_resource
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 TOKEN = "t0ken-for-tests"
 VERIFY = semconv.scope_name(semconv.GROUP_VERIFY)

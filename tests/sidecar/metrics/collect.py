@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from tests.support.sink import attrs
+from testkit.sink import attrs
 
 
 @dataclass

@@ -16,6 +16,7 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
+from testkit.wait import wait_for_async
 from tests.sidecar.metrics.collect import points
 from tests.sidecar.metrics.traces import (
     RESOURCE,
@@ -29,7 +30,6 @@ from tests.sidecar.metrics.traces import (
 )
 from tests.support.collect_stage import CollectStage
 from tests.support.ratelimit import hand_clock
-from tests.support.wait import wait_for_async
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA

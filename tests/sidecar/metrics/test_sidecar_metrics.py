@@ -25,10 +25,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.sink import RecordingSink
 from tests.sidecar.metrics.collect import points
 from tests.support.ports import free_port, wait_listening
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 ROLLOUT_BOUNDS = [100.0, 400.0, 2000.0]
 VERIFY_BOUNDS = [50.0, 200.0, 1000.0]

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
+
+from testkit.otlp_samples import set_attrs
 
 T0_NS = 1_700_000_000_000_000_000
 """A fixed start time for spans (2023-11-14)."""
@@ -19,20 +20,6 @@ RESOURCE = {
     semconv.SERVER_NAME: "math_with_judge",
     semconv.SERVER_TYPE: "resources",
 }
-
-
-def set_attrs(target: object, attrs: Mapping[str, object]) -> None:
-    for key, value in attrs.items():
-        kv: KeyValue = target.add()  # type: ignore[attr-defined]
-        kv.key = key
-        if isinstance(value, bool):
-            kv.value.bool_value = value
-        elif isinstance(value, int):
-            kv.value.int_value = value
-        elif isinstance(value, float):
-            kv.value.double_value = value
-        else:
-            kv.value.string_value = str(value)
 
 
 @dataclass

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from google.rpc import code_pb2, status_pb2
 
+from testkit.otlp_samples import deep_json_text, grpc_export, http_post, trace_request
+from testkit.sink import RecordingSink
 from tests.badinput.test_fuzz_receivers import nested_any_value, request_with_attribute_value
-from tests.sidecar.otlp_samples import deep_json_text, grpc_export, http_post, trace_request
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 KiB = 1024
 MiB = 1024 * KiB

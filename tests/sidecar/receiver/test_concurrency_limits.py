@@ -29,10 +29,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.sidecar.otlp_samples import SERVICES, http_post, trace_request
+from testkit.otlp_samples import SERVICES, http_post, trace_request
+from testkit.sink import RecordingSink
+from testkit.wait import wait_for
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
-from tests.support.wait import wait_for
 
 
 def _read_response(sock: socket.socket) -> bytes:

@@ -14,7 +14,7 @@ from gym_sidecar.receiver.limits import PARSER_MAX_DEPTH, rewrite_json_ids
 from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.sidecar.otlp_samples import deep_json_text
+from testkit.otlp_samples import deep_json_text
 
 SPEC = SPECS[Signal.TRACES]
 

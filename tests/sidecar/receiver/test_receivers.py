@@ -26,7 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
-from tests.sidecar.otlp_samples import (
+from testkit.otlp_samples import (
     grpc_export,
     http_post,
     json_bytes,
@@ -35,8 +35,8 @@ from tests.sidecar.otlp_samples import (
     trace_request,
     trace_request_json,
 )
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 ATTRS: dict[str, Any] = {"s": "text", "i": 42, "f": 2.5, "b": True, "arr": ("x", "y")}
 

@@ -12,8 +12,8 @@ from gym_sidecar.core.stage import Signal
 from gym_sidecar.receiver.limits import count_messages, json_values_exceed
 from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
 
+from testkit.otlp_samples import logs_request, metrics_request, trace_request
 from tests.badinput.test_fuzz_receivers import field
-from tests.sidecar.otlp_samples import logs_request, metrics_request, trace_request
 
 
 def walk_count(message: Message) -> int:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from gym_sidecar.store import db, queries
 
-from tests.sidecar.otlp_samples import grpc_export
-from tests.sidecar.store.requests import Rollout, trace_request
+from testkit.otlp_samples import grpc_export
+from testkit.rollout_requests import Rollout, trace_request
+from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
-from tests.support.sink import RecordingSink
 
 
 def test_backend_and_local_store_both_get_every_span(tmp_path: Path) -> None:

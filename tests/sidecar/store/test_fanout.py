@@ -18,8 +18,8 @@ from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.exporter import LocalStoreExporter
 from gym_sidecar.store.writer import StoreMetrics
 
-from tests.sidecar.store.requests import Rollout, trace_request
-from tests.support.sink import RecordingSink
+from testkit.rollout_requests import Rollout, trace_request
+from testkit.sink import RecordingSink
 
 
 def test_backend_retry_does_not_rewrite_the_store(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from gym_sidecar.store.writer import StoreMetrics
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from tests.sidecar.metrics.traces import set_attrs
-from tests.sidecar.store.requests import (
+from testkit.otlp_samples import set_attrs
+from testkit.rollout_requests import (
     AGENT,
     RESOURCES,
     Rollout,
@@ -27,7 +27,7 @@ from tests.sidecar.store.requests import (
     histogram_request,
     trace_request,
 )
-from tests.support.wait import wait_for_async
+from testkit.wait import wait_for_async
 
 MiB = 1024 * 1024
 NOW = time.time_ns()

@@ -31,9 +31,9 @@ from gym_sidecar.webhook.server import (
     InjectorServer,
 )
 
+from testkit.wait import wait_for_async
 from tests.deploy.support import validate_k8s, write_self_signed
 from tests.support.ports import free_port, wait_listening
-from tests.support.wait import wait_for_async
 
 SIDECAR = "gym-telemetry-sidecar"
 

@@ -3,7 +3,7 @@
 :func:`write` inserts OTLP trace requests with :func:`gym_sidecar.store.db.insert` (the
 writer thread's own call) at a chosen stored time, so tests control what has arrived
 and when. :class:`SpanSpec` / :func:`request` build requests span by span; the
-Gym-shaped rollouts of ``tests/sidecar/store/requests.py`` are reused for whole traces.
+Gym-shaped rollouts of ``testkit/rollout_requests.py`` are reused for whole traces.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gym_sidecar.store.rows import Truncation, trace_rows
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from tests.sidecar.metrics.traces import set_attrs
+from testkit.otlp_samples import set_attrs
 
 
 @dataclass

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.ports import free_port, wait_listening
+from gym_telemetry_demo.ports import free_port, wait_listening
 
 ROTEL_VERSION = "0.0.1a15"
 PEERS_DIR = Path(os.environ.get("GYM_TELEMETRY_PEERS_DIR", "~/.cache/gym-telemetry/peers"))

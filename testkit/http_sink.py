@@ -12,7 +12,7 @@ that does not parse gets 400 and is counted in ``bad_requests``. Bodies up to 64
         ... export to sink.url ...
         sink.wait_spans(n)
 
-Run as a process (``python -m tests.support.http_sink --port N``) it counts and prints
+Run as a process (``python -m testkit.http_sink --port N``) it counts and prints
 the totals on SIGTERM.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 from google.protobuf.message import DecodeError
+from gym_telemetry_demo.ports import free_port, wait_listening
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -38,9 +39,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.support.ports import free_port, wait_listening
-from tests.support.sink import serve_until_signalled
-from tests.support.wait import DEFAULT_TIMEOUT_S, wait_for
+from testkit.sink import serve_until_signalled
+from testkit.wait import DEFAULT_TIMEOUT_S, wait_for
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 

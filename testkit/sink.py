@@ -7,7 +7,7 @@ before accepting again; ``hold`` makes every call wait (a stalled backend or sid
 until ``release``, so a test can know, not guess, that an exporter is stuck in a call.
 Messages up to 64 MiB are accepted (rotel sends ~3 MB batches).
 
-Run as a process (``python -m tests.support.sink --port N``) it only counts spans and
+Run as a process (``python -m testkit.sink --port N``) it only counts spans and
 prints the totals on SIGTERM, for benchmarks.
 """
 
@@ -26,6 +26,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from gym_telemetry_demo.ports import free_port
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -41,8 +42,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.ports import free_port
-from tests.support.wait import DEFAULT_TIMEOUT_S, wait_for
+from testkit.wait import DEFAULT_TIMEOUT_S, wait_for
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 

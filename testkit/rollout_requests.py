@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from tests.sidecar.metrics.traces import set_attrs
+from testkit.otlp_samples import set_attrs
 
 AGENT = "nemo-gym/simple_agent"
 RESOURCES = "nemo-gym/weather"

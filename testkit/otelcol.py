@@ -20,11 +20,10 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.procs import log_tail, stop_process
 
-from tests.support.ports import free_port, wait_listening
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "scripts" / "otelcol_build.py"
 GATEWAY_DIR = REPO / "deploy" / "gateway"
 TIER1 = GATEWAY_DIR / "tier1.yaml"

@@ -1,12 +1,16 @@
-"""Small OTLP requests for receiver tests, and the plain clients that send them."""
+"""Small OTLP requests (for the receiver tests and the receive/gate benchmarks), the
+plain clients that send them, and the attribute and resource builders other request
+builders share."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
+import gym_telemetry_semconv as semconv
 import httpx
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -17,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 SERVICES = {
     "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -171,3 +175,38 @@ def deep_json_text(levels: int, shape: str = "kvlist") -> bytes:
         b'"attributes":[{"key":"a","value":' + value + b"}]}"
     )
     return b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + span + b"]}]}]}"
+
+
+def set_attrs(target: object, attrs: Mapping[str, object]) -> None:
+    """Append ``attrs`` to a repeated ``KeyValue`` field (bool, int, float, else string)."""
+    for key, value in attrs.items():
+        kv: KeyValue = target.add()  # type: ignore[attr-defined]
+        kv.key = key
+        if isinstance(value, bool):
+            kv.value.bool_value = value
+        elif isinstance(value, int):
+            kv.value.int_value = value
+        elif isinstance(value, float):
+            kv.value.double_value = value
+        else:
+            kv.value.string_value = str(value)
+
+
+def add_resource(
+    req: ExportTraceServiceRequest, service: str | None, scopes: dict[str, int]
+) -> ResourceSpans:
+    """Append a ResourceSpans for ``service`` with ``scopes`` (scope name -> span count)."""
+    rs = req.resource_spans.add()
+    if service is not None:
+        rs.resource.attributes.append(
+            KeyValue(key=semconv.SERVICE_NAME, value=AnyValue(string_value=service))
+        )
+    for scope, n in scopes.items():
+        ss = rs.scope_spans.add()
+        ss.scope.name = scope
+        for i in range(n):
+            sp = ss.spans.add()
+            sp.name = f"{scope}-{i}"
+            sp.trace_id = bytes(16)
+            sp.span_id = (i + 1).to_bytes(8, "big")
+    return rs

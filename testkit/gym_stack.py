@@ -2,9 +2,9 @@
 
 :mod:`gym_telemetry_demo.gym_servers` starts Gym servers the way Gym's launcher does (it
 moved there from this module so that ``make demo`` uses the same code as the real-Gym
-tests); this module keeps the names the tests import. :func:`gym_env_start` runs Gym's
-official launcher itself, ``gym-telemetry-run gym env start``, for the tests that go
-through it (``test_gym_env_start``, ``test_gym_semantics``).
+tests); this module keeps the names the tests and the benchmarks import.
+:func:`gym_env_start` runs Gym's official launcher itself, ``gym-telemetry-run gym env
+start``, for the tests that go through it (``test_gym_env_start``, ``test_gym_semantics``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import pytest
 import yaml
 from gym_telemetry_demo.gym_servers import (
     AGENT,
@@ -40,12 +39,15 @@ from gym_telemetry_demo.gym_servers import (
     telemetry_env,
 )
 from gym_telemetry_demo.gym_servers import GymServers as GymStack
+from gym_telemetry_demo.ports import free_port, wait_listening
 
-from tests.support.ports import free_port, wait_listening
-
-REPO = repo_root(Path(__file__).resolve().parents[2])
+REPO = repo_root(Path(__file__).resolve().parents[1])
 EXAMPLES = examples_dir(REPO)
 CONFIGS = EXAMPLES / "configs"
+
+
+class GymStackError(RuntimeError):
+    """The Gym servers did not come up (the launcher's log tail is in the message)."""
 
 
 def launcher_config(
@@ -193,7 +195,7 @@ def gym_env_start(
         if RAY_START_TIMEOUT in launched.log() and attempt < LAUNCH_ATTEMPTS:
             (work_dir / f"gym-env-start.attempt{attempt}.log").write_text(launched.log())
             continue
-        pytest.fail(f"{problem}:\n{launched.log()[-6000:]}")
+        raise GymStackError(f"{problem}:\n{launched.log()[-6000:]}")
     try:
         yield launched
     finally:
