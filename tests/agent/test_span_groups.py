@@ -55,6 +55,35 @@ def test_set_enabled_swaps_a_frozenset_and_drops_unknown_groups() -> None:
     assert not span_groups.is_enabled("verify")
 
 
+def test_enabled_for_spec_logs_the_unknown_names_it_ignores(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="gym_telemetry.span_groups"):
+        groups = span_groups.enabled_for_spec("default,sandbx")
+    assert groups == span_groups.enabled_for_spec("default")
+    assert "sandbx" in caplog.text and "ignored" in caplog.text
+
+
+def test_set_enabled_logs_each_change_once_in_words(caplog: pytest.LogCaptureFixture) -> None:
+    """Operators read these two lines when a fleet switch lands: the unknown names, and
+    the new set (sorted, comma-joined, ``none`` when empty), only when it changed."""
+    span_groups.set_enabled(set())
+    with caplog.at_level(logging.INFO, logger="gym_telemetry.span_groups"):
+        caplog.clear()
+        span_groups.set_enabled(["verify", "rollout", "nope"])
+        assert [r.getMessage() for r in caplog.records] == [
+            "gym_telemetry: ignoring unknown span group(s) ['nope']",
+            "gym_telemetry: span groups enabled: rollout,verify",
+        ]
+        caplog.clear()
+        span_groups.set_enabled(["rollout", "verify"])  # the same set: nothing to say
+        assert caplog.records == []
+        span_groups.set_enabled([])
+        assert [r.getMessage() for r in caplog.records] == [
+            "gym_telemetry: span groups enabled: none"
+        ]
+
+
 def test_configure_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(env_vars.GYM_TELEMETRY_SPAN_GROUPS, raising=False)
     # issue 15.1: with no configuration, verify spans are created (metrics mode) too.

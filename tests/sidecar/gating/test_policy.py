@@ -7,7 +7,7 @@ import pydantic
 import pytest
 from gym_sidecar.config import ConfigError, load_config
 from gym_sidecar.gating.config import Mode, SpanGroupsConfig
-from gym_sidecar.gating.policy import Policy
+from gym_sidecar.gating.policy import Policy, joining_warnings
 
 
 def test_unknown_names_are_reported_with_their_paths() -> None:
@@ -86,3 +86,40 @@ def test_service_cache_is_bounded() -> None:
     assert policy.is_cached("a") and policy.is_cached("b")
     assert not policy.is_cached("c")
     assert policy.for_service("c").modes == policy.for_service("a").modes
+
+
+def test_answers_name_their_service_and_spec_and_are_computed_once() -> None:
+    cfg = SpanGroupsConfig.model_validate(
+        {"spec": "default", "services": {"model": {"spec": "per_rollout"}}}
+    )
+    policy = Policy(cfg.policy(), generation=1)
+    model = policy.for_service("model")
+    assert (model.service, model.spec) == ("model", "per_rollout")
+    assert (policy.for_service(None).service, policy.for_service(None).spec) == (None, "default")
+    assert policy.for_service("model") is model  # the cached answer, not a recomputation
+    assert policy.for_service(None) is policy.for_service(None)
+
+
+def test_etag_is_the_hash_of_the_served_document() -> None:
+    """Same modes, different service: the documents differ (``service``), so must the
+    etags, or a conditional GET for one service would be answered with another's."""
+    policy = Policy(SpanGroupsConfig(spec="default").policy(), generation=1)
+    a, b = policy.for_service("a"), policy.for_service("b")
+    assert a.modes == b.modes
+    assert a.etag != b.etag
+    other_spec = Policy(
+        SpanGroupsConfig(spec="job,server,http_client,rollout").policy(), generation=1
+    )
+    assert other_spec.for_service("a").modes == a.modes
+    assert other_spec.for_service("a").etag != a.etag  # the spec is in the document too
+
+
+def test_joining_warnings_treat_a_missing_group_as_off() -> None:
+    assert joining_warnings({}) == joining_warnings(
+        {semconv.GROUP_SERVER: Mode.OFF, semconv.GROUP_HTTP_CLIENT: Mode.OFF}
+    )
+    assert len(joining_warnings({})) == 2
+    (metrics,) = joining_warnings(
+        {semconv.GROUP_SERVER: Mode.METRICS, semconv.GROUP_HTTP_CLIENT: Mode.ON}
+    )
+    assert "'server' is in metrics mode" in metrics
