@@ -167,6 +167,7 @@ def stage(module: Module) -> Path:
     (work / "pyproject.toml").write_text(
         "[tool.mutmut]\n"
         'source_paths = ["src"]\n'
+        'also_copy = ["testkit"]\n'
         f"only_mutate = {_toml_list([module.package_path])}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(list(module.tests))}\n"
         f"pytest_add_cli_args = {_toml_list(pytest_args)}\n"
@@ -217,7 +218,9 @@ class Result:
 
     @property
     def kill_rate_before(self) -> str:
-        return "-" if self.before is None else _rate(self.before)
+        if self.before is None:
+            return "-"
+        return _FIRST_RATE.get(self.module.name) or _rate(self.before)
 
 
 def _rate(counts: dict[str, int]) -> str:
@@ -308,12 +311,16 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
     """Rows of modules run now replace their previous rows; the others are kept."""
     old_rows: dict[str, str] = {}
     old_survivors: dict[str, str] = {}
+    old_notes = ""
     if path.exists():
         text = path.read_text(encoding="utf-8")
         for line in text.splitlines():
             cells = [c.strip() for c in line.split("|")]
             if len(cells) > 2 and cells[1] in BY_NAME:
                 old_rows[cells[1]] = line
+        # Hand-written notes between the table and "## Survivors" are kept as they are.
+        notes = re.search(r"(?ms)^\|[^\n]*\|\n(?!\|)(.*?)^## Survivors", text)
+        old_notes = notes.group(1).strip() if notes else ""
         for block in re.split(r"(?m)^### ", text)[1:]:
             name = block.split("\n", 1)[0].strip()
             if name in BY_NAME:
@@ -340,6 +347,8 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
             lines.append(_row(new[m.name]))
         elif m.name in old_rows:
             lines.append(old_rows[m.name])
+    if old_notes:
+        lines += ["", old_notes]
     lines += ["", "## Survivors", ""]
     for m in MODULES:
         if m.name in new:
@@ -359,6 +368,10 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
 
 
+_FIRST_RATE: dict[str, str] = {}
+"""Module -> the "before new tests" rate an earlier report already had."""
+
+
 def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
     """Per module of an earlier report: its counts and its survivors' names."""
     out: dict[str, tuple[dict[str, int], list[str]]] = {}
@@ -374,6 +387,8 @@ def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
                 "timeout": int(cells[5]),
                 "no tests": int(cells[6]),
             }
+            if len(cells) > 9 and cells[8] not in ("", "-"):
+                _FIRST_RATE[cells[1]] = cells[8]  # the rate before any new tests, kept
             out[cells[1]] = (counts, [])
     for block in re.split(r"(?m)^### ", text)[1:]:
         name = block.split("\n", 1)[0].strip()
@@ -407,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [BY_NAME[n] for n in args.modules] or list(MODULES)
     before = _previous(args.retest_survivors_of) if args.retest_survivors_of else {}
     results = []
+    failed: list[str] = []
     for module in chosen:
         if args.retest_survivors_of:
             if module.name not in before:
@@ -418,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_module(
                     module, args.max_children, survivors, rerun=not args.results_only
                 )
+                if result.error:  # the previous row and survivors stand
+                    print(f"   {module.name}: re-test failed, its row is kept: {result.error}")
+                    failed.append(module.name)
+                    continue
                 for status in ("killed", "timeout"):
                     result.counts[status] = counts[status] + result.counts.get(status, 0)
                 result.counts["no tests"] = counts["no tests"]
@@ -428,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         write_report(args.report, results, args.max_children)  # after each: partial runs count
     print(f"report: {args.report}")
-    return 1 if any(r.error for r in results) else 0
+    return 1 if failed or any(r.error for r in results) else 0
 
 
 if __name__ == "__main__":

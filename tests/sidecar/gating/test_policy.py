@@ -119,6 +119,7 @@ def test_joining_warnings_treat_a_missing_group_as_off() -> None:
         {semconv.GROUP_SERVER: Mode.OFF, semconv.GROUP_HTTP_CLIENT: Mode.OFF}
     )
     assert len(joining_warnings({})) == 2
+    assert "'server' is off: traces no longer join" in joining_warnings({})[0]
     (metrics,) = joining_warnings(
         {semconv.GROUP_SERVER: Mode.METRICS, semconv.GROUP_HTTP_CLIENT: Mode.ON}
     )
