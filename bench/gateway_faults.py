@@ -17,9 +17,12 @@ root span, ``SPANS_PER_TRACE`` spans in all. While it runs:
    (SIGTERM: it drains) with ``[a, b, c]``, what an operator does with the static
    resolver (the DNS resolver on Kubernetes changes the ring without a restart).
 
-Then every trace is classified at the sink: whole (all its spans), split or partial
-(some spans: the ring moved mid-trace, or a replica died holding part of it), or
-missing; by the phase in which the trace started. Prints one JSON object.
+Each replica exports to its own recording sink. Then every trace is classified: whole
+(all its spans, decided on one replica), partial (some spans: a replica died holding
+part of it), missing, and ``split_whole`` / ``split_partial`` when its spans reached more
+than one replica's sink (the ring moved mid-trace: each replica decided on part of it;
+with every trace kept that still looks whole in a backend, under sampling the two
+decisions can differ); by the phase in which the trace started. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -124,14 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     binary = gateway_binary(lambda line: print(line, file=sys.stderr))
     work = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
-    sink = RecordingSink().start()
+    # One sink per replica: a trace whose spans reach two sinks was decided on two
+    # replicas (split by a ring change), which a single backend cannot show when every
+    # trace is kept.
+    sinks = {n: RecordingSink().start() for n in "abc"}
     env2 = {
-        "GATEWAY_BACKEND_OTLP_GRPC": sink.endpoint,
         "GATEWAY_KEEP_PERCENT": "100",
         "GATEWAY_DECISION_WAIT": "30s",
         "GATEWAY_DECISION_WAIT_AFTER_ROOT": "5s",
     }
-    replicas = {n: Collector(binary, TIER2, work, f"tier2-{n}", env2) for n in "abc"}
+    replicas = {
+        n: Collector(
+            binary,
+            TIER2,
+            work,
+            f"tier2-{n}",
+            {**env2, "GATEWAY_BACKEND_OTLP_GRPC": sinks[n].endpoint},
+        )
+        for n in "abc"
+    }
     for n in "ab":
         replicas[n].start()
 
@@ -165,8 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         events["tier1_restarted"] = time.monotonic() - t0
         thread.join()
         sent = sum(n for _, n in PARTS) * args.traces
-        sink.wait_for(lambda: False, timeout_s=60)  # decisions: 30 s at most, plus export
-        got = Counter(s.span.trace_id for s in sink.spans())
+        time.sleep(60)  # decisions: 30 s at most, plus export
+        got: Counter[bytes] = Counter()
+        deciders: dict[bytes, set[str]] = {}
+        for name, sink in sinks.items():
+            for s in sink.spans():
+                got[s.span.trace_id] += 1
+                deciders.setdefault(s.span.trace_id, set()).add(name)
         phases: dict[str, Counter[str]] = {}
         for trace_id, started in gen.started.items():
             at = started - t0
@@ -178,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 else "after_add"
             )
             n = got.get(trace_id, 0)
-            kind = "whole" if n == SPANS_PER_TRACE else "missing" if n == 0 else "partial"
+            kind = "missing" if n == 0 else "whole" if n == SPANS_PER_TRACE else "partial"
+            if n and len(deciders[trace_id]) > 1:
+                kind = f"split_{kind}"  # decided on more than one replica
             phases.setdefault(phase, Counter())[kind] += 1
         report = {
             "traces": args.traces,
@@ -194,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         tier1.stop()
         for c in replicas.values():
             c.stop()
-        sink.stop()
+        for sink in sinks.values():
+            sink.stop()
     return 0
 
 
