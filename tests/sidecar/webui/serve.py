@@ -30,10 +30,16 @@ class Answer:
 
 
 class Clock:
-    """A settable ``time_ns``: real time plus ``offset_ns``."""
+    """A settable ``time_ns``: real time plus ``offset_ns``; with ``anchor_ns``, time that
+    starts at ``anchor_ns`` when the clock is made and runs on from there.
 
-    def __init__(self) -> None:
-        self.offset_ns = 0
+    Anchor a clock to the module's ``NOW`` when the data is placed relative to it: the
+    module is imported when the suite is collected, so on a long run (a cold ``make
+    test`` spends most of an hour on builds first) real time is far past ``NOW`` by the
+    time the test runs, and "ten minutes ago" would have become "an hour ago"."""
+
+    def __init__(self, anchor_ns: int | None = None) -> None:
+        self.offset_ns = 0 if anchor_ns is None else anchor_ns - time.time_ns()
 
     def __call__(self) -> int:
         return time.time_ns() + self.offset_ns

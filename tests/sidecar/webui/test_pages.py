@@ -44,7 +44,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def base(store: Path) -> Iterator[str]:
     with serve(
-        ViewConfig(store, jaeger_url="http://jaeger.example:16686", clock_ns=Clock())
+        ViewConfig(store, jaeger_url="http://jaeger.example:16686", clock_ns=Clock(NOW))
     ) as url:
         yield url
 
