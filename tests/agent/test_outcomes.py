@@ -10,6 +10,7 @@ against real Gym servers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -20,7 +21,13 @@ from gym_telemetry.endpoints import (
     traced_rollout_endpoint,
     traced_verify_endpoint,
 )
-from gym_telemetry.outcomes import Failure, failure_of
+from gym_telemetry.outcomes import (
+    MAX_BODY_BYTES,
+    MAX_KIND_CHARS,
+    MAX_REASON_CHARS,
+    Failure,
+    failure_of,
+)
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
@@ -135,6 +142,74 @@ def test_failure_of_never_raises() -> None:
             raise RuntimeError(name)
 
     assert failure_of(Hostile()) is None
+
+
+def _row_of_size(size: int) -> bytes:
+    """A compact masked verify row of exactly ``size`` bytes (valid JSON)."""
+    head, tail = b'{"mask_sample":true,"failure_kind":"k","pad":"', b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+def test_response_bodies_are_read_up_to_the_limit_and_not_past_it() -> None:
+    assert len(_row_of_size(MAX_BODY_BYTES)) == MAX_BODY_BYTES
+    assert failure_of(Response(_row_of_size(MAX_BODY_BYTES))) == Failure("k", None)
+    assert failure_of(Response(_row_of_size(MAX_BODY_BYTES + 1))) is None
+
+
+def test_long_kinds_reasons_and_stages_are_clipped() -> None:
+    """``error.type`` is a metric label: a runaway string is clipped, never kept whole."""
+    long = "k" * (MAX_KIND_CHARS + 50)
+    reason = "r" * (MAX_REASON_CHARS + 50)
+    masked = {"mask_sample": True, "failure_kind": long, "failure_reason": reason}
+    assert failure_of(masked) == Failure(long[:MAX_KIND_CHARS], reason[:MAX_REASON_CHARS])
+    assert failure_of({"_ng_failure_class": long}) == Failure(long[:MAX_KIND_CHARS], None)
+    episode = {"failure": {"failure_kind": long, "failure_reason": reason, "stage": long}}
+    assert failure_of(episode) == Failure(
+        long[:MAX_KIND_CHARS], reason[:MAX_REASON_CHARS], long[:MAX_KIND_CHARS]
+    )
+
+
+class _SlottedMapping(Mapping[str, Any]):
+    """A read-only mapping without an instance ``__dict__``."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class _Plain:
+    """A plain object (no pydantic): its fields are its ``__dict__``."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def test_other_mappings_and_plain_objects_are_read_too() -> None:
+    assert failure_of(_SlottedMapping({"mask_sample": True, "failure_kind": "k"})) == Failure(
+        "k", None
+    )
+    assert failure_of(_Plain(mask_sample=True)) == Failure("_OTHER", None)
+    # a field wins over a model's extras; extras are read only when the field is absent
+    both = _Plain(_ng_failure_class="field", __pydantic_extra__={})
+    assert failure_of(both) == Failure("field", None)
+
+
+def test_an_episodes_result_is_read_one_level_deep_extras_included() -> None:
+    judge = VerifyResponse.model_validate({"reward": 0.0, "_ng_failure_class": "judge_failed"})
+    assert failure_of({"episode_id": {}, "result": judge}) == Failure("judge_failed", None)
+    # a row inside the result's own result is not Gym's shape: not read
+    deeper = {"result": {"result": {"mask_sample": True, "failure_kind": "k"}}}
+    assert failure_of(deeper) is None
 
 
 def test_failsafe_row_is_a_failed_verification(spans: Spans) -> None:
