@@ -136,7 +136,7 @@ def test_mutation_is_pure_and_convergent(config: InjectorConfig) -> None:
 
 
 def test_pod_without_containers_is_refused() -> None:
-    with pytest.raises(ValueError, match="containers"):
+    with pytest.raises(ValueError, match=r"^pod has no spec\.containers list$"):
         mutate({"metadata": {}, "spec": {}}, NATIVE)
 
 
@@ -367,9 +367,44 @@ def test_colliding_volume_name_is_warned_about(caplog: pytest.LogCaptureFixture)
         out = mutate(p, NATIVE)
     assert [v for v in out["spec"]["volumes"] if v["name"] == PODINFO_VOLUME_NAME] == [own]
     [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert PODINFO_VOLUME_NAME in record.getMessage() and "gym-0" in record.getMessage()
+    assert record.getMessage() == (
+        f"pod gym-0 already has a volume named {PODINFO_VOLUME_NAME!r} unlike the injected "
+        "one; the sidecar mounts the pod's volume there (rename it, or expect the sidecar's "
+        "pod labels and annotations (enrichment) to be wrong)"
+    )
     # No collision, no warning.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gym_sidecar.webhook.mutate"):
         mutate(pod(), NATIVE)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("annotation", "namespace", "reason"),
+    [
+        ("true", False, "pod annotation"),
+        ("false", True, "pod annotation opts out"),
+        ("yes", True, "pod annotation has unrecognised value 'yes'"),
+        (None, True, "namespace label"),
+        (None, False, "not opted in"),
+    ],
+)
+def test_each_decision_says_why(annotation: str | None, namespace: bool, reason: str) -> None:
+    """The reason is what the webhook logs and counts for each pod: it must name the rule."""
+    p = pod({INJECT_ANNOTATION: annotation} if annotation is not None else None)
+    assert decide(p, namespace).reason == reason
+
+
+@pytest.mark.parametrize(("config", "mode"), [(NATIVE, "native-sidecar"), (PLAIN, "container")])
+def test_injected_annotation_names_the_mode_and_keeps_the_pods_own(
+    config: InjectorConfig, mode: str
+) -> None:
+    out = mutate(pod({"team": "rl", INJECT_ANNOTATION: "true"}), config)
+    assert out["metadata"]["annotations"] == {
+        "team": "rl",
+        INJECT_ANNOTATION: "true",
+        INJECTED_ANNOTATION: mode,
+    }
+    bare = pod()
+    del bare["metadata"]
+    assert mutate(bare, config)["metadata"] == {"annotations": {INJECTED_ANNOTATION: mode}}

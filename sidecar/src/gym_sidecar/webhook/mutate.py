@@ -250,7 +250,5 @@ def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
         present_names = {e.get("name") for e in env}
         env.extend(
             {"name": k, "value": v} for k, v in sorted(app_env.items()) if k not in present_names
-        )
-        if not env:
-            del container["env"]
+        )  # never empty afterwards: app_env always holds the admin URL
     return out
