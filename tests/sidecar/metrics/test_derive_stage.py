@@ -11,6 +11,7 @@ import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import SCOPE_NAME
+from gym_sidecar.metrics.series import HistogramSeries
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -650,3 +651,16 @@ def test_export_failures_are_counted_each_time_and_logged_once_a_minute(
     assert len(messages) == 2
     assert all(m.startswith("derived metrics export pushed back") for m in messages)
     assert messages[1].endswith("[4 similar messages suppressed]")
+
+
+def test_an_exemplar_needs_both_ids() -> None:
+    """A point with only one of trace id and span id cannot link to a span: no exemplar."""
+    bounds = [10.0, 100.0]
+    series = HistogramSeries(b"r", (), len(bounds) + 1, 0)
+    series.record(bounds, 5.0, 1, b"\x01" * 16, None)
+    series.record(bounds, 50.0, 2, None, b"\x02" * 8)
+    series.record(bounds, 500.0, 3, b"", b"\x02" * 8)
+    assert (series.count, series.bucket_counts) == (3, [1, 1, 1])
+    assert not any(series.exemplars)
+    series.record(bounds, 6.0, 4, b"\x01" * 16, b"\x02" * 8)
+    assert series.exemplars[0] == (6.0, 4, b"\x01" * 16, b"\x02" * 8)
