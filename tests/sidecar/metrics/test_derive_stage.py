@@ -25,6 +25,7 @@ from tests.sidecar.metrics.traces import (
     SERVER_SCOPE,
     VERIFY_SCOPE,
     SpanSpec,
+    add_resource,
     request,
     rollout,
     verify,
@@ -664,3 +665,89 @@ def test_an_exemplar_needs_both_ids() -> None:
     assert not any(series.exemplars)
     series.record(bounds, 6.0, 4, b"\x01" * 16, b"\x02" * 8)
     assert series.exemplars[0] == (6.0, 4, b"\x01" * 16, b"\x02" * 8)
+
+
+def test_every_span_of_a_block_is_read_and_each_bad_one_counted() -> None:
+    """One scope block mixing every case: spans of other names are skipped (not the rest
+    of the block), each nested rollout and each invalid span counts once, a span with no
+    start time is invalid, and a zero-length span is a valid 0 ms point."""
+    stage, tail, _ = make()
+    nested = [rollout(900), rollout(950)]
+    for span in nested:
+        span.attrs[semconv.ROLLOUT_NESTED] = True
+    no_start_rollout, no_start_verify = rollout(5, start_ns=0), verify(5, start_ns=0)
+    batch = {
+        ROLLOUT_SCOPE: [
+            SpanSpec("something else", 5),
+            rollout(10),
+            *nested,
+            no_start_rollout,
+            rollout(0),
+            rollout(20),
+        ],
+        VERIFY_SCOPE: [
+            SpanSpec("something else", 5),
+            verify(10),
+            no_start_verify,
+            verify(0),
+            verify(30),
+        ],
+    }
+    req = request(batch)
+    ends_early = req.resource_spans[0].scope_spans[1].spans.add()
+    ends_early.CopyFrom(req.resource_spans[0].scope_spans[1].spans[1])
+    ends_early.end_time_unix_nano = ends_early.start_time_unix_nano - 1
+
+    async def go() -> None:
+        await stage.consume(traces(req))
+        assert await stage.flush()
+
+    run(go())
+    [out] = tail.metric_requests()
+    [rollouts] = points(out, semconv.METRIC_ROLLOUT_DURATION)
+    assert (rollouts.point.count, rollouts.point.sum) == (3, pytest.approx(30.0))
+    [verifies] = points(out, semconv.METRIC_VERIFY_DURATION)
+    assert (verifies.point.count, verifies.point.sum) == (3, pytest.approx(40.0))
+    assert stage.store.spans["gym.rollout.nested"] == 2
+    assert stage.store.invalid_spans == 3
+
+
+def test_points_of_two_resources_in_one_request_stay_apart() -> None:
+    stage, tail, _ = make()
+    req = request({ROLLOUT_SCOPE: [rollout(10), rollout(20)]})
+    add_resource(req, {ROLLOUT_SCOPE: [rollout(300)]}, {**RESOURCE, semconv.SERVER_NAME: "other"})
+
+    async def go() -> None:
+        await stage.consume(traces(req))
+        assert await stage.flush()
+
+    run(go())
+    [out] = tail.metric_requests()
+    got = {
+        p.resource[semconv.SERVER_NAME]: (p.point.count, p.point.sum)
+        for p in points(out, semconv.METRIC_ROLLOUT_DURATION)
+    }
+    assert got == {
+        RESOURCE[semconv.SERVER_NAME]: (2, pytest.approx(30.0)),
+        "other": (1, pytest.approx(300.0)),
+    }
+
+
+def test_every_overflowed_point_of_a_block_is_counted() -> None:
+    stage, tail, _ = make(cardinality_limit=2)  # one series, then the overflow series
+
+    async def go() -> None:
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(10)]})))
+        over = {**RESOURCE, semconv.SERVER_NAME: "over"}
+        await stage.consume(traces(request({ROLLOUT_SCOPE: [rollout(20), rollout(30)]}, over)))
+        assert await stage.flush()
+
+    run(go())
+    assert stage.store.overflow_points[semconv.METRIC_ROLLOUT_DURATION] == 2
+    [out] = tail.metric_requests()
+    [overflow] = [
+        p
+        for p in points(out, semconv.METRIC_ROLLOUT_DURATION)
+        if p.attrs.get("otel.metric.overflow") is True
+    ]
+    assert overflow.point.count == 2
