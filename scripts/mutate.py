@@ -358,6 +358,14 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
             if r.error:
                 lines.append(f"Run failed: {r.error}")
                 lines.append("")
+            crashed = {k: r.counts.get(k, 0) for k in ("segfault", "suspicious", "skipped")}
+            if any(crashed.values()):
+                lines.append(
+                    "Not tested (outside the kill rate): "
+                    + ", ".join(f"{n} {k}" for k, n in crashed.items() if n)
+                    + "."
+                )
+                lines.append("")
             if not r.survivors:
                 lines.append("none")
             for name, changed in r.survivors:

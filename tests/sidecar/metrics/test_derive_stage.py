@@ -682,6 +682,7 @@ def test_every_span_of_a_block_is_read_and_each_bad_one_counted() -> None:
             rollout(10),
             *nested,
             no_start_rollout,
+            rollout(7, start_ns=0),
             rollout(0),
             rollout(20),
         ],
@@ -709,7 +710,7 @@ def test_every_span_of_a_block_is_read_and_each_bad_one_counted() -> None:
     [verifies] = points(out, semconv.METRIC_VERIFY_DURATION)
     assert (verifies.point.count, verifies.point.sum) == (3, pytest.approx(40.0))
     assert stage.store.spans["gym.rollout.nested"] == 2
-    assert stage.store.invalid_spans == 3
+    assert stage.store.invalid_spans == 4
 
 
 def test_points_of_two_resources_in_one_request_stay_apart() -> None:

@@ -171,7 +171,7 @@ class SpanDeriver:
         return pending
 
     def _rollouts(
-        self, resource_key: bytes, spans: Sequence[Span], out: Pending, nested: bool = True
+        self, resource_key: bytes, spans: Sequence[Span], out: Pending, nested: bool
     ) -> None:
         exemplars = self._exemplars
         bounds = self._rollout_bounds
