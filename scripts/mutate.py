@@ -123,6 +123,7 @@ MODULES: tuple[Module, ...] = (
             "tests/sidecar/receiver/test_otlp_json.py",
             "tests/sidecar/receiver/test_request_messages.py",
             "tests/sidecar/receiver/test_bad_input.py",
+            "tests/sidecar/receiver/test_limits_boundaries.py",
         ),
         ("json_values_exceed", "rewrite_json_ids"),
     ),
