@@ -178,18 +178,8 @@ def deep_json_text(levels: int, shape: str = "kvlist") -> bytes:
 
 
 def set_attrs(target: object, attrs: Mapping[str, object]) -> None:
-    """Append ``attrs`` to a repeated ``KeyValue`` field (bool, int, float, else string)."""
-    for key, value in attrs.items():
-        kv: KeyValue = target.add()  # type: ignore[attr-defined]
-        kv.key = key
-        if isinstance(value, bool):
-            kv.value.bool_value = value
-        elif isinstance(value, int):
-            kv.value.int_value = value
-        elif isinstance(value, float):
-            kv.value.double_value = value
-        else:
-            kv.value.string_value = str(value)
+    """Append ``attrs`` to a repeated ``KeyValue`` field, typed as :func:`kv` types them."""
+    target.extend(kv(key, value) for key, value in attrs.items())  # type: ignore[attr-defined]
 
 
 def add_resource(
