@@ -208,6 +208,8 @@ class Result:
     error: str = ""
     before: dict[str, int] | None = None
     """The counts before survivors were tested again (``--retest-survivors-of``)."""
+    first_rate: str = ""
+    """The "before new tests" rate the earlier report already had, kept over re-tests."""
 
     @property
     def tested(self) -> int:
@@ -221,7 +223,7 @@ class Result:
     def kill_rate_before(self) -> str:
         if self.before is None:
             return "-"
-        return _FIRST_RATE.get(self.module.name) or _rate(self.before)
+        return self.first_rate or _rate(self.before)
 
 
 def _rate(counts: dict[str, int]) -> str:
@@ -377,13 +379,10 @@ def write_report(path: Path, results: list[Result], max_children: int) -> None:
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
 
 
-_FIRST_RATE: dict[str, str] = {}
-"""Module -> the "before new tests" rate an earlier report already had."""
-
-
-def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
-    """Per module of an earlier report: its counts and its survivors' names."""
-    out: dict[str, tuple[dict[str, int], list[str]]] = {}
+def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str], str]]:
+    """Per module of an earlier report: its counts, its survivors' names and its "before
+    new tests" rate ("" when it has none)."""
+    out: dict[str, tuple[dict[str, int], list[str], str]] = {}
     if not report.exists():
         return out
     text = report.read_text(encoding="utf-8")
@@ -396,9 +395,8 @@ def _previous(report: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
                 "timeout": int(cells[5]),
                 "no tests": int(cells[6]),
             }
-            if len(cells) > 9 and cells[8] not in ("", "-"):
-                _FIRST_RATE[cells[1]] = cells[8]  # the rate before any new tests, kept
-            out[cells[1]] = (counts, [])
+            first_rate = cells[8] if len(cells) > 9 and cells[8] != "-" else ""
+            out[cells[1]] = (counts, [], first_rate)
     for block in re.split(r"(?m)^### ", text)[1:]:
         name = block.split("\n", 1)[0].strip()
         if name in out:
@@ -436,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.retest_survivors_of:
             if module.name not in before:
                 continue
-            counts, survivors = before[module.name]
+            counts, survivors, first_rate = before[module.name]
             if not survivors:
                 result = Result(module, dict(counts), [], 0.0)
             else:
@@ -451,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                     result.counts[status] = counts[status] + result.counts.get(status, 0)
                 result.counts["no tests"] = counts["no tests"]
             result.before = counts
+            result.first_rate = first_rate
         else:
             names = [] if args.all_functions else module.mutant_globs()
             result = run_module(module, args.max_children, names, rerun=not args.results_only)
