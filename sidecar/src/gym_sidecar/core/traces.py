@@ -1,0 +1,177 @@
+"""The wire view of an OTLP trace export request: what the trace pipeline works on.
+
+A trace request travels the pipeline as the bytes it arrived in plus an index of them:
+where each ResourceSpans and ScopeSpans block lies, its resource, its scope name and
+span count, and, for the scopes the derive stage reads, the few fields of each span it
+needs. Nothing else of a span is ever turned into a Python object.
+
+Stages edit the index, never the bytes: enrich sets a block's ``resource_out``, the gate
+removes :class:`ScopeBlock` s (and :class:`ResourceBlock` s left empty) and marks the
+request changed. :meth:`TraceRequest.SerializeToString` then writes the request out by
+splicing: each kept block is copied as it arrived, behind a new length prefix where its
+resource changed, and a request no stage changed is sent as the very bytes received.
+
+Why not a protobuf message: parsing a whole request into upb objects and serializing it
+again cost 64 % of the sidecar's instructions per span (callgrind, whole sidecar, the
+``rollouts`` load; docs/benchmarks.md, performance round 3), for a pipeline that looks
+at resources and scope names only, and at a handful of fields of the spans it derives
+metrics from.
+
+The index is built by a scanner (``gym_sidecar.receiver.wire``), which also validates
+the whole request as protobuf (wire format, UTF-8 of string fields, nesting and message
+count limits) exactly as the upb parser would, so a request that reaches a stage is one
+every backend can decode. Two scanners build it: the native one
+(``gym_sidecar_native``, Rust) and the pure-Python fallback (upb parse plus a walk of
+the two top levels); they return equal indexes for every input.
+
+Field numbers used here (opentelemetry-proto ``trace/v1``, ``collector/trace/v1``):
+ExportTraceServiceRequest.resource_spans = 1; ResourceSpans: resource = 1,
+scope_spans = 2, schema_url = 3; ScopeSpans: scope = 1, spans = 2, schema_url = 3;
+InstrumentationScope.name = 1.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+AttrValue: TypeAlias = bool | str | int | float | bytes | None
+"""An attribute's value as the scanner reports it: the AnyValue's scalar (``bytes`` for
+``bytes_value``), or None when the key is absent or the value is an array, a kvlist or
+empty."""
+
+DerivedSpan: TypeAlias = tuple[str, int, int, bytes, bytes, int, tuple[AttrValue, ...]]
+"""One span of a derive scope: ``(name, start_time_unix_nano, end_time_unix_nano,
+trace_id, span_id, status_code, values)``. ``values`` holds, for each key the scan was
+asked for (``attr_keys``) in that order, the value of the span's *last* attribute with
+that key (None if it has none). Absent fields read as protobuf defaults: ``""``, ``0``,
+``b""``; ``status_code`` is ``Status.code`` (0 when the span has no status)."""
+
+ByteRange: TypeAlias = tuple[int, int]
+"""``(start, end)`` offsets into :attr:`TraceRequest.raw`, a field's tag included."""
+
+RESOURCE_SPANS_TAG = b"\x0a"
+"""ExportTraceServiceRequest field 1 (resource_spans), wire type 2."""
+RESOURCE_TAG = b"\x0a"
+"""ResourceSpans field 1 (resource), wire type 2."""
+
+
+def varint(n: int) -> bytes:
+    """``n`` (non-negative) as a protobuf base-128 varint."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class ScopeBlock:
+    """One ScopeSpans block of a request."""
+
+    __slots__ = ("derived", "end", "name", "spans", "start")
+
+    def __init__(
+        self, start: int, end: int, name: str, spans: int, derived: list[DerivedSpan] | None
+    ) -> None:
+        self.start = start
+        """Offset of the ScopeSpans field's tag in the request."""
+        self.end = end
+        """Offset just past the field's last byte."""
+        self.name = name
+        """``InstrumentationScope.name`` (``""`` without a scope or name)."""
+        self.spans = spans
+        """How many spans the block holds."""
+        self.derived = derived
+        """The block's spans' derive fields, in order, when its scope name was one the
+        scan was asked to read (``derive_scopes``); None for every other block."""
+
+    def __repr__(self) -> str:
+        return f"ScopeBlock({self.start}, {self.end}, {self.name!r}, {self.spans})"
+
+
+class ResourceBlock:
+    """One ResourceSpans block of a request."""
+
+    __slots__ = ("end", "other", "resource", "resource_out", "scopes", "start")
+
+    def __init__(
+        self,
+        start: int,
+        end: int,
+        resource: bytes | None,
+        scopes: list[ScopeBlock],
+        other: list[ByteRange],
+    ) -> None:
+        self.start = start
+        """Offset of the ResourceSpans field's tag in the request."""
+        self.end = end
+        """Offset just past the field's last byte."""
+        self.resource = resource
+        """The serialized Resource as received (the concatenated bodies of every
+        ``resource`` field, which is how protobuf merges repeated occurrences of a
+        message field); None when the block has no ``resource`` field."""
+        self.scopes = scopes
+        """The ScopeSpans blocks, in wire order. Stages remove the ones they drop."""
+        self.other = other
+        """The block's other fields (``schema_url``, unknown ones), kept verbatim."""
+        self.resource_out: bytes | None = None
+        """Set by enrichment: the serialized Resource to write instead of ``resource``."""
+
+    @property
+    def span_count(self) -> int:
+        return sum(scope.spans for scope in self.scopes)
+
+    def __repr__(self) -> str:
+        return f"ResourceBlock({self.start}, {self.end}, scopes={self.scopes!r})"
+
+
+class TraceRequest:
+    """An ExportTraceServiceRequest as received, with its index (see the module doc).
+
+    Not thread-safe: the pipeline's stages use it on the event loop, one at a time.
+    """
+
+    __slots__ = ("blocks", "changed", "other", "raw")
+
+    def __init__(self, raw: bytes, blocks: list[ResourceBlock], other: list[ByteRange]) -> None:
+        self.raw = raw
+        """The request's bytes as received (never modified)."""
+        self.blocks = blocks
+        """The ResourceSpans blocks still in the request, in wire order."""
+        self.other = other
+        """The request's fields other than ``resource_spans``, kept verbatim."""
+        self.changed = False
+        """Whether a stage removed a block (enrichment is seen in ``resource_out``)."""
+
+    def span_count(self) -> int:
+        """Spans still in the request."""
+        return sum(scope.spans for block in self.blocks for scope in block.scopes)
+
+    def SerializeToString(self) -> bytes:  # the protobuf message method's name
+        """The request as it now stands, in protobuf wire format.
+
+        ``raw`` itself when no stage changed anything. Otherwise each kept ResourceSpans
+        is written as its resource (``resource_out`` or the received one), its kept
+        ScopeSpans blocks and its other fields, copied byte for byte, behind a new tag
+        and length; the request's own other fields follow verbatim. Protobuf gives
+        fields no order but a repeated field's, which is kept.
+        """
+        blocks = self.blocks
+        if not self.changed and all(b.resource_out is None for b in blocks):
+            return self.raw
+        raw = self.raw
+        out: list[bytes] = []
+        for block in blocks:
+            if block.resource_out is None and not self.changed:
+                out.append(raw[block.start : block.end])
+                continue
+            parts: list[bytes] = []
+            resource = block.resource_out if block.resource_out is not None else block.resource
+            if resource is not None:
+                parts += (RESOURCE_TAG, varint(len(resource)), resource)
+            parts += [raw[s.start : s.end] for s in block.scopes]
+            parts += [raw[start:end] for start, end in block.other]
+            body = b"".join(parts)
+            out += (RESOURCE_SPANS_TAG, varint(len(body)), body)
+        out += [raw[start:end] for start, end in self.other]
+        return b"".join(out)
