@@ -1,0 +1,315 @@
+//! `gym_sidecar_native`: the native scanner of the sidecar's trace pipeline.
+//!
+//! `scan_traces` validates an OTLP ExportTraceServiceRequest exactly as upb's parser
+//! (the `protobuf` package's backend) accepts or refuses it, applies the receiver's
+//! nesting and message-count limits, and returns the index the pipeline works on
+//! (`gym_sidecar.core.traces`): the ResourceSpans and ScopeSpans blocks of the request,
+//! and for the scopes the derive stage reads, the few fields of each span it needs.
+//! Nothing else of a span becomes a Python object and no span byte is copied.
+//!
+//! The contract, and the pure-Python scanner it must agree with, are described in
+//! `gym_sidecar_native.pyi` and docs/native.md.
+
+mod count;
+mod derive;
+mod scan;
+mod schema;
+mod wire;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFrozenSet, PyInt, PyList, PyString, PyTuple};
+
+use crate::derive::Value;
+use crate::scan::{Index, Range, Refusal, Scan};
+
+/// upb's limit expressed the way the receiver configures limits: the request and 99
+/// levels under it (`limits.PARSER_MAX_DEPTH`); the configured limit is capped there.
+const MAX_DEPTH_CAP: i64 = 100;
+
+pyo3::create_exception!(
+    gym_sidecar_native,
+    DecodeError,
+    PyValueError,
+    "The bytes are not a valid ExportTraceServiceRequest (upb would refuse them); the \
+     message says what is wrong and at which byte offset."
+);
+pyo3::create_exception!(
+    gym_sidecar_native,
+    TooDeep,
+    PyValueError,
+    "The request nests messages deeper than allowed (min(max_depth, 100) levels, the \
+     request being level 1)."
+);
+pyo3::create_exception!(
+    gym_sidecar_native,
+    TooManyMessages,
+    PyValueError,
+    "The request holds more than max_messages protobuf messages (itself included)."
+);
+
+/// An int argument clamped into i64 (Python ints are unbounded).
+fn clamp_int(value: &Bound<'_, PyInt>) -> i64 {
+    match value.extract::<i64>() {
+        Ok(v) => v,
+        Err(_) => {
+            if value.lt(0).unwrap_or(false) {
+                i64::MIN
+            } else {
+                i64::MAX
+            }
+        }
+    }
+}
+
+/// Validates `data` and applies the limits: the index, or why the request is refused.
+///
+/// The order is the receiver's: the message count first (as `count_messages` counts), then
+/// what upb refuses, in wire order, then the configured depth on the parsed tree.
+fn validate(data: &[u8], max_depth: i64, max_messages: i64) -> Result<Index, Refusal> {
+    let mut scan = Scan::new(data, max_messages);
+    match scan.request() {
+        Ok(deepest) => {
+            // Accepted by upb: the pass counted what count_messages counts.
+            if i128::from(scan.count) > i128::from(max_messages) {
+                return Err(Refusal::TooManyMessages);
+            }
+            let limit = max_depth.clamp(1, MAX_DEPTH_CAP) as u32;
+            if deepest > limit {
+                return Err(Refusal::TooDeep { levels: limit });
+            }
+            Ok(scan.index)
+        }
+        Err(refusal) => {
+            if count::count_messages(data, max_messages) > max_messages {
+                return Err(Refusal::TooManyMessages);
+            }
+            Err(refusal)
+        }
+    }
+}
+
+fn refusal_error(refusal: Refusal, max_depth: i64, max_messages: i64) -> PyErr {
+    let limit = max_depth.clamp(1, MAX_DEPTH_CAP);
+    match refusal {
+        Refusal::Corrupt { what, msg, at } => DecodeError::new_err(format!(
+            "wire format was corrupt: {what} (in {}) at byte {at}",
+            schema::short_name(msg)
+        )),
+        Refusal::BadUtf8 { msg, field, at } => DecodeError::new_err(format!(
+            "string field {}.{} had bad UTF-8 at byte {at}",
+            schema::short_name(msg),
+            schema::field_name(msg, field)
+        )),
+        Refusal::ParserTooDeep { at } => TooDeep::new_err(format!(
+            "request nests deeper than {limit} message levels (the message at byte {at} is \
+             past the parser's own limit)"
+        )),
+        Refusal::TooDeep { levels } => {
+            TooDeep::new_err(format!("request nests deeper than {levels} message levels"))
+        }
+        Refusal::TooManyMessages => TooManyMessages::new_err(format!(
+            "request holds more than {max_messages} protobuf messages"
+        )),
+    }
+}
+
+/// Converts one derive value.
+fn value_object<'py>(py: Python<'py>, data: &[u8], value: Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::None => py.None().into_bound(py),
+        Value::Str((s, e)) => PyString::new(py, utf8(&data[s..e])).into_any(),
+        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::Double(f) => f.into_pyobject(py)?.into_any(),
+        Value::Bytes((s, e)) => PyBytes::new(py, &data[s..e]).into_any(),
+    })
+}
+
+/// A string field the validating pass already checked.
+fn utf8(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
+}
+
+/// The derive tuples of one block's spans.
+fn derive_block<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    spans: &[Range],
+    keys: &[&[u8]],
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let mut values = vec![Value::None; keys.len()];
+    // Span names repeat within a block: one str object per run of equal names.
+    let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
+    for &span in spans {
+        let f = derive::span(data, span, keys, &mut values);
+        let name_bytes = &data[f.name.0..f.name.1];
+        let name = match &last_name {
+            Some((range, object)) if &data[range.0..range.1] == name_bytes => object.clone(),
+            _ => {
+                let object = PyString::new(py, utf8(name_bytes)).into_any();
+                last_name = Some((f.name, object.clone()));
+                object
+            }
+        };
+        let values_tuple = PyTuple::new(
+            py,
+            values
+                .iter()
+                .map(|&v| value_object(py, data, v))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?;
+        let item = PyTuple::new(
+            py,
+            [
+                name,
+                f.start_time.into_pyobject(py)?.into_any(),
+                f.end_time.into_pyobject(py)?.into_any(),
+                PyBytes::new(py, &data[f.trace_id.0..f.trace_id.1]).into_any(),
+                PyBytes::new(py, &data[f.span_id.0..f.span_id.1]).into_any(),
+                f.status_code.into_pyobject(py)?.into_any(),
+                values_tuple.into_any(),
+            ],
+        )?;
+        out.append(item)?;
+    }
+    Ok(out)
+}
+
+fn ranges<'py>(py: Python<'py>, ranges: &[Range]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, ranges.iter().map(|&(s, e)| (s, e)))
+}
+
+/// Validates an OTLP trace export request and returns its index.
+///
+/// See gym_sidecar_native.pyi for the contract.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn scan_traces<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    max_depth: &Bound<'py, PyInt>,
+    max_messages: &Bound<'py, PyInt>,
+    derive_scopes: &Bound<'py, PyFrozenSet>,
+    attr_keys: &Bound<'py, PyTuple>,
+    resource_block: &Bound<'py, PyAny>,
+    scope_block: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+    let max_depth = clamp_int(max_depth);
+    let max_messages = clamp_int(max_messages);
+    let bytes = data.as_bytes();
+    let index = validate(bytes, max_depth, max_messages)
+        .map_err(|r| refusal_error(r, max_depth, max_messages))?;
+
+    let keys_owned: Vec<Bound<'py, PyString>> = attr_keys
+        .iter()
+        .map(|k| k.cast_into::<PyString>().map_err(PyErr::from))
+        .collect::<PyResult<_>>()?;
+    let keys: Vec<&[u8]> = keys_owned
+        .iter()
+        .map(|k| k.to_str().map(str::as_bytes))
+        .collect::<PyResult<_>>()?;
+
+    let blocks = PyList::empty(py);
+    for block in &index.blocks {
+        let resources = &index.resources[block.resources.0..block.resources.1];
+        let resource = match resources {
+            [] => None,
+            [(s, e)] => Some(PyBytes::new(py, &bytes[*s..*e])),
+            many => {
+                let total = many.iter().map(|(s, e)| e - s).sum();
+                let mut joined = Vec::with_capacity(total);
+                for (s, e) in many {
+                    joined.extend_from_slice(&bytes[*s..*e]);
+                }
+                Some(PyBytes::new(py, &joined))
+            }
+        };
+        let scopes = PyList::empty(py);
+        for scope in &index.scopes[block.scopes.0..block.scopes.1] {
+            let name = match scope.name {
+                Some((s, e)) => PyString::new(py, utf8(&bytes[s..e])),
+                None => PyString::new(py, ""),
+            };
+            let derived = if derive_scopes.contains(&name)? {
+                let spans = &index.spans[scope.first_span..scope.first_span + scope.spans];
+                Some(derive_block(py, bytes, spans, &keys)?)
+            } else {
+                None
+            };
+            scopes.append(scope_block.call1((
+                scope.range.0,
+                scope.range.1,
+                name,
+                scope.spans,
+                derived,
+            ))?)?;
+        }
+        let others = ranges(py, &index.others[block.others.0..block.others.1])?;
+        blocks.append(resource_block.call1((
+            block.range.0,
+            block.range.1,
+            resource,
+            scopes,
+            others,
+        ))?)?;
+    }
+    Ok((blocks, ranges(py, &index.top_other)?))
+}
+
+/// The schema compiled in: `(message full name, field number, field name, kind, message
+/// type or None)` for every field, kind one of varint, fixed64, fixed32, bytes, string,
+/// message. A test compares it with the installed opentelemetry-proto's descriptors.
+#[pyfunction(name = "schema")]
+fn schema_table() -> Vec<(
+    &'static str,
+    u32,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+)> {
+    let mut out = Vec::new();
+    for msg in schema::ALL {
+        for number in 1..=schema::MAX_FIELD {
+            let Some(kind) = schema::field(msg, number) else {
+                continue;
+            };
+            let (kind_name, child) = match kind {
+                schema::Kind::Varint => ("varint", None),
+                schema::Kind::Fixed64 => ("fixed64", None),
+                schema::Kind::Fixed32 => ("fixed32", None),
+                schema::Kind::Bytes => ("bytes", None),
+                schema::Kind::Str => ("string", None),
+                schema::Kind::Message(m) => ("message", Some(schema::full_name(m))),
+            };
+            out.push((
+                schema::full_name(msg),
+                number,
+                schema::field_name(msg, number),
+                kind_name,
+                child,
+            ));
+        }
+    }
+    out
+}
+
+/// How many messages `gym_sidecar.receiver.limits.count_messages` counts in a trace
+/// request (stopping past `limit`): its port, exposed so the tests compare the two.
+#[pyfunction(name = "count_messages")]
+fn count_messages_py(data: &Bound<'_, PyBytes>, limit: &Bound<'_, PyInt>) -> i64 {
+    count::count_messages(data.as_bytes(), clamp_int(limit))
+}
+
+#[pymodule]
+fn gym_sidecar_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(scan_traces, m)?)?;
+    m.add_function(wrap_pyfunction!(schema_table, m)?)?;
+    m.add_function(wrap_pyfunction!(count_messages_py, m)?)?;
+    m.add("DecodeError", py.get_type::<DecodeError>())?;
+    m.add("TooDeep", py.get_type::<TooDeep>())?;
+    m.add("TooManyMessages", py.get_type::<TooManyMessages>())?;
+    Ok(())
+}
