@@ -17,10 +17,11 @@ mod schema;
 mod wire;
 
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFrozenSet, PyInt, PyList, PyString, PyTuple};
 
-use crate::derive::Value;
+use crate::derive::{Keys, Value};
 use crate::scan::{Index, Range, Refusal, Scan};
 
 /// upb's limit expressed the way the receiver configures limits: the request and 99
@@ -114,6 +115,38 @@ fn refusal_error(refusal: Refusal, max_depth: i64, max_messages: i64) -> PyErr {
     }
 }
 
+/// A new reference from the C API as a `Bound`, or the Python error it set.
+///
+/// # Safety
+/// `ptr` must be a new (owned) reference or null with a Python error set.
+unsafe fn owned<'py>(py: Python<'py>, ptr: *mut ffi::PyObject) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: as the caller promises.
+    unsafe { Bound::from_owned_ptr_or_err(py, ptr) }
+}
+
+/// A tuple of `items`, each reference moved into it (`items` is left empty).
+fn tuple<'py>(py: Python<'py>, items: &mut Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyTuple_New returns a new reference (or null with an error); PyTuple_SetItem
+    // steals the item's reference (`into_ptr`) and cannot fail on a fresh tuple's slot.
+    unsafe {
+        let out = owned(py, ffi::PyTuple_New(items.len() as ffi::Py_ssize_t))?;
+        for (i, item) in items.drain(..).enumerate() {
+            ffi::PyTuple_SetItem(out.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr());
+        }
+        Ok(out)
+    }
+}
+
+fn bytes_object<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyBytes_FromStringAndSize copies `bytes` and returns a new reference.
+    unsafe {
+        owned(
+            py,
+            ffi::PyBytes_FromStringAndSize(bytes.as_ptr().cast(), bytes.len() as ffi::Py_ssize_t),
+        )
+    }
+}
+
 /// Converts one derive value.
 fn value_object<'py>(py: Python<'py>, data: &[u8], value: Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match value {
@@ -122,7 +155,7 @@ fn value_object<'py>(py: Python<'py>, data: &[u8], value: Value) -> PyResult<Bou
         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
         Value::Double(f) => f.into_pyobject(py)?.into_any(),
-        Value::Bytes((s, e)) => PyBytes::new(py, &data[s..e]).into_any(),
+        Value::Bytes((s, e)) => bytes_object(py, &data[s..e])?,
     })
 }
 
@@ -132,17 +165,23 @@ fn utf8(bytes: &[u8]) -> &str {
 }
 
 /// The derive tuples of one block's spans.
+///
+/// Spans of a block mostly repeat their name and their values tuple (`(None, True,
+/// None)`): equal ones share one object, as interned strings would.
 fn derive_block<'py>(
     py: Python<'py>,
     data: &[u8],
     spans: &[Range],
-    keys: &[&[u8]],
-) -> PyResult<Bound<'py, PyList>> {
-    let out = PyList::empty(py);
+    keys: &Keys<'_>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyList_New returns a new reference (or null with an error); PyList_SetItem
+    // steals the item's reference and fills each slot of the fresh list exactly once.
+    let list = unsafe { owned(py, ffi::PyList_New(spans.len() as ffi::Py_ssize_t))? };
     let mut values = vec![Value::None; keys.len()];
-    // Span names repeat within a block: one str object per run of equal names.
+    let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
     let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
-    for &span in spans {
+    let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len().max(7));
+    for (i, &span) in spans.iter().enumerate() {
         let f = derive::span(data, span, keys, &mut values);
         let name_bytes = &data[f.name.0..f.name.1];
         let name = match &last_name {
@@ -153,28 +192,38 @@ fn derive_block<'py>(
                 object
             }
         };
-        let values_tuple = PyTuple::new(
-            py,
-            values
-                .iter()
-                .map(|&v| value_object(py, data, v))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?;
-        let item = PyTuple::new(
-            py,
-            [
-                name,
-                f.start_time.into_pyobject(py)?.into_any(),
-                f.end_time.into_pyobject(py)?.into_any(),
-                PyBytes::new(py, &data[f.trace_id.0..f.trace_id.1]).into_any(),
-                PyBytes::new(py, &data[f.span_id.0..f.span_id.1]).into_any(),
-                f.status_code.into_pyobject(py)?.into_any(),
-                values_tuple.into_any(),
-            ],
-        )?;
-        out.append(item)?;
+        let values_object = match &last_values {
+            Some((previous, object))
+                if previous
+                    .iter()
+                    .zip(&values)
+                    .all(|(a, b)| derive::same(data, *a, *b)) =>
+            {
+                object.clone()
+            }
+            _ => {
+                for &v in &values {
+                    items.push(value_object(py, data, v)?);
+                }
+                let object = tuple(py, &mut items)?;
+                last_values = Some((values.clone(), object.clone()));
+                object
+            }
+        };
+        items.extend([
+            name,
+            f.start_time.into_pyobject(py)?.into_any(),
+            f.end_time.into_pyobject(py)?.into_any(),
+            bytes_object(py, &data[f.trace_id.0..f.trace_id.1])?,
+            bytes_object(py, &data[f.span_id.0..f.span_id.1])?,
+            f.status_code.into_pyobject(py)?.into_any(),
+            values_object,
+        ]);
+        let item = tuple(py, &mut items)?;
+        // SAFETY: see above; `i` < the list's length.
+        unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) };
     }
-    Ok(out)
+    Ok(list)
 }
 
 fn ranges<'py>(py: Python<'py>, ranges: &[Range]) -> PyResult<Bound<'py, PyList>> {
@@ -206,10 +255,11 @@ fn scan_traces<'py>(
         .iter()
         .map(|k| k.cast_into::<PyString>().map_err(PyErr::from))
         .collect::<PyResult<_>>()?;
-    let keys: Vec<&[u8]> = keys_owned
+    let key_bytes: Vec<&[u8]> = keys_owned
         .iter()
         .map(|k| k.to_str().map(str::as_bytes))
         .collect::<PyResult<_>>()?;
+    let keys = Keys::new(&key_bytes);
 
     let blocks = PyList::empty(py);
     for block in &index.blocks {
