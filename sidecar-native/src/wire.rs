@@ -14,6 +14,12 @@ pub fn varint(buf: &[u8], pos: usize) -> Option<(u64, usize)> {
     if b0 < 0x80 {
         return Some((u64::from(b0), pos + 1));
     }
+    // Two bytes (values below 16384: status codes, ports, small counts) without a call.
+    if let Some(&b1) = buf.get(pos + 1)
+        && b1 < 0x80
+    {
+        return Some((u64::from(b0 & 0x7f) | u64::from(b1) << 7, pos + 2));
+    }
     varint_long(buf, pos, b0, 10)
 }
 
@@ -115,11 +121,15 @@ unsafe fn ascii16(p: *const u8, n: usize) -> bool {
     // SAFETY: the caller guarantees `n >= 16` readable bytes at `p`; SSE2 is part of
     // every x86_64 target.
     unsafe {
-        let mut acc = _mm_loadu_si128(p.add(n - 16).cast::<__m128i>());
-        let mut i = 0;
-        while i + 16 < n {
-            acc = _mm_or_si128(acc, _mm_loadu_si128(p.add(i).cast::<__m128i>()));
-            i += 16;
+        let load = |at: usize| _mm_loadu_si128(p.add(at).cast::<__m128i>());
+        let mut acc = _mm_or_si128(load(0), load(n - 16));
+        if n > 32 {
+            // Most strings here are at most 32 bytes: no loop set-up for those.
+            let mut i = 16;
+            while i + 16 < n {
+                acc = _mm_or_si128(acc, load(i));
+                i += 16;
+            }
         }
         _mm_movemask_epi8(acc) == 0
     }
