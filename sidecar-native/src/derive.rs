@@ -47,10 +47,31 @@ impl<'a> Keys<'a> {
         self.keys.len()
     }
 
+    /// Whether a key of this length may be one asked for (false rules it out).
     #[inline(always)]
-    fn maybe(&self, key_len: usize) -> bool {
+    pub fn maybe(&self, key_len: usize) -> bool {
         self.lengths & (1u64 << key_len.min(63)) != 0
     }
+
+    /// Sets `values[i]` for every key `i` equal to `name`.
+    #[inline]
+    pub fn set(&self, name: &[u8], value: Value, values: &mut [Value]) {
+        for (slot, wanted) in values.iter_mut().zip(self.keys) {
+            if *wanted == name {
+                *slot = value;
+            }
+        }
+    }
+}
+
+/// The value of the AnyValue scalar member at `pos` in a validated message (one of the
+/// one-byte tags `scan` reads in place).
+#[inline]
+pub fn member_value(buf: &[u8], pos: usize) -> Value {
+    let mut value = Value::None;
+    let end = skip(buf, u32::from(buf[pos]), pos + 1);
+    any_value(buf, (pos, end), &mut value);
+    value
 }
 
 /// Offset after the field whose tag (wire type `tag & 7`) ends at `pos`, in a validated

@@ -67,8 +67,14 @@ fn clamp_int(value: &Bound<'_, PyInt>) -> i64 {
 ///
 /// The order is the receiver's: the message count first (as `count_messages` counts), then
 /// what upb refuses, in wire order, then the configured depth on the parsed tree.
-fn validate(data: &[u8], max_depth: i64, max_messages: i64) -> Result<Index, Refusal> {
-    let mut scan = Scan::new(data, max_messages);
+fn validate<'a>(
+    data: &'a [u8],
+    max_depth: i64,
+    max_messages: i64,
+    derive_scopes: &'a [&'a [u8]],
+    keys: &'a Keys<'a>,
+) -> Result<Index, Refusal> {
+    let mut scan = Scan::new(data, max_messages, derive_scopes, keys);
     match scan.request() {
         Ok(deepest) => {
             // Accepted by upb: the pass counted what count_messages counts.
@@ -171,18 +177,33 @@ fn utf8(bytes: &[u8]) -> &str {
 fn derive_block<'py>(
     py: Python<'py>,
     data: &[u8],
-    spans: &[Range],
+    index: &Index,
+    first_span: usize,
+    count: usize,
     keys: &Keys<'_>,
 ) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: PyList_New returns a new reference (or null with an error); PyList_SetItem
     // steals the item's reference and fills each slot of the fresh list exactly once.
-    let list = unsafe { owned(py, ffi::PyList_New(spans.len() as ffi::Py_ssize_t))? };
-    let mut values = vec![Value::None; keys.len()];
+    let list = unsafe { owned(py, ffi::PyList_New(count as ffi::Py_ssize_t))? };
+    let mut read = vec![Value::None; keys.len()];
     let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
     let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
     let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len().max(7));
-    for (i, &span) in spans.iter().enumerate() {
-        let f = derive::span(data, span, keys, &mut values);
+    let mut records = index.records[index.records.partition_point(|r| r.span < first_span)..]
+        .iter()
+        .peekable();
+    for i in 0..count {
+        let span = first_span + i;
+        let record = records.next_if(|r| r.span == span);
+        // The pass's record when it has a complete one, else read the span again.
+        let fields_read;
+        let (f, values) = match record {
+            Some(r) if r.complete => (&r.fields, &index.values[r.values..r.values + keys.len()]),
+            _ => {
+                fields_read = derive::span(data, index.spans[span], keys, &mut read);
+                (&fields_read, &read[..])
+            }
+        };
         let name_bytes = &data[f.name.0..f.name.1];
         let name = match &last_name {
             Some((range, object)) if &data[range.0..range.1] == name_bytes => object.clone(),
@@ -196,17 +217,17 @@ fn derive_block<'py>(
             Some((previous, object))
                 if previous
                     .iter()
-                    .zip(&values)
+                    .zip(values)
                     .all(|(a, b)| derive::same(data, *a, *b)) =>
             {
                 object.clone()
             }
             _ => {
-                for &v in &values {
+                for &v in values {
                     items.push(value_object(py, data, v)?);
                 }
                 let object = tuple(py, &mut items)?;
-                last_values = Some((values.clone(), object.clone()));
+                last_values = Some((values.to_vec(), object.clone()));
                 object
             }
         };
@@ -248,9 +269,6 @@ fn scan_traces<'py>(
     let max_depth = clamp_int(max_depth);
     let max_messages = clamp_int(max_messages);
     let bytes = data.as_bytes();
-    let index = validate(bytes, max_depth, max_messages)
-        .map_err(|r| refusal_error(r, max_depth, max_messages))?;
-
     let keys_owned: Vec<Bound<'py, PyString>> = attr_keys
         .iter()
         .map(|k| k.cast_into::<PyString>().map_err(PyErr::from))
@@ -260,6 +278,19 @@ fn scan_traces<'py>(
         .map(|k| k.to_str().map(str::as_bytes))
         .collect::<PyResult<_>>()?;
     let keys = Keys::new(&key_bytes);
+    // The names to derive from, for the pass to record derive fields as it reads (only str
+    // members can equal a scope name; the final test is `name in derive_scopes`).
+    let scopes_owned: Vec<Bound<'py, PyString>> = derive_scopes
+        .iter()
+        .filter_map(|name| name.cast_into::<PyString>().ok())
+        .collect();
+    let scope_bytes: Vec<&[u8]> = scopes_owned
+        .iter()
+        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
+        .collect();
+
+    let index = validate(bytes, max_depth, max_messages, &scope_bytes, &keys)
+        .map_err(|r| refusal_error(r, max_depth, max_messages))?;
 
     let blocks = PyList::empty(py);
     for block in &index.blocks {
@@ -283,8 +314,14 @@ fn scan_traces<'py>(
                 None => PyString::new(py, ""),
             };
             let derived = if derive_scopes.contains(&name)? {
-                let spans = &index.spans[scope.first_span..scope.first_span + scope.spans];
-                Some(derive_block(py, bytes, spans, &keys)?)
+                Some(derive_block(
+                    py,
+                    bytes,
+                    &index,
+                    scope.first_span,
+                    scope.spans,
+                    &keys,
+                )?)
             } else {
                 None
             };

@@ -29,6 +29,7 @@
 //! field to it. Those loops do exactly what `field` would do for the tags they handle; on
 //! any fault they hand the field to `field` too, which reports it.
 
+use crate::derive::{Keys, SpanFields, Value, member_value};
 use crate::schema::{self, Kind, Msg};
 use crate::wire;
 
@@ -94,6 +95,20 @@ pub struct ResourceRec {
     pub others: Range,
 }
 
+/// The derive fields of a span, recorded by the pass itself when its scope's name, as
+/// far as read, was one to derive from (the scope field comes first in every SDK's
+/// output). Incomplete when a field took a path that does not record (an unusual
+/// encoding): `derive::span` then reads the span again.
+#[derive(Debug)]
+pub struct SpanRecord {
+    /// Which span: its position in [`Index::spans`].
+    pub span: usize,
+    pub fields: SpanFields,
+    /// Its values: `Index::values[values..values + keys]`.
+    pub values: usize,
+    pub complete: bool,
+}
+
 /// What the pass records: the request's two top levels, in wire order.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -105,6 +120,9 @@ pub struct Index {
     pub others: Vec<Range>,
     /// The request's fields other than `resource_spans`.
     pub top_other: Vec<Range>,
+    /// Spans read with their derive fields, in order.
+    pub records: Vec<SpanRecord>,
+    pub values: Vec<Value>,
 }
 
 /// The state of one `AnyValue` (merged over every `KeyValue.value` occurrence): which
@@ -170,19 +188,47 @@ pub struct Scan<'a> {
     pub refusal: Option<Refusal>,
     scope_name: Option<Range>,
     scope_spans: usize,
+    /// Whether `scope_name` is one to derive from.
+    scope_derives: bool,
+    /// The scope names to derive from and the attribute keys to read.
+    derive_scopes: &'a [&'a [u8]],
+    keys: &'a Keys<'a>,
 }
 
 impl<'a> Scan<'a> {
-    pub fn new(data: &'a [u8], max_messages: i64) -> Self {
+    pub fn new(
+        data: &'a [u8],
+        max_messages: i64,
+        derive_scopes: &'a [&'a [u8]],
+        keys: &'a Keys<'a>,
+    ) -> Self {
+        // Room for the spans up front (a span takes 100-400 bytes on this wire): growing
+        // the vectors by copying cost more than the index itself.
+        let room = (data.len() / 64).min(1 << 20);
+        let mut index = Index::default();
+        index.spans.reserve(room);
+        if !derive_scopes.is_empty() {
+            index.records.reserve(room / 2);
+            index.values.reserve(room / 2 * keys.len());
+        }
         Scan {
             data,
             count: 1,
             record_limit: u64::try_from(max_messages).unwrap_or(0),
-            index: Index::default(),
+            index,
             refusal: None,
             scope_name: None,
             scope_spans: 0,
+            scope_derives: false,
+            derive_scopes,
+            keys,
         }
+    }
+
+    /// Whether the scope name read so far is one to derive from.
+    fn deriving(&self) -> bool {
+        let name = self.scope_name.map_or(&[][..], |(s, e)| &self.data[s..e]);
+        self.derive_scopes.contains(&name)
     }
 
     #[cold]
@@ -234,7 +280,7 @@ impl<'a> Scan<'a> {
     /// Reads the message `msg` whose body is `start..stop` into `frame`.
     fn message(&mut self, msg: Msg, start: usize, stop: usize, frame: &mut Frame) -> Step<()> {
         match msg {
-            Msg::Span => self.span(start, stop, frame),
+            Msg::Span => self.span::<false>(start, stop, frame),
             Msg::KeyValue => self.key_value(start, stop, frame),
             Msg::AnyValue => self.any_value(start, stop, frame),
             Msg::ScopeSpans => self.scope_spans(start, stop, frame),
@@ -300,6 +346,7 @@ impl<'a> Scan<'a> {
                     frame.any.scalar(number);
                 } else if msg == Msg::Scope && number == 1 {
                     self.scope_name = Some((start, stop));
+                    self.scope_derives = self.deriving();
                 }
                 return Ok(stop);
             }
@@ -351,6 +398,7 @@ impl<'a> Scan<'a> {
             }
             (Msg::ResourceSpans, _) => {
                 self.scope_name = None;
+                self.scope_derives = self.deriving();
                 self.scope_spans = 0;
                 let first_span = self.index.spans.len();
                 self.scope_spans(start, stop, &mut sub)?;
@@ -368,7 +416,8 @@ impl<'a> Scan<'a> {
                 if self.recording() {
                     self.index.spans.push((start, stop));
                 }
-                self.span(start, stop, &mut sub)?;
+                // (a span read here has no one-byte tag: not recorded)
+                self.span::<false>(start, stop, &mut sub)?;
             }
             _ => self.message(child, start, stop, &mut sub)?,
         }
@@ -407,7 +456,11 @@ impl<'a> Scan<'a> {
                         self.index.spans.push((s, e));
                     }
                     let mut sub = Frame::new(level);
-                    self.span(s, e, &mut sub)?;
+                    if self.scope_derives && self.recording() {
+                        self.span::<true>(s, e, &mut sub)?;
+                    } else {
+                        self.span::<false>(s, e, &mut sub)?;
+                    }
                     frame.deepest = frame.deepest.max(sub.deepest);
                     pos = e;
                     continue;
@@ -418,19 +471,43 @@ impl<'a> Scan<'a> {
         Ok(())
     }
 
-    /// A Span body.
-    fn span(&mut self, start: usize, stop: usize, frame: &mut Frame) -> Step<()> {
+    /// A Span body. `DERIVE`: also record its derive fields (a [`SpanRecord`]).
+    fn span<const DERIVE: bool>(
+        &mut self,
+        start: usize,
+        stop: usize,
+        frame: &mut Frame,
+    ) -> Step<()> {
         let buf = &self.data[..stop];
+        let mut rec = SpanFields::default();
+        let mut complete = true;
+        let values_at = self.index.values.len();
+        if DERIVE {
+            let n = self.keys.len();
+            self.index.values.resize(values_at + n, Value::None);
+        }
         let mut pos = start;
         while pos < stop {
             let next = match buf[pos] {
                 // attributes
                 0x4a => match wire::delimited(buf, pos + 1) {
                     Some((s, e)) => {
-                        if frame.level + 2 <= PARSER_LEVELS && simple_key_value(buf, s, e) {
+                        let simple = if frame.level + 2 <= PARSER_LEVELS {
+                            simple_key_value(buf, s, e)
+                        } else {
+                            None
+                        };
+                        if let Some((key, member)) = simple {
                             self.count += 2; // the KeyValue and its AnyValue
                             frame.deepest = frame.deepest.max(frame.level + 2);
+                            if DERIVE && self.keys.maybe(key.1 - key.0) {
+                                let name = &buf[key.0..key.1];
+                                let value = member_value(buf, member);
+                                let slots = &mut self.index.values[values_at..];
+                                self.keys.set(name, value, slots);
+                            }
                         } else {
+                            complete = false;
                             let level = self.enter(pos, frame.level)?;
                             let mut kv = Frame::new(level);
                             self.key_value(s, e, &mut kv)?;
@@ -446,7 +523,14 @@ impl<'a> Scan<'a> {
                         let level = self.enter(pos, frame.level)?;
                         let mut status = Frame::new(level);
                         if s != e {
-                            self.message(Msg::Status, s, e, &mut status)?;
+                            match status_code(buf, s, e) {
+                                Some(code) if DERIVE => rec.status_code = code,
+                                Some(_) => {}
+                                None => {
+                                    complete = false;
+                                    self.message(Msg::Status, s, e, &mut status)?;
+                                }
+                            }
                         }
                         frame.deepest = frame.deepest.max(status.deepest);
                         Some(e)
@@ -455,23 +539,73 @@ impl<'a> Scan<'a> {
                 },
                 // flags (field 16, fixed32: a two-byte tag)
                 0x85 if buf.get(pos + 1) == Some(&0x01) => (stop - pos >= 6).then_some(pos + 6),
-                // trace_id, span_id, parent_span_id
-                0x0a | 0x12 | 0x22 => wire::delimited(buf, pos + 1).map(|(_, e)| e),
-                // trace_state, name
-                0x1a | 0x2a => match wire::delimited(buf, pos + 1) {
+                // trace_id, span_id
+                0x0a | 0x12 => match wire::delimited(buf, pos + 1) {
+                    Some(body) => {
+                        if DERIVE {
+                            if buf[pos] == 0x0a {
+                                rec.trace_id = body;
+                            } else {
+                                rec.span_id = body;
+                            }
+                        }
+                        Some(body.1)
+                    }
+                    None => None,
+                },
+                // parent_span_id
+                0x22 => wire::delimited(buf, pos + 1).map(|(_, e)| e),
+                // trace_state
+                0x1a => match wire::delimited(buf, pos + 1) {
                     Some((s, e)) if wire::utf8(&buf[s..e]) => Some(e),
                     _ => None,
                 },
+                // name
+                0x2a => match wire::delimited(buf, pos + 1) {
+                    Some((s, e)) if wire::utf8(&buf[s..e]) => {
+                        if DERIVE {
+                            rec.name = (s, e);
+                        }
+                        Some(e)
+                    }
+                    _ => None,
+                },
                 // start_time_unix_nano, end_time_unix_nano
-                0x39 | 0x41 => (stop - pos > 8).then_some(pos + 9),
+                0x39 | 0x41 => match buf.get(pos + 1..pos + 9) {
+                    Some(bytes) => {
+                        if DERIVE {
+                            let time = u64::from_le_bytes(bytes.try_into().unwrap_or_default());
+                            if buf[pos] == 0x39 {
+                                rec.start_time = time;
+                            } else {
+                                rec.end_time = time;
+                            }
+                        }
+                        Some(pos + 9)
+                    }
+                    None => None,
+                },
                 // kind, dropped_attributes_count, dropped_events_count, dropped_links_count
                 0x30 | 0x50 | 0x60 | 0x70 => wire::varint(buf, pos + 1).map(|(_, e)| e),
                 _ => None,
             };
             pos = match next {
                 Some(next) => next,
-                None => self.field(Msg::Span, buf, pos, frame)?,
+                None => {
+                    complete = false;
+                    self.field(Msg::Span, buf, pos, frame)?
+                }
             };
+        }
+        if DERIVE {
+            let span = self.index.spans.len() - 1;
+            let record = SpanRecord {
+                span,
+                fields: rec,
+                values: values_at,
+                complete,
+            };
+            self.index.records.push(record);
         }
         Ok(())
     }
@@ -561,24 +695,35 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// Whether the KeyValue body `start..stop` is the common shape, valid: a `key` field, then
-/// a `value` field holding one scalar member ([`scalar_member`]), one-byte tags. Such a
-/// KeyValue is what `key_value` would accept, with a depth of its level + 1.
+/// When the KeyValue body `start..stop` is the common shape, valid: a `key` field, then a
+/// `value` field holding one scalar member ([`scalar_member`]), one-byte tags: the key's
+/// range and the member's offset. Such a KeyValue is what `key_value` would accept, with
+/// a depth of its level + 1.
 #[inline(always)]
-fn simple_key_value(buf: &[u8], start: usize, stop: usize) -> bool {
+fn simple_key_value(buf: &[u8], start: usize, stop: usize) -> Option<(Range, usize)> {
     let kv = &buf[..stop];
     if kv.get(start) != Some(&0x0a) {
-        return false;
+        return None;
     }
-    let Some((s, e)) = wire::delimited(kv, start + 1) else {
-        return false;
-    };
+    let (s, e) = wire::delimited(kv, start + 1)?;
     if kv.get(e) != Some(&0x12) || !wire::utf8(&kv[s..e]) {
-        return false;
+        return None;
     }
     match wire::delimited(kv, e + 1) {
-        Some((vs, ve)) if ve == stop => scalar_member(kv, vs, ve).is_some(),
-        _ => false,
+        Some((vs, ve)) if ve == stop && scalar_member(kv, vs, ve).is_some() => Some(((s, e), vs)),
+        _ => None,
+    }
+}
+
+/// When the Status body `start..stop` is only a `code` (one-byte tag): the code.
+#[inline(always)]
+fn status_code(buf: &[u8], start: usize, stop: usize) -> Option<i32> {
+    if buf[start] != 0x18 {
+        return None;
+    }
+    match wire::varint(&buf[..stop], start + 1) {
+        Some((code, end)) if end == stop => Some(code as u32 as i32), // int32: low 32 bits
+        _ => None,
     }
 }
 
