@@ -13,6 +13,7 @@ are drawn around what the request holds.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,14 @@ from tests.sidecar.native.support import (
 )
 
 native = import_native()
+
+SCALE = float(os.environ.get("GYM_NATIVE_EXAMPLES", "1"))
+"""Scales the example counts (a longer hunt: ``GYM_NATIVE_EXAMPLES=20``)."""
+
+
+def examples(n: int) -> int:
+    return max(1, int(n * SCALE))
+
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -293,15 +302,16 @@ def byte_mutations(draw: Draw, data: bytes) -> bytes:
     return bytes(out)
 
 
-LIMIT_CASES = st.sampled_from([-2, -1, 0, 1, 2, None])
-"""max_messages relative to the request's count (None: far above)."""
+LIMIT_CASES = st.sampled_from([None, None, None, 1, 0, -1, -2])
+"""max_messages relative to the request's count (None: far above; hypothesis favours the
+first choices)."""
 
 
 def test_scan_answers_as_upb_and_the_limits() -> None:
     seen: Counter[str] = Counter()
 
     @settings(
-        max_examples=600,
+        max_examples=examples(600),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -325,13 +335,13 @@ def test_scan_answers_as_upb_and_the_limits() -> None:
     run()
     # The generator reaches every answer (else this test could not fail where it matters).
     assert set(seen) == {"accepted", "DecodeError", "TooDeep", "TooManyMessages"}, seen
-    assert seen["accepted"] >= 100, seen
+    assert seen["accepted"] >= sum(seen.values()) // 5, seen
 
 
 def test_count_port_agrees_on_arbitrary_bytes() -> None:
     """``count_messages`` on garbage too: the scan relies on its port for corrupt input."""
 
-    @settings(max_examples=400, deadline=None, database=None)
+    @settings(max_examples=examples(400), deadline=None, database=None)
     @given(st.binary(max_size=64), st.integers(0, 40))
     def run(data: bytes, limit: int) -> None:
         assert native.count_messages(data, limit) == count_messages(data, REQUEST, limit)
