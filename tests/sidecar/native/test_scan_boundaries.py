@@ -348,6 +348,14 @@ def test_derive_tuple_last_occurrence_wins_and_status_merges() -> None:
     assert check_same_answer(native, span_request(span)) == "accepted"
 
 
+def test_an_empty_status_after_a_code_keeps_the_code() -> None:
+    """``status`` twice merges: an empty second Status (UNSET, as SDKs write it) leaves
+    the code of the first."""
+    span = ld(15, b"\x18\x02") + ld(15, b"")
+    assert derived(span_request(span))[0][5] == 2
+    assert check_same_answer(native, span_request(span)) == "accepted"
+
+
 def test_status_code_is_an_int32() -> None:
     span = ld(15, b"\x18" + varint(2**64 - 1)) + ld(15, b"\x18" + varint(2**32 + 5))
     [(_, _, _, _, _, code, _)] = derived(span_request(span))
@@ -495,3 +503,26 @@ def test_decode_and_encode_round_trip() -> None:
     for data, _ in build_requests(32, 3, 1, "varied"):
         assert encode(decode(data)) == data
     assert Field(1, 3, [Field(0, 0, 1)]).encode() == b"\x0b\x00\x01\x0c"
+
+
+def test_derive_fields_whatever_the_order_and_encoding() -> None:
+    """The pass records derive fields while it reads the spans of a scope it knows to be
+    derived; a scope field after the spans, a name changed by a later scope field, or a
+    field in an unusual encoding must give the same tuples as upb's parse."""
+    span = (
+        ld(5, b"gym.verify")
+        + ld(1, b"t" * 16)
+        + _attr("gym.verify.succeeded", AnyValue(bool_value=False))
+    )
+    verify, server = ld(1, ld(1, b"gym_telemetry.verify")), ld(1, ld(1, b"gym_telemetry.server"))
+    padded_name = b"\xaa\x80\x00" + varint(11) + b"gym.rollout"  # field 5 in a 3-byte tag
+    cases = [
+        ld(2, span) + verify,  # the scope after its spans
+        verify + ld(2, span) + server,  # derived while read, then renamed: not derived
+        server + ld(2, span) + verify,  # renamed into a derived scope
+        verify + ld(2, span + ld(15, ld(2, b"m") + b"\x18\x02")),  # a status with a message
+        verify + ld(2, padded_name + ld(9, ld(1, b"error.type") + ld(2, b"")) + span),
+        verify + ld(2, span + b"\x7b\x7c"),  # an unknown group in the span
+    ]
+    for scope_spans in cases:
+        assert check_same_answer(native, ld(1, ld(2, scope_spans))) == "accepted"
