@@ -5,7 +5,8 @@
 //! nesting and message-count limits, and returns the index the pipeline works on
 //! (`gym_sidecar.core.traces`): the ResourceSpans and ScopeSpans blocks of the request,
 //! and for the scopes the derive stage reads, the few fields of each span it needs.
-//! Nothing else of a span becomes a Python object and no span byte is copied.
+//! Nothing else of a span becomes a Python object, and no span is copied: only the few
+//! fields of the derive tuples.
 //!
 //! The contract, and the pure-Python scanner it must agree with, are described in
 //! `gym_sidecar_native.pyi` and docs/native.md.
@@ -24,8 +25,8 @@ use pyo3::types::{PyBool, PyBytes, PyFrozenSet, PyInt, PyList, PyString, PyTuple
 use crate::derive::{Keys, Value};
 use crate::scan::{Index, Range, Refusal, Scan};
 
-/// upb's limit expressed the way the receiver configures limits: the request and 99
-/// levels under it (`limits.PARSER_MAX_DEPTH`); the configured limit is capped there.
+/// The cap on the configured depth (`limits.PARSER_MAX_DEPTH`): the contract refuses past
+/// `min(max_depth, 100)` levels, although upb alone allows one more (`scan::PARSER_LEVELS`).
 const MAX_DEPTH_CAP: i64 = 100;
 
 pyo3::create_exception!(
