@@ -7,8 +7,8 @@ from typing import TypeVar
 _R = TypeVar("_R")
 _S = TypeVar("_S")
 
-AttrValue = bool | str | int | float | bytes | None
-DerivedSpan = tuple[str, int, int, bytes, bytes, int, tuple[AttrValue, ...]]
+_AttrValue = bool | str | int | float | bytes | None
+_DerivedSpan = tuple[str, int, int, bytes, bytes, int, tuple[_AttrValue, ...]]
 
 class DecodeError(ValueError):
     """Not a valid ExportTraceServiceRequest: upb would refuse it. The message says what
@@ -27,7 +27,7 @@ def scan_traces(
     derive_scopes: frozenset[str],
     attr_keys: tuple[str, ...],
     resource_block: Callable[[int, int, bytes | None, list[_S], list[tuple[int, int]]], _R],
-    scope_block: Callable[[int, int, str, int, list[DerivedSpan] | None], _S],
+    scope_block: Callable[[int, int, str, int, list[_DerivedSpan] | None], _S],
 ) -> tuple[list[_R], list[tuple[int, int]]]:
     """Validate ``data`` as an OTLP ExportTraceServiceRequest and return its index.
 
@@ -52,7 +52,7 @@ def scan_traces(
     request's other fields. A field of the schema with another wire type than its own is
     an unknown field, so "other". ``name`` is the merged ``InstrumentationScope.name``
     (``""`` without one); ``spans`` the number of ``spans`` fields; ``derived`` is None
-    unless ``name in derive_scopes``, then one :data:`DerivedSpan` per span:
+    unless ``name in derive_scopes``, then one ``DerivedSpan`` (``core.traces``) per span:
     ``(name, start_time_unix_nano, end_time_unix_nano, trace_id, span_id, status_code,
     values)``, each the last occurrence of its field (``Status.code`` merged over every
     ``status`` field, 0 without one) and ``values[i]`` the value of the span's last
