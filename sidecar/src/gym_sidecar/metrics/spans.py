@@ -217,7 +217,12 @@ class SpanDeriver:
                 out.invalid += 1
                 continue
             value = (end - start) / _NS_PER_MS
-            attrs = self._verify_attrs(status, values)
+            succeeded = values[_SUCCEEDED]
+            # Inline the common case (succeeded); a failure's attributes are built apart.
+            if succeeded is True or (succeeded is not False and status != _STATUS_ERROR):
+                attrs = VERIFY_OK_ATTRS
+            else:
+                attrs = self._failed_attrs(values)
             if exemplars:
                 last[(which, bisect_left(bounds, value), attrs)] = (len(points), span)
             points.append((resource_key, attrs, value, end, None, None))
@@ -225,12 +230,9 @@ class SpanDeriver:
             for (which, _, _), candidate in last.items():
                 _add_exemplar_ids(steps if which else verifications, (candidate,))
 
-    def _verify_attrs(self, status: int, values: tuple[AttrValue, ...]) -> Attrs:
-        succeeded = values[_SUCCEEDED]
-        if not isinstance(succeeded, bool):
-            succeeded = status != _STATUS_ERROR
-        if succeeded:
-            return VERIFY_OK_ATTRS
+    def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
+        """The attributes of a failed verification: its ``error.type`` (a string
+        attribute, truncated; else ``_OTHER``) and ``succeeded=False``."""
         error_type = values[_ERROR_TYPE]
         if not isinstance(error_type, str):
             error_type = ""
