@@ -14,12 +14,19 @@ cache, series and connection exists afterwards); then ``callgrind_control`` swit
 instrumentation on and zeroes the counters, ``--requests`` requests are sent
 (concurrency 4), the harness waits until the sidecar has exported all of their spans,
 and the counters are dumped. Every thread of the process is counted (grpc core's
-pollers, the export sender, the loop).
+pollers, the export sender, the loop). Work that runs per wall-clock interval rather
+than per span -- the derived-metrics export (``metrics.interval_s``), ``malloc_trim``
+(``memory.malloc_trim_interval_s``), the span-group config watch -- is switched off for
+the counted window unless ``--wall-clock-timers``: valgrind slows the process ~50x, so
+those timers would fire ~50x as often per span as at full speed, and more often the
+more loaded the machine is.
 
 Printed: instructions per received span; the self cost of each shared library (the
 Python interpreter, upb's ``_message`` module, libc -- memcpy --, grpc core ...); the
-inclusive cost of the protobuf parse and serialize entry points; and the top inclusive
-functions (``callgrind_annotate --inclusive=yes``). ``--sidecar-src`` puts another
+inclusive cost of the protobuf parse and serialize entry points; the top functions by
+self cost; and the top inclusive functions (``callgrind_annotate --inclusive=yes``;
+the interpreter's and asyncio's frames lead that list, since Python functions are not
+functions to callgrind). ``--sidecar-src`` puts another
 checkout's ``sidecar/src`` first on the sidecar's path, for a before/after pair from
 one environment (e.g. a ``git worktree`` of the base commit). ``--json`` writes the
 figures to a file.
@@ -100,7 +107,8 @@ def self_costs(dump: Path) -> dict[tuple[str, str], int]:
             elif line.startswith("ob="):
                 ob = _name(objects, line[3:].strip())
             elif line.startswith("fn="):
-                fn = _name(functions, line[3:].strip())
+                # fn'2 is fn's second recursion level: one function for self costs.
+                fn = re.sub(r"'\d+$", "", _name(functions, line[3:].strip()))
             elif line.startswith("cob="):
                 _name(objects, line[4:].strip())
             elif line.startswith("cfn=") or line.startswith("cfi="):
@@ -207,11 +215,18 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
     the spans sent while counting."""
     grpc_port, http_port, admin_port = (free_port() for _ in range(3))
     admin = f"http://127.0.0.1:{admin_port}"
-    config = {
+    config: dict[str, object] = {
         "span_groups": {"spec": args.groups},
         "enrich": {"attributes": ENRICH_ATTRIBUTES},
         "metrics": {"enabled": not args.no_derive},
     }
+    if not args.wall_clock_timers:
+        # Work done per wall-clock interval, not per span: under valgrind's ~50x slowdown
+        # it would fire ~50x as often per span as at full speed, and as often as the
+        # machine's load stretches the run, so the counts would not repeat.
+        config["metrics"] = {"enabled": not args.no_derive, "interval_s": 3600}
+        config["memory"] = {"malloc_trim_interval_s": 0}
+        config["span_groups"] = {"spec": args.groups, "watch_interval_s": 0}
     (work / "sidecar.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
     env["PYTHONHASHSEED"] = "0"
@@ -312,6 +327,7 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
         "compression": args.compression,
         "protocol": args.protocol,
         "derive": not args.no_derive,
+        "wall_clock_timers": args.wall_clock_timers,
         "sidecar_src": str(args.sidecar_src or REPO / "sidecar" / "src"),
         "scanner": run["scanner"],
         "requests": run["requests"],
@@ -321,11 +337,16 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
         "objects_per_span": {k: v / spans for k, v in objects.items()},
         "entry_points_per_span": {k: v / spans for k, v in entry.items()},
         "memcpy_per_span": memcpy / spans if spans else 0.0,
+        "top_self_per_span": [
+            (f"{fn} [{Path(ob).name}]", n / spans)
+            for (ob, fn), n in sorted(costs.items(), key=lambda kv: -kv[1])[: args.top]
+        ],
         "top_inclusive": rows[: args.top],
     }
     print(
         f"{args.load}, groups {args.groups}, {args.protocol} in, export compression "
-        f"{args.compression}, derive {'on' if not args.no_derive else 'off'}, "
+        f"{args.compression}, derive {'on' if not args.no_derive else 'off'}"
+        f"{', wall-clock timers on' if args.wall_clock_timers else ''}, "
         f"scanner {run['scanner']}: {run['requests']} requests, {spans} spans, "
         f"{total:,} instructions = {result['per_span']:,.0f} per span"
     )
@@ -336,6 +357,9 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
     for label, n in entry.items():
         print(f"    {n / spans:>10,.0f}  {n / total:6.1%}  {label}")
     print(f"    {memcpy / spans:>10,.0f}  {memcpy / total:6.1%}  memcpy/memmove (self)")
+    print(f"  top {args.top} functions by self instructions (per span, share):")
+    for (ob, fn), n in sorted(costs.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"    {n / spans:>10,.0f}  {n / total:6.1%}  {fn[:80]} [{Path(ob).name}]")
     print(f"  top {args.top} inclusive functions (instructions, share):")
     for n, fn in rows[: args.top]:
         print(f"    {n:>14,}  {n / total:6.1%}  {fn[:110]}")
@@ -351,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compression", choices=["none", "gzip"], default="none")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="sending")
     p.add_argument("--no-derive", action="store_true", help="metrics.enabled: false")
+    p.add_argument(
+        "--wall-clock-timers",
+        action="store_true",
+        help="keep the derived-metrics export, malloc_trim and config-watch timers firing",
+    )
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
     p.add_argument("--top", type=int, default=30, help="inclusive functions to print")
     p.add_argument("--keep", type=Path, help="keep the dump and logs in this directory")

@@ -8,14 +8,12 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import gym_telemetry_semconv as semconv
 import httpx
 from google.protobuf.message import Message
-from gym_sidecar.core.stage import Batch, Signal
-from gym_sidecar.core.traces import ScanSpec, TraceRequest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -25,6 +23,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+
+if TYPE_CHECKING:  # the sidecar is imported only by the helpers that need it
+    from gym_sidecar.core.stage import Batch
+    from gym_sidecar.core.traces import ScanSpec, TraceRequest
 
 SERVICES = {
     "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -64,12 +66,16 @@ def trace_view(
 
 def trace_batch(request: ExportTraceServiceRequest | bytes, peer: str | None = None) -> Batch:
     """A traces :class:`Batch` of ``request``'s wire view, counting its spans."""
+    from gym_sidecar.core.stage import Batch, Signal
+
     view = trace_view(request)
     return Batch(Signal.TRACES, view, view.span_count(), peer=peer)
 
 
 def parsed(message: object) -> ExportTraceServiceRequest:
     """A trace batch's message as it stands now, parsed (what the exporter would send)."""
+    from gym_sidecar.core.traces import TraceRequest
+
     assert isinstance(message, TraceRequest), type(message)
     return ExportTraceServiceRequest.FromString(message.SerializeToString())
 

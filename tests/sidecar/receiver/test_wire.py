@@ -127,14 +127,19 @@ def test_the_index_agrees_with_the_parser(data: bytes) -> None:
         check_index(scan_for_derive(wire.scan_traces, data), data)
 
 
-def test_a_loadgen_request_is_indexed(scan: Scan) -> None:
-    from bench.loadgen import build_requests
+def test_gym_shaped_requests_are_indexed(scan: Scan) -> None:
+    from testkit.rollout_requests import Rollout
+    from testkit.rollout_requests import trace_request as rollouts_request
 
-    for body, spans in build_requests(512, 7, 1, "derive-heavy"):
-        view = scan_for_derive(scan, body)
-        check_index(view, body)
-        assert view.span_count() == spans
-        assert any(s.derived for b in view.blocks for s in b.scopes)
+    rollouts = [
+        Rollout(f"{i}-0", 1_700_000_000_000_000_000, 900.0 + i, i % 3 != 0) for i in range(6)
+    ]
+    body = rollouts_request(rollouts).SerializeToString()
+    view = scan_for_derive(scan, body)
+    check_index(view, body)
+    derived = [d for b in view.blocks for s in b.scopes for d in s.derived or ()]
+    assert {d[0] for d in derived} == {semconv.SPAN_ROLLOUT, semconv.SPAN_VERIFY}
+    assert len(derived) == 12
 
 
 def verdict(fn: Callable[[], object]) -> tuple[str, str, str | None] | None:
