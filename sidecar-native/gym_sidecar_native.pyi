@@ -11,11 +11,18 @@ _AttrValue = bool | str | int | float | bytes | None
 _DerivedSpan = tuple[str, int, int, bytes, bytes, int, tuple[_AttrValue, ...]]
 
 class DecodeError(ValueError):
-    """Not a valid ExportTraceServiceRequest: upb would refuse it. The message says what
-    is wrong and at which byte offset."""
+    """Not a valid ExportTraceServiceRequest: upb would refuse it. The message is upb's
+    own (``Error parsing message with type '...': Wire format was corrupt`` or ``...: String
+    field had bad UTF-8``), so a refusal reads the same whichever scanner ran."""
+
+    detail: str
+    """What is wrong, in which message, at which byte."""
+    offset: int
+    """The byte of ``data`` where it is wrong (the faulty field's tag)."""
 
 class TooDeep(ValueError):
-    """Messages nest deeper than ``min(max_depth, 100)`` levels (the request is level 1)."""
+    """Messages nest deeper than ``max_depth`` levels when it is below 100, else deeper
+    than upb's own 101 (the request is level 1)."""
 
 class TooManyMessages(ValueError):
     """More than ``max_messages`` messages (the request included)."""
@@ -31,18 +38,19 @@ def scan_traces(
 ) -> tuple[list[_R], list[tuple[int, int]]]:
     """Validate ``data`` as an OTLP ExportTraceServiceRequest and return its index.
 
-    Accepts exactly what upb's ``ParseFromString`` accepts, with two limits on top, in the
-    receiver's order:
+    Accepts and refuses exactly as the receiver's ``decode_protobuf`` (upb's
+    ``ParseFromString`` with the two limits on top), in its order:
 
-    1. :class:`TooManyMessages` when ``gym_sidecar.receiver.limits.count_messages`` counts
-       more than ``max_messages`` messages (the request included; on a corrupt request
-       this takes precedence as it does in the receiver, which counts before parsing);
+    1. :class:`TooManyMessages` when ``data`` is longer than 2 x ``max_messages`` and
+       ``gym_sidecar.receiver.limits.count_messages`` counts more than ``max_messages``
+       messages in it (the request included; on a corrupt request too, as the receiver
+       counts before parsing);
     2. what upb refuses, at the first fault in wire order: :class:`DecodeError`, or
        :class:`TooDeep` for a message at level 102 (upb's own limit);
-    3. :class:`TooDeep` when the parsed request holds a message deeper than
-       ``min(max_depth, 100)`` levels, counted as ``limits.message_depth_exceeds`` counts
-       (an AnyValue member replaced by a later one does not count, as it is not in the
-       parsed tree).
+    3. below ``max_depth`` 100, :class:`TooDeep` when the parsed request holds a message
+       deeper than ``max_depth`` levels, counted as ``limits.message_depth_exceeds``
+       counts (an AnyValue member replaced by a later one does not count, as it is not
+       in the parsed tree).
 
     Returns ``(blocks, other)``: ``resource_block(start, end, resource, scopes, other)``
     for each ``resource_spans`` field in wire order (``start``/``end``: the field's bytes,

@@ -25,23 +25,23 @@ use pyo3::types::{PyBool, PyBytes, PyFrozenSet, PyInt, PyList, PyString, PyTuple
 use crate::derive::{Keys, Value};
 use crate::scan::{Index, Range, Refusal, Scan};
 
-/// The cap on the configured depth (`limits.PARSER_MAX_DEPTH`): the contract refuses past
-/// `min(max_depth, 100)` levels, although upb alone allows one more (`scan::PARSER_LEVELS`).
+/// `limits.PARSER_MAX_DEPTH`: the receiver checks a configured depth only below it, and
+/// leaves deeper requests to upb, which allows one level more (`scan::PARSER_LEVELS`).
 const MAX_DEPTH_CAP: i64 = 100;
 
 pyo3::create_exception!(
     gym_sidecar_native,
     DecodeError,
     PyValueError,
-    "The bytes are not a valid ExportTraceServiceRequest (upb would refuse them); the \
-     message says what is wrong and at which byte offset."
+    "The bytes are not a valid ExportTraceServiceRequest (upb would refuse them). The \
+     message is upb's own; `detail` says what is wrong and where, `offset` is that byte."
 );
 pyo3::create_exception!(
     gym_sidecar_native,
     TooDeep,
     PyValueError,
-    "The request nests messages deeper than allowed (min(max_depth, 100) levels, the \
-     request being level 1)."
+    "The request nests messages deeper than allowed: max_depth levels when it is below \
+     100, else upb's own 101 (the request being level 1)."
 );
 pyo3::create_exception!(
     gym_sidecar_native,
@@ -66,8 +66,10 @@ fn clamp_int(value: &Bound<'_, PyInt>) -> i64 {
 
 /// Validates `data` and applies the limits: the index, or why the request is refused.
 ///
-/// The order is the receiver's: the message count first (as `count_messages` counts), then
-/// what upb refuses, in wire order, then the configured depth on the parsed tree.
+/// Exactly the receiver's `decode_protobuf`, in its order: the message count first (as
+/// `count_messages` counts, and only for bodies longer than 2 x `max_messages`), then
+/// what upb refuses, in wire order, then, below 100, the configured depth on the parsed
+/// tree.
 fn validate<'a>(
     data: &'a [u8],
     max_depth: i64,
@@ -75,21 +77,29 @@ fn validate<'a>(
     derive_scopes: &'a [&'a [u8]],
     keys: &'a Keys<'a>,
 ) -> Result<Index, Refusal> {
-    let mut scan = Scan::new(data, max_messages, derive_scopes, keys);
+    // decode_protobuf counts only bodies of more than 2 x the limit (a smaller one holds
+    // at most limit + 1 messages: the index of such a body is bounded anyway).
+    let counted = data.len() as i128 > 2 * i128::from(max_messages);
+    let record_limit = if counted { max_messages } else { i64::MAX };
+    let mut scan = Scan::new(data, record_limit, derive_scopes, keys);
     match scan.request() {
         Ok(deepest) => {
             // Accepted by upb: the pass counted what count_messages counts.
-            if i128::from(scan.count) > i128::from(max_messages) {
+            if counted && i128::from(scan.count) > i128::from(max_messages) {
                 return Err(Refusal::TooManyMessages);
             }
-            let limit = max_depth.clamp(1, MAX_DEPTH_CAP) as u32;
-            if deepest > limit {
-                return Err(Refusal::TooDeep { levels: limit });
+            // The configured depth, checked (as message_depth_exceeds) only below
+            // upb's: at 100 and above, upb's own 101 levels are the limit.
+            if max_depth < MAX_DEPTH_CAP {
+                let limit = max_depth.max(1) as u32;
+                if deepest > limit {
+                    return Err(Refusal::TooDeep { levels: limit });
+                }
             }
             Ok(scan.index)
         }
         Err(refusal) => {
-            if count::count_messages(data, max_messages) > max_messages {
+            if counted && count::count_messages(data, max_messages) > max_messages {
                 return Err(Refusal::TooManyMessages);
             }
             Err(refusal)
@@ -97,18 +107,46 @@ fn validate<'a>(
     }
 }
 
-fn refusal_error(refusal: Refusal, max_depth: i64, max_messages: i64) -> PyErr {
+/// upb's own message for a refused request (what `ParseFromString` raises), so that the
+/// receiver answers with the same text whichever scanner ran.
+fn upb_message(status: &str) -> String {
+    let request = schema::full_name(schema::Msg::Request);
+    format!("Error parsing message with type '{request}': {status}")
+}
+
+/// A `DecodeError` whose message is upb's and whose `detail` and `offset` say what is
+/// wrong and where.
+fn decode_error(py: Python<'_>, status: &str, detail: String, offset: usize) -> PyErr {
+    let err = DecodeError::new_err(upb_message(status));
+    let value = err.value(py);
+    if let Err(e) = value
+        .setattr("detail", detail)
+        .and_then(|()| value.setattr("offset", offset))
+    {
+        return e;
+    }
+    err
+}
+
+fn refusal_error(py: Python<'_>, refusal: Refusal, max_depth: i64, max_messages: i64) -> PyErr {
     let limit = max_depth.clamp(1, MAX_DEPTH_CAP);
     match refusal {
-        Refusal::Corrupt { what, msg, at } => DecodeError::new_err(format!(
-            "wire format was corrupt: {what} (in {}) at byte {at}",
-            schema::short_name(msg)
-        )),
-        Refusal::BadUtf8 { msg, field, at } => DecodeError::new_err(format!(
-            "string field {}.{} had bad UTF-8 at byte {at}",
-            schema::short_name(msg),
-            schema::field_name(msg, field)
-        )),
+        Refusal::Corrupt { what, msg, at } => decode_error(
+            py,
+            "Wire format was corrupt",
+            format!("{what} (in {}) at byte {at}", schema::short_name(msg)),
+            at,
+        ),
+        Refusal::BadUtf8 { msg, field, at } => decode_error(
+            py,
+            "String field had bad UTF-8",
+            format!(
+                "string field {}.{} is not valid UTF-8, at byte {at}",
+                schema::short_name(msg),
+                schema::field_name(msg, field)
+            ),
+            at,
+        ),
         Refusal::ParserTooDeep { at } => TooDeep::new_err(format!(
             "request nests deeper than {limit} message levels (the message at byte {at} is \
              past the parser's own limit)"
@@ -291,7 +329,7 @@ fn scan_traces<'py>(
         .collect();
 
     let index = validate(bytes, max_depth, max_messages, &scope_bytes, &keys)
-        .map_err(|r| refusal_error(r, max_depth, max_messages))?;
+        .map_err(|r| refusal_error(py, r, max_depth, max_messages))?;
 
     let blocks = PyList::empty(py);
     for block in &index.blocks {

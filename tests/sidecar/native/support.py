@@ -1,12 +1,11 @@
 """What the native scanner's tests share: the import (skip or fail), the reference
-answer from upb and ``receiver.limits``, the comparison of an index with a parsed
-request, and a wire-level tree to mutate requests with.
+answer, the comparison of an index with a parsed request, and a wire-level tree to mutate
+requests with.
 
-The reference is the receiver's order, with the contract's depth limit:
-``limits.count_messages`` first, then upb's ``ParseFromString`` (its ``MaxDepth`` error
-is a TooDeep), then ``limits.message_depth_exceeds(min(max_depth, 100))`` on the parsed
-request. (``receiver.otlp.decode_protobuf`` runs that last check only below 100, and upb
-alone lets 101 levels through: docs/native.md.)
+The reference is the receiver's own protobuf decoding, ``receiver.decode.decode_protobuf``
+(``limits.count_messages`` for bodies over 2 x the limit, then upb's ``ParseFromString``,
+then ``limits.message_depth_exceeds`` when the configured depth is below 100), which the
+pure-Python scanner runs too: the two scanners agree on every input.
 """
 
 from __future__ import annotations
@@ -20,14 +19,16 @@ from typing import Any
 
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import DecodeError
+from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.stage import Signal
 from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
-from gym_sidecar.receiver.limits import count_messages, message_depth_exceeds
+from gym_sidecar.receiver.decode import BadRequest, decode_protobuf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 REQUEST = ExportTraceServiceRequest.DESCRIPTOR
+SPEC = SPECS[Signal.TRACES]
 DERIVE_SCOPES = frozenset({"gym_telemetry.rollout", "gym_telemetry.verify"})
 ATTR_KEYS = ("nemo.gym.rollout.nested", "gym.verify.succeeded", "error.type")
 PARSER_LEVELS = 101
@@ -65,16 +66,15 @@ def reference(
     data: bytes, max_depth: int = 100, max_messages: int = 10**9
 ) -> ExportTraceServiceRequest | Refused:
     """What the scan must answer for ``data``: the parsed request or the refusal."""
-    if count_messages(data, REQUEST, max_messages) > max_messages:
-        return Refused("TooManyMessages")
-    msg = ExportTraceServiceRequest()
     try:
-        msg.ParseFromString(data)
-    except DecodeError as exc:
-        return Refused("TooDeep" if "MaxDepth" in str(exc) else "DecodeError")
-    if message_depth_exceeds(msg, min(max_depth, 100)):
-        return Refused("TooDeep")
+        msg = decode_protobuf(SPEC, data, max_depth, max_messages)
+    except BadRequest as exc:
+        return Refused(_KINDS.get(exc.reason, "DecodeError"))
+    assert isinstance(msg, ExportTraceServiceRequest)
     return msg
+
+
+_KINDS = {"too_deep": "TooDeep", "too_many_messages": "TooManyMessages"}
 
 
 def scan(
@@ -187,6 +187,8 @@ def check_index(
     request = TraceRequest(data, blocks, other)
     assert request.SerializeToString() is data
     request.changed = True
+    for block in blocks:  # every block written from its index, not copied as received
+        block.edited = True
     spliced = ExportTraceServiceRequest.FromString(request.SerializeToString())
     assert canonical(spliced) == canonical(msg)
 

@@ -5,6 +5,8 @@ compiled in against the installed opentelemetry-proto."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
@@ -50,7 +52,7 @@ def at_level(level: int, inner: bytes = b"", tail: bytes = b"") -> bytes:
     body = inner
     for lvl in range(level, 5, -1):
         body = ld(5, body) if (lvl - 5) % 2 else ld(1, body)
-    return ld(1, ld(1, ld(1, ld(2, body + tail))))
+    return ld(1, ld(1, ld(1, ld(2, body + tail))))  # request, RS, resource, KV.value
 
 
 def upb(data: bytes) -> str:
@@ -83,9 +85,11 @@ def test_upb_itself_allows_101_levels() -> None:
 
 
 @pytest.mark.parametrize("max_depth", [8, 9, 50, 99, 100, 101, 1000])
-def test_depth_limit_is_min_of_max_depth_and_100(max_depth: int) -> None:
-    limit = min(max_depth, 100)
-    for level in range(max(limit - 1, 5), 104):
+def test_depth_limit_is_max_depth_below_100_and_upbs_101_from_there(max_depth: int) -> None:
+    """The receiver walks the parsed request for a configured depth only below 100 and
+    leaves the rest to upb, whose bound is 101 levels (docs/native.md)."""
+    limit = max_depth if max_depth < 100 else PARSER_LEVELS
+    for level in range(max(min(limit, 100) - 1, 5), 104):
         got = scan(native, at_level(level), max_depth=max_depth)
         if level <= limit:
             assert not isinstance(got, Refused), level
@@ -143,20 +147,22 @@ def test_groups_count_as_levels_and_overflow_as_corrupt() -> None:
 
 
 def test_message_count_boundary() -> None:
-    data = ld(1, ld(2, b"\x12\x00" * 10))  # request, RS, SS, 10 spans: 13 messages
-    assert count_messages(data, REQUEST, 100) == 13
-    assert check_same_answer(native, data, max_messages=13) == "accepted"
-    assert check_same_answer(native, data, max_messages=12) == "TooManyMessages"
-    with pytest.raises(native.TooManyMessages, match="more than 12 protobuf messages"):
-        native.scan_traces(data, 100, 12, frozenset(), (), ResourceBlock, ScopeBlock)
+    data = ld(1, ld(2, b"\x12\x00" * 200))  # request, RS, SS, 200 spans: 203 messages
+    assert count_messages(data, REQUEST, 1000) == 203
+    assert len(data) > 2 * 202
+    assert check_same_answer(native, data, max_messages=203) == "accepted"
+    assert check_same_answer(native, data, max_messages=202) == "TooManyMessages"
+    with pytest.raises(native.TooManyMessages, match="more than 202 protobuf messages"):
+        native.scan_traces(data, 100, 202, frozenset(), (), ResourceBlock, ScopeBlock)
 
 
-def test_count_is_exact_where_the_receivers_size_gate_skips_it() -> None:
-    """``decode_protobuf`` counts only bodies longer than 2 x limit; a body of exactly
-    2 x limit bytes can hold limit + 1 messages. The scan counts every body."""
-    data = b"\x0a\x00" * 10  # 10 empty ResourceSpans: 11 messages in 20 bytes
-    assert count_messages(data, REQUEST, 10) == 11
-    assert check_same_answer(native, data, max_messages=10) == "TooManyMessages"
+def test_bodies_up_to_twice_the_limit_are_not_counted() -> None:
+    """As the receiver: a body of at most 2 x the limit bytes is not counted; it holds at
+    most limit + 1 messages (here exactly: 10 empty ResourceSpans and the request)."""
+    data = b"\x0a\x00" * 10
+    assert count_messages(data, REQUEST, 100) == 11
+    assert check_same_answer(native, data, max_messages=10) == "accepted"
+    assert check_same_answer(native, data, max_messages=9) == "TooManyMessages"
 
 
 def test_count_comes_first_on_a_corrupt_request() -> None:
@@ -226,16 +232,30 @@ def test_wire_rules_as_upb(name: str) -> None:
     assert (outcome == "accepted") == (upb(data) == "ok")
 
 
-def test_decode_error_says_what_and_where() -> None:
-    with pytest.raises(native.DecodeError, match=r"wire type .*at byte 4") as info:
-        native.scan_traces(
-            ld(1, b"") + b"\x0a\x00\x0e", 100, 10**6, frozenset(), (), ResourceBlock, ScopeBlock
-        )
+def test_decode_error_is_upbs_message_with_what_and_where() -> None:
+    """The message is upb's own (the receiver answers the same text whichever scanner
+    ran); ``detail`` and ``offset`` say what is wrong and where."""
+    corrupt = ld(1, b"") + b"\x0a\x00\x0e"
+    with pytest.raises(native.DecodeError) as info:
+        native.scan_traces(corrupt, 100, 10**6, frozenset(), (), ResourceBlock, ScopeBlock)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(native.DecodeError, match=r"Span\.name had bad UTF-8 at byte \d+"):
-        native.scan_traces(
-            span_request(ld(5, b"\xff")), 100, 10**6, frozenset(), (), ResourceBlock, ScopeBlock
-        )
+    assert str(info.value) == upb_error(corrupt)
+    assert info.value.offset == 4
+    assert "wire type" in info.value.detail and "at byte 4" in info.value.detail
+    bad_name = span_request(ld(5, b"\xff"))
+    with pytest.raises(native.DecodeError) as info:
+        native.scan_traces(bad_name, 100, 10**6, frozenset(), (), ResourceBlock, ScopeBlock)
+    assert str(info.value) == upb_error(bad_name)
+    assert re.fullmatch(
+        r"string field Span\.name is not valid UTF-8, at byte \d+", info.value.detail
+    )
+    assert bad_name[info.value.offset] == 0x2A  # the name field's tag
+
+
+def upb_error(data: bytes) -> str:
+    with pytest.raises(DecodeError) as info:
+        ExportTraceServiceRequest.FromString(data)
+    return str(info.value)
 
 
 def _paths() -> dict[str, list[tuple[int, Descriptor]]]:
@@ -433,7 +453,7 @@ def test_bench_loads(load: str) -> None:
         request = TraceRequest(data, *got)
         assert request.span_count() == spans
         dropped = request.blocks[0].scopes.pop(0)
-        request.changed = True
+        request.blocks[0].edited = True
         msg = ExportTraceServiceRequest.FromString(data)
         del msg.resource_spans[0].scope_spans[0]
         assert ExportTraceServiceRequest.FromString(request.SerializeToString()) == msg
