@@ -30,4 +30,4 @@ mutate:
 	bash scripts/bootstrap.sh && uv run --frozen --group mutate python scripts/mutate.py $(MODULES) --max-children $(WORKERS)
 
 lint:
-	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar demo tests testkit bench deploy scripts examples && uv run --frozen mypy
+	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar sidecar-native demo tests testkit bench deploy scripts examples && uv run --frozen mypy
