@@ -41,6 +41,7 @@ import statistics
 import sys
 import sysconfig
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -114,8 +115,10 @@ def compile_bytecode(pycache: Path, trees: list[Path]) -> None:
     sys.pycache_prefix = str(pycache)  # compileall's workers are forked: they inherit it
     try:
         dirs = [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")]
-        for directory in dict.fromkeys([*dirs, *trees]):
-            compileall.compile_dir(directory, quiet=2, workers=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the stdlib's test data has SyntaxWarnings
+            for directory in dict.fromkeys([*dirs, *trees]):
+                compileall.compile_dir(directory, quiet=2, workers=2)
     finally:
         sys.pycache_prefix = before
 
