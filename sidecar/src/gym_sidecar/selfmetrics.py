@@ -59,6 +59,13 @@ class SelfMetrics:
             ["limit"],
             registry=r,
         )
+        self.http2_refusals = Counter(
+            "gym_sidecar_http2_refusals",
+            "HTTP/2 connections (or streams) the gRPC receiver ended for a protocol error "
+            "or one of its HTTP/2 bounds, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.export_attempts = Counter(
             "gym_sidecar_export_attempts",
             "Export requests sent to the backend.",

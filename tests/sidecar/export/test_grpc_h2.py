@@ -260,12 +260,13 @@ def test_a_gzip_compressed_response_is_read_for_partial_success() -> None:
     ("client", "compression", "expected"),
     [
         ("auto", "gzip", GrpcH2Exporter),
-        ("auto", "none", OtlpGrpcExporter),
+        ("auto", "none", GrpcH2Exporter),
         ("h2", "none", GrpcH2Exporter),
         ("grpcio", "gzip", OtlpGrpcExporter),
+        ("grpcio", "none", OtlpGrpcExporter),
     ],
 )
-def test_grpc_client_auto_uses_h2_for_gzip_only(
+def test_grpc_client_auto_is_h2_and_grpcio_only_when_asked_for(
     client: str, compression: str, expected: type[Exporter]
 ) -> None:
     async def body() -> None:
