@@ -37,7 +37,7 @@ from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
 from gym_sidecar.malloc import MemoryTuner
-from gym_sidecar.receiver.grpc_h2 import GrpcReceiver
+from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
 

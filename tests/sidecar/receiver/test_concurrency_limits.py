@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import RETRY_INFO_TRAILER
 from gym_sidecar.core.stage import Batch, Stage
-from gym_sidecar.receiver.grpc_h2 import GrpcReceiver
+from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

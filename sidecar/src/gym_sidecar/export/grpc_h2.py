@@ -66,6 +66,7 @@ from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_outcome import classify
 from gym_sidecar.export.otlp_http import gzip_body, gzip_library
+from gym_sidecar.h2frames import MAX_CLOSED_STREAMS, quiet_frame_reprs
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +111,7 @@ class _ClientConnection(h2.connection.H2Connection):
     copying its body. :meth:`take` returns what to write, in order.
     """
 
-    MAX_CLOSED_STREAMS = 1024
-    """Closed streams ``h2`` remembers, to tell a late frame on a reset stream from a
-    protocol error. Its default, 65,536, is held in an OrderedDict that grew ~7 MiB on
-    one long-lived connection before it plateaued (an export call is a stream, and the
-    connection lives for days); frames on a stream 1,024 calls old do not happen."""
+    MAX_CLOSED_STREAMS = MAX_CLOSED_STREAMS  # not h2's 65,536 (gym_sidecar.h2frames)
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         self.frame_limit = 16384
@@ -499,6 +496,7 @@ class GrpcH2Exporter(Exporter):
         self._conn: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._closed = False
+        quiet_frame_reprs()
         if self._gzip:
             logger.info("OTLP/gRPC export: gzip with %s at level %d", gzip_library(), self._level)
 

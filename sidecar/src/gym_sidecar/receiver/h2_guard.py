@@ -12,9 +12,10 @@ flood costs a few Python steps per frame, not ``h2``'s work and an answer):
   once the whole frame is buffered, so 16 MiB could be held per connection first);
 - **control frames**: HEADERS, SETTINGS, PING, PRIORITY, RST_STREAM, WINDOW_UPDATE,
   GOAWAY, PUSH_PROMISE, frames of unknown types and DATA frames under
-  :data:`SMALL_DATA_BYTES` without END_STREAM take a token each from a per-connection
-  bucket holding :data:`CONTROL_BURST` tokens, refilled at :data:`CONTROL_PER_S` per
-  second and by :data:`CONTROL_PER_CALL` for every call answered from the pipeline. An
+  :attr:`ControlBudget.small_data_bytes` without END_STREAM take a token each from a
+  per-connection bucket holding :attr:`ControlBudget.burst` tokens, refilled at
+  :attr:`~ControlBudget.per_s` per second and by :attr:`~ControlBudget.per_call` for
+  every call answered from the pipeline. An
   empty bucket is :class:`Abuse` ``control_frame_flood``: SETTINGS/PING floods, rapid
   reset (HEADERS then RST_STREAM, CVE-2023-44487), streams opened and never finished,
   WINDOW_UPDATE, PRIORITY or tiny-DATA floods. A well-behaved client spends a few per
@@ -32,7 +33,7 @@ frames out of sequence, HPACK errors) is ``h2``'s to refuse.
 
 from __future__ import annotations
 
-from hyperframe.frame import DataFrame
+from dataclasses import dataclass, field
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -42,14 +43,20 @@ CONTINUATION = 0x9
 END_STREAM = 0x1
 END_HEADERS = 0x4
 
-CONTROL_BURST = 256.0
-"""Control frames a connection may send at once (the bucket's size)."""
-CONTROL_PER_S = 10.0
-"""Control frames per second a connection may send in the long run without calls."""
-CONTROL_PER_CALL = 8.0
-"""Control frames each call answered from the pipeline adds to the allowance."""
-SMALL_DATA_BYTES = 1024
-"""DATA frames shorter than this, without END_STREAM, count as control frames."""
+
+@dataclass(frozen=True, slots=True)
+class ControlBudget:
+    """The control-frame bucket of one connection (module doc); the defaults are the
+    receiver's."""
+
+    burst: float = 256.0
+    """Control frames a connection may send at once (the bucket's size)."""
+    per_s: float = 10.0
+    """Control frames per second a connection may send in the long run without calls."""
+    per_call: float = 8.0
+    """Control frames each call answered from the pipeline adds to the allowance."""
+    small_data_bytes: int = 1024
+    """DATA frames shorter than this, without END_STREAM, count as control frames."""
 
 
 class Abuse(Exception):
@@ -73,17 +80,25 @@ class FrameGuard:
         "_head",
         "_skip",
         "_tokens",
+        "budget",
         "max_frame_bytes",
         "max_header_block_bytes",
     )
 
-    def __init__(self, max_header_block_bytes: int, max_frame_bytes: int, now: float) -> None:
+    def __init__(
+        self,
+        max_header_block_bytes: int,
+        max_frame_bytes: int,
+        now: float,
+        budget: ControlBudget | None = None,
+    ) -> None:
         self.max_header_block_bytes = max_header_block_bytes
         self.max_frame_bytes = max_frame_bytes
+        self.budget = budget or ControlBudget()
         self._skip = len(PREFACE)  # the preface is h2's to check; frames start after it
         self._head = b""
         self._block = -1  # bytes of the open header block; -1: none open
-        self._tokens = CONTROL_BURST
+        self._tokens = self.budget.burst
         self._at = now
 
     @property
@@ -92,11 +107,12 @@ class FrameGuard:
         return self._block >= 0
 
     def call_answered(self) -> None:
-        self._tokens = min(CONTROL_BURST, self._tokens + CONTROL_PER_CALL)
+        self._tokens = min(self.budget.burst, self._tokens + self.budget.per_call)
 
     def feed(self, data: bytes, now: float) -> None:
         """Account for ``data``; raises :class:`Abuse` when a bound is broken."""
-        self._tokens = min(CONTROL_BURST, self._tokens + (now - self._at) * CONTROL_PER_S)
+        budget = self.budget
+        self._tokens = min(budget.burst, self._tokens + (now - self._at) * budget.per_s)
         self._at = now
         pos, size = 0, len(data)
         while True:
@@ -137,24 +153,35 @@ class FrameGuard:
                 self._block = -1
             if kind == CONTINUATION:
                 return
-        elif kind == DATA and (length >= SMALL_DATA_BYTES or flags & END_STREAM):
+        elif kind == DATA and (length >= self.budget.small_data_bytes or flags & END_STREAM):
             return
         self._tokens -= 1.0
         if self._tokens < 0:
             raise Abuse("control_frame_flood", "too many control frames")
 
 
-def _short_data_repr(frame: DataFrame) -> str:
-    return f"<{len(frame.data)} bytes of data>"
+@dataclass(frozen=True, slots=True)
+class Http2Bounds:
+    """The receiver's fixed HTTP/2 settings and bounds (not configuration: they protect
+    the process whatever the limits; a refusal by one is ``http2_refusals{reason}``)."""
 
-
-def quiet_data_frame_repr() -> None:
-    """Make ``repr`` of a hyperframe DATA frame constant-time (process-wide, idempotent).
-
-    ``h2`` builds ``repr(frame)`` for its trace log on every frame it receives, whatever
-    the logger (the argument is evaluated before the call), and hyperframe's repr of a
-    DATA frame copies and hex-encodes its whole body to show 20 characters of it: 22 %
-    of the sidecar's instructions per span under callgrind (docs/benchmarks.md). The
-    repr then shows the body's length instead.
-    """
-    DataFrame._body_repr = _short_data_repr  # type: ignore[method-assign,assignment]
+    window_bytes: int = 4 * 1024 * 1024
+    """Initial stream and connection flow-control windows advertised (what grpc core
+    advertises): a batch of spans arrives without waiting for a WINDOW_UPDATE. Data is
+    acknowledged as soon as a call has taken it (or it was for no call), so this bounds
+    nothing; the message limits bound what a call buffers."""
+    max_frame_bytes: int = 1024 * 1024
+    """SETTINGS_MAX_FRAME_SIZE: clients send a message in few large DATA frames rather
+    than 16 KiB ones (fewer frames and events per message). A frame header announcing
+    more is ``frame_too_large`` at once, before its body is buffered; so it also bounds
+    the one partial frame ``h2`` buffers per connection."""
+    hpack_factor: int = 4
+    """A header block may be this many times ``limits.http_max_header_bytes``, on the
+    wire (else ``header_block_too_large``) and decoded (else ``header_list_too_large``:
+    an HPACK bomb); between the limit and this, the call is answered
+    RESOURCE_EXHAUSTED and the connection kept."""
+    max_write_buffer: int = 1024 * 1024
+    """Bytes waiting to be written to a client that does not read, beyond which the
+    connection is closed (``not_reading``)."""
+    control: ControlBudget = field(default_factory=ControlBudget)
+    """The control-frame budget (``control_frame_flood``; the module doc)."""

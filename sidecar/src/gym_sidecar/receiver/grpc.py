@@ -1,0 +1,156 @@
+"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService ``Export``, served
+over HTTP/2 on the sidecar's event loop with ``h2``, without grpc core.
+
+Why not grpc.aio (the receiver before): importing grpc costs ~13 MiB of resident memory
+(its ``cygrpc`` library alone ~10 MiB), a fifth of the sidecar's, and with the gRPC
+exporter on ``h2`` too the sidecar then never loads grpc (docs/sidecar.md, "The gRPC
+receiver"). ``h2`` (PyPI, a maintained HTTP/2 state machine: frames, HPACK, flow
+control, stream states) carries the streams; :mod:`.grpc_conn` does the I/O and the
+connection's bounds, :mod:`.grpc_call` what gRPC puts on top, :mod:`.h2_guard` the
+bounds checked on frame headers before ``h2`` parses anything. Everything grpc core
+used to enforce by itself is written out there, so each refusal is counted.
+
+Per call (one HTTP/2 stream), answered with a gRPC status (trailers-only when refused):
+
+- ``:path`` not an ``Export`` method, ``:method`` not POST: UNIMPLEMENTED;
+  ``content-type`` not ``application/grpc`` or ``application/grpc+proto``: HTTP 415 with
+  INVALID_ARGUMENT;
+- metadata over ``limits.http_max_header_bytes``: RESOURCE_EXHAUSTED without RetryInfo;
+- ``limits.grpc_max_concurrent_requests`` calls already in progress (across
+  connections): RESOURCE_EXHAUSTED with RetryInfo(``limits.overload_retry_after_s``);
+- the length prefix over ``limits.grpc_transport_max_bytes``: RESOURCE_EXHAUSTED; an
+  uncompressed one over ``limits.grpc_max_message_bytes``: INVALID_ARGUMENT; both before
+  the message is buffered;
+- ``grpc-encoding`` gzip or deflate is inflated, up to ``limits.grpc_max_message_bytes``
+  (more: INVALID_ARGUMENT); the compressed flag with another encoding: UNIMPLEMENTED
+  (with ``grpc-accept-encoding``); without one: INTERNAL; broken data: INVALID_ARGUMENT;
+- the stream ending without one whole message, or carrying two: INVALID_ARGUMENT;
+- the message and the end of the stream not received within
+  ``limits.grpc_message_timeout_s`` of the call's headers, or within the client's own
+  ``grpc-timeout`` when that is shorter: DEADLINE_EXCEEDED;
+- the rest is :func:`.grpc_call.export`'s: decoding and its message limits
+  (INVALID_ARGUMENT), the pipeline's backpressure (RESOURCE_EXHAUSTED with RetryInfo as a
+  status detail and as a bare ``google.rpc.retryinfo-bin`` trailer), OK with the
+  response; a stage failing unexpectedly: INTERNAL (logged).
+
+A refusal sent before the client ended its stream is followed by RST_STREAM(NO_ERROR),
+so the client stops sending (RFC 9113, 8.1). A client that resets its stream, or whose
+connection is lost, gets nothing: a call not yet handed to the pipeline is dropped, one
+already handed over finishes and its answer is discarded.
+
+Per connection:
+
+- ``limits.grpc_max_connections`` open already: the new one is closed before anything is
+  read;
+- the client preface and its SETTINGS, and each header block, must arrive within
+  ``limits.http_header_timeout_s``;
+- no call in progress for ``limits.grpc_idle_timeout_s``: GOAWAY and closed;
+- SETTINGS_MAX_CONCURRENT_STREAMS is ``limits.grpc_max_streams_per_connection``; a stream
+  beyond it is refused with REFUSED_STREAM (clients retry it), the connection kept;
+- the fixed HTTP/2 bounds of :class:`Http2Bounds`: control-frame floods (SETTINGS, PING,
+  rapid reset, WINDOW_UPDATE, PRIORITY, empty DATA), frames larger than advertised, a
+  header block too large on the wire or decoding to too much (HPACK bomb), too much
+  output the client does not read, an answer the client's flow-control window keeps
+  from being sent for ``limits.grpc_message_timeout_s`` (the stream is reset); anything
+  else ``h2`` finds malformed: GOAWAY and closed.
+
+Counted: ``limit_hits{limit=<limits. key>}`` when a configured limit bit,
+``bad_requests{transport="grpc", reason}`` for each refused call, and
+``http2_refusals{reason}`` for the fixed HTTP/2 bounds and protocol errors.
+
+Lifecycle: :meth:`GrpcReceiver.start` binds and serves on the running loop;
+:meth:`GrpcReceiver.stop` closes the listener, sends every connection a GOAWAY naming
+the last stream it will serve, waits up to ``grace_s`` for the calls in progress (which
+finish handing their data to the pipeline and are answered), then closes what is left.
+Both are safe to repeat. Everything runs on the event loop; nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gym_sidecar.config import LimitsConfig
+from gym_sidecar.core.grpc_status import RETRY_INFO_TRAILER
+from gym_sidecar.core.stage import Stage, pipeline_trace_scan
+from gym_sidecar.h2frames import quiet_frame_reprs
+from gym_sidecar.hostport import bind_tcp, bound_address
+from gym_sidecar.receiver.grpc_conn import Connection, Shared
+from gym_sidecar.receiver.h2_guard import Http2Bounds
+from gym_sidecar.selfmetrics import SelfMetrics
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RETRY_INFO_TRAILER", "GrpcReceiver", "Http2Bounds"]
+
+
+class GrpcReceiver:
+    """The OTLP/gRPC listener feeding ``head`` (module doc). ``bounds``: the fixed HTTP/2
+    bounds (:class:`~.h2_guard.Http2Bounds`; other values only in tests)."""
+
+    def __init__(
+        self,
+        listen: str,
+        head: Stage,
+        limits: LimitsConfig,
+        metrics: SelfMetrics,
+        bounds: Http2Bounds | None = None,
+    ) -> None:
+        self.listen = listen
+        self.shared = Shared(
+            head, pipeline_trace_scan(head), limits, metrics, bounds or Http2Bounds()
+        )
+        self.bound_port: int | None = None
+        self._server: asyncio.Server | None = None
+        quiet_frame_reprs()
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` with the port actually bound once started (``listen`` before)."""
+        return bound_address(self.listen, self.bound_port)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls holding a slot: headers received, answer not yet decided."""
+        return self.shared.in_flight
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        return len(self.shared.connections)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        sock = bind_tcp(self.listen)
+        shared = self.shared
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                lambda: Connection(shared), sock=sock, backlog=1024
+            )
+        except OSError:
+            sock.close()
+            raise
+        self._server = server
+        self.bound_port = sock.getsockname()[1]
+        shared.stopping = False
+        logger.info("OTLP/gRPC receiver listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting; the calls in progress get ``grace_s`` seconds to finish."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        shared = self.shared
+        shared.stopping = True
+        server.close()
+        for conn in list(shared.connections):
+            conn.go_away()
+        if shared.in_flight:
+            shared.idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shared.idle.wait(), grace_s)
+        for conn in list(shared.connections):
+            conn.abort()
+        logger.info("OTLP/gRPC receiver stopped")
