@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.selfmetrics",
             "gym_sidecar.malloc",
             "gym_sidecar.hostport",
-            "gym_sidecar.h2frames",
+            "gym_sidecar.http2",
         ),
     ),
     ("core", ("gym_sidecar.core",)),

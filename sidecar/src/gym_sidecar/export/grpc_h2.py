@@ -37,7 +37,9 @@ connection, a connection lost mid-call, GOAWAY before the call was processed and
 timeout are retryable (UNAVAILABLE / DEADLINE_EXCEEDED, as grpc core reports them); an
 HTTP status other than 200 maps to a gRPC code as the gRPC spec's HTTP-to-gRPC table
 says; a reset stream maps as grpc core maps it (REFUSED_STREAM is UNAVAILABLE, CANCEL
-is CANCELLED, everything else INTERNAL). A broken connection is replaced at the next
+is CANCELLED, everything else INTERNAL); an HTTP/2 protocol error on the connection is
+UNAVAILABLE. A GOAWAY lets the calls the server still serves finish
+(:class:`gym_sidecar.http2.H2Connection`). A broken connection is replaced at the next
 call.
 """
 
@@ -66,7 +68,7 @@ from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_outcome import classify
 from gym_sidecar.export.otlp_http import gzip_body, gzip_library
-from gym_sidecar.h2frames import MAX_CLOSED_STREAMS, quiet_frame_reprs
+from gym_sidecar.http2 import H2Connection, quiet_frame_reprs
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ _DIRECT_BYTES = 4096
 _END_STREAM = 0x1
 
 
-class _ClientConnection(h2.connection.H2Connection):
+class _ClientConnection(H2Connection):
     """``h2``'s connection with a copy-free DATA path (module doc).
 
     :meth:`send_data_unsplit` lets ``h2`` account for one DATA frame of any size (it
@@ -110,8 +112,6 @@ class _ClientConnection(h2.connection.H2Connection):
     passes, cuts such a frame into frames of the peer's SETTINGS_MAX_FRAME_SIZE without
     copying its body. :meth:`take` returns what to write, in order.
     """
-
-    MAX_CLOSED_STREAMS = MAX_CLOSED_STREAMS  # not h2's 65,536 (gym_sidecar.h2frames)
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         self.frame_limit = 16384
@@ -352,8 +352,10 @@ class _Connection:
                 try:
                     events = self.h2.receive_data(data)
                 except h2.exceptions.ProtocolError as err:
+                    # Retryable, like a connection lost mid-call: the server may not have
+                    # processed the calls; retrying risks a duplicate, dropping a loss.
                     self._fail_all(
-                        _CallFailed(StatusCode.INTERNAL, f"{self.peer}: HTTP/2 error {err!r}")
+                        _CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: HTTP/2 error {err!r}")
                     )
                     return
                 for event in events:
@@ -496,6 +498,7 @@ class GrpcH2Exporter(Exporter):
         self._conn: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()
         quiet_frame_reprs()
         if self._gzip:
             logger.info("OTLP/gRPC export: gzip with %s at level %d", gzip_library(), self._level)
@@ -508,11 +511,8 @@ class GrpcH2Exporter(Exporter):
             conn = self._conn
             if conn is None or not conn.usable:
                 if conn is not None:
-                    old = conn
                     # Let calls still running on a GOAWAY'd connection finish; close it after.
-                    asyncio.get_running_loop().call_later(
-                        self._timeout_s, lambda: asyncio.ensure_future(old.close())
-                    )
+                    asyncio.get_running_loop().call_later(self._timeout_s, self._retire, conn)
                 try:
                     conn = await _Connection.open(self._host, self._port, self._tls, self.target)
                 except (OSError, ssl.SSLError) as err:
@@ -521,6 +521,11 @@ class GrpcH2Exporter(Exporter):
                     ) from None
                 self._conn = conn
             return conn
+
+    def _retire(self, conn: _Connection) -> None:
+        task = asyncio.ensure_future(conn.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _call(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
         if self._gzip:

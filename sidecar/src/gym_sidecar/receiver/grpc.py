@@ -74,8 +74,8 @@ import logging
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import RETRY_INFO_TRAILER
 from gym_sidecar.core.stage import Stage, pipeline_trace_scan
-from gym_sidecar.h2frames import quiet_frame_reprs
 from gym_sidecar.hostport import bind_tcp, bound_address
+from gym_sidecar.http2 import quiet_frame_reprs
 from gym_sidecar.receiver.grpc_conn import Connection, Shared
 from gym_sidecar.receiver.h2_guard import Http2Bounds
 from gym_sidecar.selfmetrics import SelfMetrics

@@ -36,7 +36,7 @@ from gym_sidecar.core.grpc_status import StatusCode, status_trailers
 from gym_sidecar.core.otlp import SignalSpec
 from gym_sidecar.core.stage import Stage
 from gym_sidecar.core.traces import ScanSpec
-from gym_sidecar.h2frames import MAX_CLOSED_STREAMS
+from gym_sidecar.http2 import H2Connection
 from gym_sidecar.receiver import grpc_call
 from gym_sidecar.receiver.grpc_call import TRANSPORT, Answer
 from gym_sidecar.receiver.h2_guard import Abuse, FrameGuard, Http2Bounds
@@ -75,10 +75,6 @@ class Shared:
         self.in_flight -= 1
         if self.in_flight == 0 and self.idle is not None:
             self.idle.set()
-
-
-class _ServerConnection(h2.connection.H2Connection):
-    MAX_CLOSED_STREAMS = MAX_CLOSED_STREAMS
 
 
 class _Call:
@@ -147,7 +143,6 @@ class Connection(asyncio.Protocol):
             self.bounds.control,
         )
         self.going_away = False
-        self._client_goaway = False
         self._settings_seen = False
         self._stalled: set[_Call] = set()
         self._preface_timer: asyncio.TimerHandle | None = None
@@ -171,7 +166,7 @@ class Connection(asyncio.Protocol):
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
         )
-        conn = _ServerConnection(config=config)
+        conn = H2Connection(config=config)
         limits, bounds = self.limits, self.bounds
         codes = h2.settings.SettingCodes
         advertised = {
@@ -292,9 +287,9 @@ class Connection(asyncio.Protocol):
             self._send_pending(call)
 
     def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        # h2 now refuses to send or receive anything on this connection: the calls in
-        # progress cannot be answered; they finish or are dropped, then it closes.
-        self.going_away = self._client_goaway = True
+        # The client opens no more calls; those in progress are answered (gym_sidecar.http2
+        # keeps the connection open for them), then it closes.
+        self.going_away = True
         if not self.calls:
             self._close()
 
@@ -433,7 +428,7 @@ class Connection(asyncio.Protocol):
             call.timer.cancel()
             call.timer = None
         self._release(call)  # its work is done, even if the answer waits for window
-        if self.transport is None or self._client_goaway:
+        if self.transport is None:
             self._forget(call)
             return
         if answer.code is not StatusCode.OK:
@@ -553,14 +548,13 @@ class Connection(asyncio.Protocol):
             self.transport = None
 
     def _protocol_error(self, exc: h2.exceptions.ProtocolError) -> None:
-        if not self._client_goaway:  # after its GOAWAY, h2 refuses any frame: not abuse
-            reason = (
-                "header_list_too_large"
-                if isinstance(exc, h2.exceptions.DenialOfServiceError)
-                else "protocol_error"
-            )
-            self.metrics.http2_refusals.labels(reason).inc()
-            logger.debug("gRPC connection from %s: HTTP/2 error %s", self.peer, exc)
+        reason = (
+            "header_list_too_large"
+            if isinstance(exc, h2.exceptions.DenialOfServiceError)
+            else "protocol_error"
+        )
+        self.metrics.http2_refusals.labels(reason).inc()
+        logger.debug("gRPC connection from %s: HTTP/2 error %s", self.peer, exc)
         self._flush()  # h2 has queued its GOAWAY
         self._close()
 
