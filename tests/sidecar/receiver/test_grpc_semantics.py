@@ -9,6 +9,7 @@ windows reopened as data is consumed), and the GOAWAY drain on SIGTERM.
 from __future__ import annotations
 
 import gzip
+import itertools
 import signal
 import zlib
 from collections.abc import Iterator
@@ -105,18 +106,34 @@ def test_content_types(sidecar: SidecarProcess, content_type: str, status: int) 
         assert out.grpc_status == 3  # INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("frames", [1, 7])
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compressed_messages_are_inflated(
-    sidecar: SidecarProcess, sink: RecordingSink, encoding: str
+    sidecar: SidecarProcess, sink: RecordingSink, encoding: str, frames: int
 ) -> None:
-    tag = f"enc-{encoding}"
-    data = trace_request(tag, 1).SerializeToString()
+    """In one DATA frame, or cut into seven (inflated chunk by chunk, the prefix split
+    across the first two)."""
+    tag = f"enc-{encoding}-{frames}"
+    data = trace_request(tag, 40).SerializeToString()
     packed = gzip.compress(data) if encoding == "gzip" else zlib.compress(data)
-    out = call(
-        sidecar, request_headers(grpc_encoding=encoding), grpc_frame(packed, compressed=True)
-    )
+    body = grpc_frame(packed, compressed=True)
+    step = max(1, len(body) // frames)
+    cuts = [*[0, 3, *range(3 + step, len(body), step)][:frames], len(body)]
+    with H2Client(sidecar.grpc_port) as client:
+        stream_id = client.start(request_headers(grpc_encoding=encoding))
+        for start, end in itertools.pairwise(cuts):
+            client.send(stream_id, body[start:end], end_stream=end == len(body))
+        out = client.wait(stream_id)
     assert out.grpc_status == 0, out
-    assert sink.wait_for(lambda: f"{tag}-0" in span_names(sink), 30)
+    assert sink.wait_for(lambda: f"{tag}-39" in span_names(sink), 30)
+
+
+def test_data_after_the_compressed_stream_is_refused(sidecar: SidecarProcess) -> None:
+    """Not silently dropped: a second gzip member, or garbage, after the first."""
+    packed = gzip.compress(trace_request("trailing", 1).SerializeToString()) * 2
+    out = call(sidecar, request_headers(grpc_encoding="gzip"), grpc_frame(packed, compressed=True))
+    assert out.grpc_status == 3, out  # INVALID_ARGUMENT
+    assert "past its end" in out.grpc_message
 
 
 def test_an_unsupported_encoding_is_unimplemented_with_the_accepted_ones(

@@ -9,7 +9,7 @@ bytes; this module says how to answer, and counts every refusal:
 - :func:`check_prefix`: the 5-byte length prefix of the one request message (the
   compressed flag, the encoding, ``limits.grpc_transport_max_bytes`` and
   ``limits.grpc_max_message_bytes``), checked before the message is buffered;
-- :func:`inflate`: a compressed message inflated, stopping at
+- :func:`inflate`: a compressed message inflated from its chunks, stopping at
   ``limits.grpc_max_message_bytes``;
 - :func:`export`: the message decoded with the functions the HTTP receiver shares
   (:mod:`.otlp`), submitted to the pipeline, and the answer: OK with the serialized
@@ -193,25 +193,39 @@ def _too_large(what: str, limits: LimitsConfig, metrics: SelfMetrics) -> Answer:
 
 
 def inflate(
-    data: bytes, encoding: bytes, limits: LimitsConfig, metrics: SelfMetrics
+    chunks: list[bytes], encoding: bytes, limits: LimitsConfig, metrics: SelfMetrics
 ) -> bytes | Answer:
-    """``data`` (a compressed message) inflated, or the refusal (counted): more than
+    """The compressed message in ``chunks`` (its DATA as received, the first chunk
+    starting with the 5-byte prefix) inflated, or the refusal (counted).
+
+    Inflated chunk by chunk, each chunk let go (emptied in ``chunks``) once inflated, so
+    the compressed message is never joined into one more copy. More than
     ``limits.grpc_max_message_bytes`` inflated is INVALID_ARGUMENT (inflation stops
-    there, so a gzip bomb costs at most that much); broken or truncated data is
-    INVALID_ARGUMENT."""
-    limit = limits.grpc_max_message_bytes
+    there, so a gzip bomb costs at most that much); broken or truncated data, or data
+    after the end of the compressed stream, is INVALID_ARGUMENT.
+    """
+    name = encoding.decode("latin-1")
+    room = limits.grpc_max_message_bytes + 1
     inflater = zlib.decompressobj(ENCODINGS[encoding])
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
+    out: list[bytes] = []
+    for index in range(len(chunks)):
+        data = memoryview(chunks[index])[5:] if index == 0 else chunks[index]
+        chunks[index] = b""
+        try:
+            piece = inflater.decompress(data, room)
+        except zlib.error as exc:
+            metrics.bad_requests.labels(TRANSPORT, "bad_gzip").inc()
+            return invalid(f"message is not valid {name}: {exc}")
+        room -= len(piece)
+        if room <= 0:
+            return _too_large("message inflated", limits, metrics)
+        if piece:
+            out.append(piece)
+    if not inflater.eof or inflater.unused_data:
         metrics.bad_requests.labels(TRANSPORT, "bad_gzip").inc()
-        return invalid(f"message is not valid {encoding.decode()}: {exc}")
-    if len(out) > limit:
-        return _too_large("message inflated", limits, metrics)
-    if not inflater.eof:
-        metrics.bad_requests.labels(TRANSPORT, "bad_gzip").inc()
-        return invalid(f"message is truncated {encoding.decode()}")
-    return out
+        what = "truncated" if not inflater.eof else "followed by data past its end"
+        return invalid(f"message is {what} ({name})")
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 async def export(

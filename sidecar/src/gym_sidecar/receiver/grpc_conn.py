@@ -355,14 +355,16 @@ class Connection(asyncio.Protocol):
             self._answer(call, grpc_call.invalid("no complete request message received"))
             return
         chunks, call.chunks = call.chunks, []
-        parts = [part for part in (chunks[0][5:], *chunks[1:]) if part]
-        message = parts[0] if len(parts) == 1 else b"".join(parts)
         if call.compressed:
-            inflated = grpc_call.inflate(message, call.encoding or b"", self.limits, self.metrics)
+            inflated = grpc_call.inflate(chunks, call.encoding or b"", self.limits, self.metrics)
             if isinstance(inflated, Answer):
                 self._answer(call, inflated)
                 return
             message = inflated
+        else:  # one copy: a slice when it came in one DATA frame, else a join
+            parts = [part for part in (chunks[0][5:], *chunks[1:]) if part]
+            message = parts[0] if len(parts) == 1 else b"".join(parts)
+            del chunks, parts
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
