@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gym_telemetry_semconv as semconv
+import pytest
 from gym_sidecar.core.traces import DerivedSpan, ResourceBlock, ScopeBlock, TraceRequest
 from gym_sidecar.metrics.config import DEFAULT_ROLLOUT_BUCKETS_MS, MetricsConfig
 from gym_sidecar.metrics.derived import CARDINALITY_LIMIT_NAME, DerivedMetrics
+from gym_sidecar.metrics.series import exemplar_of
 from gym_sidecar.metrics.spans import SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
 from hypothesis import HealthCheck, given, settings
@@ -377,3 +379,42 @@ def test_the_default_bounds_are_integers_and_compare_as_the_model_does() -> None
     deriver.record(pending)
     [series] = list(store.rollout)
     assert series.bucket_counts[:2] == [2, 1]
+
+
+@pytest.mark.parametrize("last_has_ids", [True, False])
+def test_series_of_one_block_meeting_in_overflow_add_in_span_order(last_has_ids: bool) -> None:
+    """Failures of two ``error.type`` s in one block, both past the cardinality limit,
+    land in one overflow series: their values are summed in span order (0.1 + 0.1 + 0.4
+    is not 0.1 + 0.4 + 0.1 in floats) and the bucket's exemplar is the last span in it
+    that has ids, whichever series it came from."""
+
+    def failed(error: str, ms: float, ids: bytes) -> DerivedSpan:
+        end = T0 + round(ms * 1_000_000)
+        return (
+            semconv.SPAN_VERIFY,
+            T0,
+            end,
+            ids * 16 if ids else b"",
+            ids * 8,
+            2,
+            (None, False, error),
+        )
+
+    ok: DerivedSpan = (semconv.SPAN_VERIFY, T0, T0 + 5, b"\x09" * 16, b"\x09" * 8, 0, (None,) * 3)
+    last = failed("A", 0.4, b"\x03" if last_has_ids else b"")
+    derived = [ok, failed("A", 0.1, b"\x01"), failed("B", 0.1, b"\x02"), last]
+    block = ScopeBlock(0, 0, VERIFY_SCOPE, len(derived), derived)
+    req = TraceRequest(b"", [ResourceBlock(0, 0, RESOURCES[0], [block], [])], [])
+    cfg = MetricsConfig(cardinality_limit=2)
+    metrics = SelfMetrics()
+    store = DerivedMetrics(cfg, metrics, clock_ns=Clock())
+    deriver = SpanDeriver(store)
+    pending = deriver.extract(req)
+    assert pending is not None
+    deriver.record(pending)
+    model = Model(cfg, Clock())
+    model.request(req)
+    assert store_state(store, metrics) == model_state(model)
+    overflow = list(store.verify)[-1]
+    assert overflow.sum == 0.1 + 0.1 + 0.4 != 0.1 + 0.4 + 0.1
+    assert overflow.exemplars[0] == exemplar_of(last if last_has_ids else derived[2])
