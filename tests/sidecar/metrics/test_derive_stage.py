@@ -166,7 +166,7 @@ def test_other_scopes_and_signals_pass_untouched() -> None:
     assert tail.batches[1] is logs
     assert set(stage.store.spans.values()) == {0}
     assert tail.metric_requests() == []  # nothing derived: no empty export either
-    assert metrics.stage_items.labels("derive", "traces", "passed")._value.get() == 2
+    assert metrics.stage_items.labels("derive", "traces", "passed").value == 2
 
 
 def test_cardinality_limit_sends_new_series_to_overflow() -> None:
@@ -211,7 +211,7 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_ENV_STEP_DURATION: 0,
         semconv.METRIC_ENV_STEP_COUNT: 0,
     }
-    assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 21
+    assert metrics.limit_hits.labels("metrics.cardinality_limit").value == 21
     text = metrics.render().decode()
     assert 'gym_sidecar_derived_overflow_points_total{metric="gym.verify.count"} 6.0' in text
 

@@ -50,6 +50,11 @@ class Signal(enum.Enum):
     METRICS = "metrics"
     LOGS = "logs"
 
+    # Members are singletons compared by identity: hash them by identity too, in C.
+    # Enum's own __hash__ is a Python function, called for every dict lookup keyed by a
+    # signal (each stage does one per request).
+    __hash__ = object.__hash__
+
 
 @dataclass(slots=True)
 class Batch:

@@ -41,10 +41,20 @@ class QueueStage(Stage):
         self.retry_after_s = retry_after_s
         self._accepting = True
         metrics.queue_capacity_bytes.set(queue.capacity_bytes)
-        metrics.queue_bytes.set(queue.used_bytes)
+        # Read at each scrape: the queue's fill as it is then, without a gauge update
+        # per request and per export.
+        metrics.queue_bytes.set_function(lambda: queue.used_bytes)
+        self._counters = {
+            (signal, outcome): metrics.stage_items.labels(self.name, signal.value, outcome)
+            for signal in Signal
+            for outcome in ("received", "passed")
+        }
 
     def _count(self, signal: Signal, outcome: str, items: int) -> None:
-        self.metrics.stage_items.labels(self.name, signal.value, outcome).inc(items)
+        child = self._counters.get((signal, outcome))
+        if child is None:  # the rare outcomes: created on first use, as they always were
+            child = self.metrics.stage_items.labels(self.name, signal.value, outcome)
+        child.inc(items)
 
     def _refuse(self, batch: Batch, reason: str) -> Backpressure:
         # The receiver counts the refused items (refused{reason}) when it answers the
@@ -74,7 +84,6 @@ class QueueStage(Stage):
             return
         if not await self.queue.put(batch.signal, payload, batch.items):
             raise self._refuse(batch, reasons.QUEUE_FULL)
-        self.metrics.queue_bytes.set(self.queue.used_bytes)
         self._count(batch.signal, "passed", batch.items)
 
     async def start(self) -> None:
