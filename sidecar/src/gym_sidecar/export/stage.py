@@ -1,7 +1,9 @@
 """The pipeline's last stage: put batches into the export queue, or push back.
 
-:class:`QueueStage` serializes each batch once and enqueues the bytes; the client is
-acknowledged as soon as ``consume`` returns. When the bytes would pass the queue's
+:class:`QueueStage` serializes each batch and enqueues it (a trace request from which
+no stage removed anything as its pieces, ``TraceRequest.parts``, joined with its batch
+by the sender: one copy instead of two); the client is acknowledged as soon as
+``consume`` returns. When the bytes would pass the queue's
 bound it raises :class:`Backpressure` (the receiver answers RESOURCE_EXHAUSTED with
 RetryInfo, or HTTP 429 with Retry-After, and counts the items as refused) and counts
 the limit hit. It never grows past the bound and never drops silently.
@@ -15,8 +17,9 @@ from __future__ import annotations
 import logging
 
 from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.export import reasons
-from gym_sidecar.export.queue import ExportQueue
+from gym_sidecar.export.queue import ExportQueue, Payload, payload_size
 from gym_sidecar.export.sender import Sender
 from gym_sidecar.selfmetrics import SelfMetrics
 
@@ -70,15 +73,24 @@ class QueueStage(Stage):
         self._count(batch.signal, "received", batch.items)
         if not self._accepting:
             raise self._refuse(batch, reasons.SHUTTING_DOWN)
-        payload = batch.message.SerializeToString()
-        if len(payload) > self.queue.capacity_bytes:
+        message = batch.message
+        payload: Payload
+        if isinstance(message, TraceRequest) and message.removed_nothing():
+            # Its pieces: the received bytes are copied once, when the batch is joined.
+            # Only when nothing was removed, so what they keep referenced is (but for
+            # replaced resources) what the queue counts.
+            payload = message.parts()
+        else:
+            payload = message.SerializeToString()
+        size = payload_size(payload)
+        if size > self.queue.capacity_bytes:
             # It can never fit: retrying would loop forever, so reject it outright (the
             # receiver reports it in partial_success and counts it as refused).
             self.metrics.limit_hits.labels(f"export_queue.{reasons.LARGER_THAN_QUEUE}").inc()
             self._count(batch.signal, "dropped", batch.items)
             batch.reject(
                 batch.items,
-                f"request of {len(payload)} bytes exceeds the export queue "
+                f"request of {size} bytes exceeds the export queue "
                 f"({self.queue.capacity_bytes} bytes)",
             )
             return
