@@ -6,7 +6,8 @@ phase (a benchmark harness; it asserts nothing).
 
 What runs: the pipeline ``assemble.build_pipeline`` builds for the whole-sidecar
 harness's configuration (``bench.sidecar_callgrind``: span groups ``all``, derive on,
-two static enrich attributes, gRPC export without compression), in this process, with
+two static enrich attributes, gRPC export without compression; ``--no-derive``: derive
+off), in this process, with
 the exporter replaced by one that accepts every payload at once (the gRPC client is not
 the pipeline's Python). ``bench.loadgen``'s requests of ``--load`` (512 spans at most,
 56 distinct, cycled to ``--requests``) go through it in three phases, each over every
@@ -85,7 +86,7 @@ class _Accept:
         pass
 
 
-async def _child(load: str, requests: int, mode: str, top: int) -> dict[str, Any]:
+async def _child(load: str, requests: int, mode: str, top: int, derive: bool) -> dict[str, Any]:
     from gym_sidecar.assemble import build_pipeline
     from gym_sidecar.config import SidecarConfig
     from gym_sidecar.core.otlp import SPECS
@@ -102,7 +103,7 @@ async def _child(load: str, requests: int, mode: str, top: int) -> dict[str, Any
             "backend": {"url": "http://127.0.0.1:9", "compression": "none"},
             "span_groups": {"spec": "all", "watch_interval_s": 0},
             "enrich": {"attributes": ENRICH_ATTRIBUTES},
-            "metrics": {"enabled": True, "interval_s": 3600},
+            "metrics": {"enabled": derive, "interval_s": 3600},
         }
     )
     metrics = SelfMetrics()
@@ -226,8 +227,8 @@ async def _child(load: str, requests: int, mode: str, top: int) -> dict[str, Any
     return result
 
 
-def child(load: str, requests: int, mode: str, top: int) -> None:
-    result = asyncio.run(_child(load, requests, mode, top))
+def child(load: str, requests: int, mode: str, top: int, derive: bool) -> None:
+    result = asyncio.run(_child(load, requests, mode, top, derive))
     print(json.dumps(result), flush=True)
 
 
@@ -251,6 +252,7 @@ def _run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         str(args.requests),
         "--top",
         str(args.top),
+        *(["--no-derive"] if args.no_derive else []),
     ]
     out_dir = None
     if mode == "callgrind":
@@ -277,7 +279,8 @@ def _print_callgrind(args: argparse.Namespace, res: dict[str, Any]) -> None:
     n, spans = res["requests"], res["spans"]
     counts: dict[str, int] = res["instructions"]
     print(
-        f"{args.load}: {n} requests, {spans} spans ({spans / n:.0f} per request), "
+        f"{args.load}{'' if not args.no_derive else ', derive off'}: {n} requests, {spans} "
+        f"spans ({spans / n:.0f} per request), "
         f"{res['exported_payloads']} export payloads; instructions per request / per span:"
     )
     rows: list[tuple[str, float]] = [(k, float(v)) for k, v in counts.items()]
@@ -294,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", action="store_true", help="Python calls per request")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile's top N")
     p.add_argument("--no-callgrind", action="store_true")
+    p.add_argument("--no-derive", action="store_true", help="metrics.enabled: false")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
     p.add_argument("--keep", type=Path, help="keep the callgrind dumps in this directory")
@@ -301,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.load, args.requests, args.child, args.top)
+        child(args.load, args.requests, args.child, args.top, not args.no_derive)
         return 0
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     out: dict[str, Any] = {"load": args.load}
