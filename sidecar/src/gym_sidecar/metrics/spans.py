@@ -157,13 +157,19 @@ class SpanDeriver:
                     self._verifications(resource_key, spans, pending)
         return pending
 
+    # The two loops below run once per derived span: names are bound to locals, the
+    # exemplar is written unconditionally (to a scratch dict when exemplars are off),
+    # and the duration is computed once for the validity test and the value.
+
     def _rollouts(self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending) -> None:
         rollout = semconv.SPAN_ROLLOUT
         bounds = self._rollout_bounds
+        ns_per_ms = NS_PER_MS
+        search = bisect_left
         points: SeriesPoints | None = None
         # set with the block's points, at its first point
         counts: list[int]
-        exemplars: dict[int, DerivedSpan] | None
+        exemplars: dict[int, DerivedSpan]
         append: Callable[[float], None]
         for span in spans:
             name, start, end, _, _, _, values = span
@@ -172,31 +178,35 @@ class SpanDeriver:
             if values[_NESTED] is True:
                 out.nested += 1
                 continue
-            if start == 0 or end < start:
+            duration = end - start
+            if duration < 0 or not start:
                 out.invalid += 1
                 continue
             if points is None:
                 points = SeriesPoints(resource_key, (), bounds, self._exemplars, spans)
                 out.rollouts.append(points)
-                counts, exemplars, append = points.counts, points.exemplars, points.values.append
-            value = (end - start) / NS_PER_MS
-            bucket = bisect_left(bounds, value)  # bounds are inclusive upper bounds
+                counts, append = points.counts, points.values.append
+                exemplars = points.exemplars if points.exemplars is not None else {}
+            value = duration / ns_per_ms
+            bucket = search(bounds, value)  # bounds are inclusive upper bounds
             counts[bucket] += 1
             append(value)
-            if exemplars is not None:
-                exemplars[bucket] = span  # the block's last span in the bucket wins
+            exemplars[bucket] = span  # the block's last span in the bucket wins
 
     def _verifications(
         self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending
     ) -> None:
         verify, step = semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP
+        ok, status_error = VERIFY_OK_ATTRS, _STATUS_ERROR
+        ns_per_ms = NS_PER_MS
+        search = bisect_left
         runs: dict[tuple[bool, Attrs], SeriesPoints] = {}
         # The series the last span went to; the next one usually goes there too.
         last_attrs: Attrs | None = None
         last_step = False
         bounds: list[float]
         counts: list[int]
-        exemplars: dict[int, DerivedSpan] | None
+        exemplars: dict[int, DerivedSpan]
         append: Callable[[float], None]
         for span in spans:
             name, start, end, _, _, status, values = span
@@ -206,13 +216,14 @@ class SpanDeriver:
                 is_step = True
             else:
                 continue
-            if start == 0 or end < start:
+            duration = end - start
+            if duration < 0 or not start:
                 out.invalid += 1
                 continue
             succeeded = values[_SUCCEEDED]
             # Inline the common case (succeeded); a failure's attributes are built apart.
-            if succeeded is True or (succeeded is not False and status != _STATUS_ERROR):
-                attrs = VERIFY_OK_ATTRS
+            if succeeded is True or (succeeded is not False and status != status_error):
+                attrs = ok
             else:
                 attrs = self._failed_attrs(values)
             if attrs is not last_attrs or is_step is not last_step:
@@ -222,15 +233,14 @@ class SpanDeriver:
                     points = SeriesPoints(resource_key, attrs, histogram, self._exemplars, spans)
                     runs[(is_step, attrs)] = points
                     (out.steps if is_step else out.verifications).append(points)
-                bounds, counts, exemplars = points.bounds, points.counts, points.exemplars
-                append = points.values.append
+                bounds, counts, append = points.bounds, points.counts, points.values.append
+                exemplars = points.exemplars if points.exemplars is not None else {}
                 last_attrs, last_step = attrs, is_step
-            value = (end - start) / NS_PER_MS
-            bucket = bisect_left(bounds, value)
+            value = duration / ns_per_ms
+            bucket = search(bounds, value)
             counts[bucket] += 1
             append(value)
-            if exemplars is not None:
-                exemplars[bucket] = span
+            exemplars[bucket] = span
 
     def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
         """The attributes of a failed verification: its ``error.type`` (a string
