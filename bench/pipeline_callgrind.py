@@ -30,7 +30,9 @@ request and per span of each phase. ``--calls`` (no valgrind) prints Python call
 request of each phase, by function (``sys.setprofile``: Python functions and builtins
 called); ``--cprofile N`` the top N functions of the pipeline and send phases by own
 time under cProfile. ``--sidecar-src`` puts another tree's ``sidecar/src`` first on the
-path (a before/after pair from one environment).
+path (a before/after pair from one environment). ``--native`` scans with the native
+scanner (``gym_sidecar_native``) where it imports: ``scan`` is then its scan, and
+``upb parse`` is still upb's, for comparison.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -86,13 +89,15 @@ class _Accept:
         pass
 
 
-async def _child(load: str, requests: int, mode: str, top: int, derive: bool) -> dict[str, Any]:
+async def _child(
+    load: str, requests: int, mode: str, top: int, derive: bool, native: bool
+) -> dict[str, Any]:
     from gym_sidecar.assemble import build_pipeline
     from gym_sidecar.config import SidecarConfig
     from gym_sidecar.core.otlp import SPECS
     from gym_sidecar.core.stage import Signal, pipeline_trace_scan
     from gym_sidecar.receiver.otlp import build_response, decode_batch, submit
-    from gym_sidecar.receiver.wire import pure_python
+    from gym_sidecar.receiver.wire import active_scanner, pure_python
     from gym_sidecar.selfmetrics import SelfMetrics
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -152,7 +157,7 @@ async def _child(load: str, requests: int, mode: str, top: int, derive: bool) ->
         assert not queue.used_bytes
 
     spans = 0
-    with pure_python():
+    with contextlib.nullcontext() if native else pure_python():
         warm = decode()
         spans = sum(b.items for b in warm)
         exporter.expected = spans
@@ -160,6 +165,7 @@ async def _child(load: str, requests: int, mode: str, top: int, derive: bool) ->
         await drained()
         del warm
         result: dict[str, Any] = {"requests": requests, "spans": spans}
+        result["scanner"] = active_scanner()
         exporter.expected = 2 * spans  # the measured pass's
         if mode == "callgrind":
             instrument_on()
@@ -227,8 +233,8 @@ async def _child(load: str, requests: int, mode: str, top: int, derive: bool) ->
     return result
 
 
-def child(load: str, requests: int, mode: str, top: int, derive: bool) -> None:
-    result = asyncio.run(_child(load, requests, mode, top, derive))
+def child(load: str, requests: int, mode: str, top: int, derive: bool, native: bool) -> None:
+    result = asyncio.run(_child(load, requests, mode, top, derive, native))
     print(json.dumps(result), flush=True)
 
 
@@ -237,8 +243,10 @@ def _run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     env = dict(
         os.environ,
         PYTHONHASHSEED="0",
-        GYM_SIDECAR_NATIVE="0",
-        PYTHONPATH=os.pathsep.join([*path, str(REPO)]),
+        GYM_SIDECAR_NATIVE="1" if args.native else "0",
+        PYTHONPATH=os.pathsep.join(
+            [*path, str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
     )
     cmd = [
         sys.executable,
@@ -253,6 +261,7 @@ def _run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "--top",
         str(args.top),
         *(["--no-derive"] if args.no_derive else []),
+        *(["--native"] if args.native else []),
     ]
     out_dir = None
     if mode == "callgrind":
@@ -279,12 +288,14 @@ def _print_callgrind(args: argparse.Namespace, res: dict[str, Any]) -> None:
     n, spans = res["requests"], res["spans"]
     counts: dict[str, int] = res["instructions"]
     print(
-        f"{args.load}{'' if not args.no_derive else ', derive off'}: {n} requests, {spans} "
+        f"{args.load}{'' if not args.no_derive else ', derive off'}, scanner "
+        f"{res['scanner']}: {n} requests, {spans} "
         f"spans ({spans / n:.0f} per request), "
         f"{res['exported_payloads']} export payloads; instructions per request / per span:"
     )
     rows: list[tuple[str, float]] = [(k, float(v)) for k, v in counts.items()]
-    rows.append(("scan - upb parse", float(counts["scan"] - counts["upb parse"])))
+    if res["scanner"] == "python":
+        rows.append(("scan - upb parse", float(counts["scan"] - counts["upb parse"])))
     rows.append(("pipeline + send", float(counts["pipeline"] + counts["send"])))
     for name, total in rows:
         print(f"  {name:>18}: {total / n:>12,.0f} {total / spans:>10,.0f}")
@@ -298,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile's top N")
     p.add_argument("--no-callgrind", action="store_true")
     p.add_argument("--no-derive", action="store_true", help="metrics.enabled: false")
+    p.add_argument(
+        "--native", action="store_true", help="the native scanner, where it is installed"
+    )
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
     p.add_argument("--keep", type=Path, help="keep the callgrind dumps in this directory")
@@ -305,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.load, args.requests, args.child, args.top, not args.no_derive)
+        child(args.load, args.requests, args.child, args.top, not args.no_derive, args.native)
         return 0
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     out: dict[str, Any] = {"load": args.load}
