@@ -403,7 +403,7 @@ class DiskQueue:
                 self._count_damage(data, f"segment {ref.pos.seq} at byte {ref.pos.offset}")
                 bad.append(ref)
             else:
-                lease.entries.append(Entry(data, ref.items, ref.enqueued_at))
+                lease.entries.append(Entry(data, ref.items, ref.enqueued_at, len(data)))
                 good.append(ref)
         if bad:
             self._metrics.dropped.labels(signal.value, "corrupt_segment").inc(

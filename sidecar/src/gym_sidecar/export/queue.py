@@ -48,12 +48,8 @@ class Entry:
     payload: Payload
     items: int
     enqueued_at: float
-    size: int = -1
-    """``payload_size(payload)`` (computed when not given)."""
-
-    def __post_init__(self) -> None:
-        if self.size < 0:
-            self.size = payload_size(self.payload)
+    size: int
+    """``payload_size(payload)``."""
 
 
 @dataclass(slots=True)
