@@ -167,12 +167,15 @@ class ProcessorStage(Stage, Generic[T]):
     def __init__(self, next_stage: Stage | None, metrics: SelfMetrics) -> None:
         super().__init__(next_stage, metrics)
         items = metrics.stage_items
+        # In Signal's order, so /metrics lists them the same way in every process
+        # (iterating the frozenset went by hash, which varies with PYTHONHASHSEED).
         self._counters: dict[Signal, tuple[Any, Any]] = {
             signal: (
                 items.labels(self.name, signal.value, "received"),
                 items.labels(self.name, signal.value, "passed"),
             )
-            for signal in self.signals
+            for signal in Signal
+            if signal in self.signals
         }
         self._dropped: dict[Signal, Any] = {}
         # Skip the call when a subclass has no use for it: consume runs per request.

@@ -21,7 +21,7 @@ from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.export import reasons
 from gym_sidecar.export.queue import ExportQueue, Payload, payload_size
 from gym_sidecar.export.sender import Sender
-from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.selfmetrics import CounterChild, SelfMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +47,13 @@ class QueueStage(Stage):
         # Read at each scrape: the queue's fill as it is then, without a gauge update
         # per request and per export.
         metrics.queue_bytes.set_function(lambda: queue.used_bytes)
-        self._counters = {
-            (signal, outcome): metrics.stage_items.labels(self.name, signal.value, outcome)
-            for signal in Signal
-            for outcome in ("received", "passed")
-        }
+        self._counters: dict[tuple[Signal, str], CounterChild] = {}
 
     def _count(self, signal: Signal, outcome: str, items: int) -> None:
         child = self._counters.get((signal, outcome))
-        if child is None:  # the rare outcomes: created on first use, as they always were
+        if child is None:  # created on first use, so /metrics shows only series in use
             child = self.metrics.stage_items.labels(self.name, signal.value, outcome)
+            self._counters[(signal, outcome)] = child
         child.inc(items)
 
     def _refuse(self, batch: Batch, reason: str) -> Backpressure:
