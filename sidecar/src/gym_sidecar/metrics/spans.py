@@ -37,10 +37,12 @@ Per span:
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
 
-Points are kept per ScopeSpans block and series (:class:`~gym_sidecar.metrics.series.
-SeriesPoints`: values in span order, counts per bucket, and each bucket's last span,
-whose trace and span id become the bucket's exemplar), so recording looks each series
-up once per block, and a bucket's exemplar is read from one span per block.
+Points are kept per ScopeSpans block and series (``series.SeriesPoints``: values in
+span order, counts per bucket, and each bucket's last span, whose trace and span id
+become the bucket's exemplar), so recording looks each series up once per block, and a
+bucket's exemplar is read from one span per block. ``record`` leaves the store as
+adding one point at a time in span order would (``tests/sidecar/metrics/
+test_record_model.py`` holds it to such a model).
 """
 
 from __future__ import annotations
