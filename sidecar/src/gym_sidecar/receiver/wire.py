@@ -103,7 +103,7 @@ def _import_native() -> Any:
     if os.environ.get(NATIVE_ENV, "").strip() == "0":
         return None
     try:
-        import gym_sidecar_native  # type: ignore[import-not-found]
+        import gym_sidecar_native
     except ImportError:
         return None
     return gym_sidecar_native
