@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.stage import Batch, Signal
+from gym_sidecar.export import stage as export_stage
 from gym_sidecar.export.backoff import Backoff
 from gym_sidecar.export.config import QueueConfig
 from gym_sidecar.export.queue import MemoryQueue
@@ -154,11 +156,15 @@ class _Unused(Exporter):
         pass
 
 
-def test_the_queue_stage_queues_an_only_enriched_trace_request_as_its_pieces() -> None:
+def test_the_queue_stage_queues_an_only_enriched_trace_request_as_its_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A trace request the stages only enriched is queued as its pieces (copied once,
     into its batch); one a stage removed a ScopeSpans from is serialized at once (what
     it would keep referenced of the received bytes is not what the queue counts). Both
-    batch into what their serialization is, counted at that length."""
+    batch into what their serialization is, counted at that length. (Pieces of these
+    small requests average under PIECE_MIN_BYTES: lowered here, tested below.)"""
+    monkeypatch.setattr(export_stage, "PIECE_MIN_BYTES", 1)
 
     async def body() -> None:
         metrics = SelfMetrics()
@@ -186,5 +192,27 @@ def test_the_queue_stage_queues_an_only_enriched_trace_request_as_its_pieces() -
         await stage.consume(Batch(Signal.TRACES, untouched, untouched.span_count()))
         alone = await queue.get(max_bytes=1 << 20, linger_s=0)
         assert alone is not None and alone.payload is untouched.raw  # never copied
+
+    run(body())
+
+
+def test_a_request_of_small_pieces_is_queued_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces averaging under PIECE_MIN_BYTES are joined when queued: their objects
+    (~200 bytes a slice) would weigh too much beside what the queue counts."""
+    monkeypatch.setattr(export_stage, "PIECE_MIN_BYTES", 512)
+
+    async def body() -> None:
+        metrics = SelfMetrics()
+        queue = MemoryQueue(max_bytes=1 << 20)
+        stage = QueueStage(queue, Sender(queue, _Unused(), QueueConfig(), metrics), metrics, 1.0)
+        small, large = trace_view(trace_request("s", 3)), trace_view(trace_request("l", 250))
+        for view in (small, large):
+            view.blocks[0].resource_out = b"\n\x0b\n\x01k\x12\x06\n\x04new!"
+            assert len(view.parts()) == 6
+            await stage.consume(Batch(Signal.TRACES, view, view.span_count()))
+        entries = list(queue._pending[Signal.TRACES])
+        assert [type(e.payload) for e in entries] == [bytes, list]
+        assert entries[0].size < 512 * 6 <= entries[1].size
+        assert [e.size for e in entries] == [len(v.SerializeToString()) for v in (small, large)]
 
     run(body())

@@ -25,6 +25,10 @@ from gym_sidecar.selfmetrics import CounterChild, SelfMetrics
 
 logger = logging.getLogger(__name__)
 
+PIECE_MIN_BYTES = 4096
+"""A trace request is queued as its pieces only when they average at least this many
+bytes (see :meth:`QueueStage.consume`)."""
+
 
 class QueueStage(Stage):
     """Enqueue serialized batches; a :class:`Sender` exports them in the background."""
@@ -73,13 +77,16 @@ class QueueStage(Stage):
         message = batch.message
         payload: Payload
         if isinstance(message, TraceRequest) and message.removed_nothing():
-            # Its pieces: the received bytes are copied once, when the batch is joined.
-            # Only when nothing was removed, so what they keep referenced is (but for
-            # replaced resources) what the queue counts.
-            payload = message.parts()
+            # Kept as its pieces, the received bytes are copied once, when the batch is
+            # joined. Only when nothing was removed, so what the pieces keep referenced
+            # is (but for replaced resources) what the queue counts; and only when they
+            # are large, so the pieces' own objects (~200 bytes each) stay small beside.
+            parts = message.parts()
+            size = payload_size(parts)
+            payload = parts if size >= PIECE_MIN_BYTES * len(parts) else b"".join(parts)
         else:
             payload = message.SerializeToString()
-        size = payload_size(payload)
+            size = len(payload)
         if size > self.queue.capacity_bytes:
             # It can never fit: retrying would loop forever, so reject it outright (the
             # receiver reports it in partial_success and counts it as refused).
