@@ -82,17 +82,6 @@ class ScanSpec:
     attr_keys: tuple[str, ...] = ()
 
 
-def _add_range(pieces: list[bytes | ByteRange], start: int, end: int) -> None:
-    """Append the byte range ``start:end`` of the raw request to ``pieces``, as part of
-    the last piece when that one is a range ending at ``start``."""
-    if pieces:
-        last = pieces[-1]
-        if not isinstance(last, bytes) and last[1] == start:
-            pieces[-1] = (last[0], end)
-            return
-    pieces.append((start, end))
-
-
 class ScopeBlock:
     """One ScopeSpans block of a request."""
 
@@ -194,33 +183,28 @@ class TraceRequest:
         return not self.changed and not any(b.edited for b in self.blocks)
 
     def parts(self) -> list[bytes | memoryview]:
-        """The request as it now stands, as the byte strings whose concatenation is its
-        protobuf wire format: slices of :attr:`raw` (byte ranges that follow each other
-        in both are one slice) and the bytes written anew; ``[raw]`` when no stage
-        changed anything. See :meth:`SerializeToString`."""
+        """The request as it now stands, as the byte strings (slices of :attr:`raw`
+        among them) whose concatenation is its protobuf wire format; ``[raw]`` when no
+        stage changed anything. See :meth:`SerializeToString`."""
         blocks = self.blocks
         if not self.changed and all(b.resource_out is None and not b.edited for b in blocks):
             return [self.raw]
-        pieces: list[bytes | ByteRange] = []
+        raw = memoryview(self.raw)  # slices of a view copy nothing
+        out: list[bytes | memoryview] = []
         for block in blocks:
             if block.resource_out is None and not block.edited:
-                _add_range(pieces, block.start, block.end)
+                out.append(raw[block.start : block.end])
                 continue
-            body: list[bytes | ByteRange] = []
+            parts: list[bytes | memoryview] = []
             resource = block.resource_out if block.resource_out is not None else block.resource
             if resource is not None:
-                body += (RESOURCE_TAG, varint(len(resource)), resource)
-            for scope in block.scopes:
-                _add_range(body, scope.start, scope.end)
-            for start, end in block.other:
-                _add_range(body, start, end)
-            length = sum(len(p) if isinstance(p, bytes) else p[1] - p[0] for p in body)
-            pieces += (RESOURCE_SPANS_TAG, varint(length))
-            pieces += body
-        for start, end in self.other:
-            _add_range(pieces, start, end)
-        raw = memoryview(self.raw)  # slices of a view copy nothing
-        return [p if isinstance(p, bytes) else raw[p[0] : p[1]] for p in pieces]
+                parts += (RESOURCE_TAG, varint(len(resource)), resource)
+            parts += [raw[s.start : s.end] for s in block.scopes]
+            parts += [raw[start:end] for start, end in block.other]
+            out += (RESOURCE_SPANS_TAG, varint(sum(map(len, parts))))
+            out += parts
+        out += [raw[start:end] for start, end in self.other]
+        return out
 
     def SerializeToString(self) -> bytes:  # the protobuf message method's name
         """The request as it now stands, in protobuf wire format.
