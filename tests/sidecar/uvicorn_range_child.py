@@ -55,7 +55,7 @@ async def main() -> dict[str, Any]:
         refused = await exchange(port, big)
     finally:
         await listener.stop(1.0)
-    hits = metrics.limit_hits.labels("http_max_header_bytes")._value.get()
+    hits = metrics.limit_hits.labels("http_max_header_bytes").value
     return {
         "uvicorn": version("uvicorn"),
         "served": served.split(b"\r\n", 1)[0].decode()
