@@ -27,7 +27,9 @@ Runs, in order, each in its own processes:
    ``derive-heavy``) with the sidecar, rotel and the same-job Collector on gRPC/gzip,
    HTTP/gzip and gRPC/none, plus the fixed-rate memory runs;
 4. ``bench.sidecar_memory``: the default configuration at 10k spans/s;
-5. ``bench.soak`` (``--soak-minutes``, default 30; 0 skips it).
+5. ``bench.soak`` (``--soak-minutes``, default 30; 0 skips it);
+6. ``bench.round3_summary``: the targets table, every figure above beside its goal, the
+   load average of its run and a verdict (also written as ``round3_targets.md``).
 
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.
@@ -143,6 +145,15 @@ def round3(args: argparse.Namespace) -> int:
     ]
     if args.soak_minutes > 0:
         steps.append(["bench.soak", "--minutes", str(args.soak_minutes)])
+    steps.append(
+        [
+            "bench.round3_summary",
+            "--dir",
+            str(args.out),
+            "--md",
+            str(args.out / "round3_targets.md"),
+        ]
+    )
     failures = 0
     for step in steps:
         print(f"\n== {' '.join(step)} (load average {_loadavg()})", flush=True)
