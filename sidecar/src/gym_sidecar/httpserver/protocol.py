@@ -74,6 +74,8 @@ HIGH_WATER_BYTES = 64 * 1024
 """Request body bytes held for the app before reading pauses (uvicorn's value)."""
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+_EARLY_S = 0.001
+"""A timer firing this close before its deadline counts as on time."""
 _MALFORMED = b"Invalid HTTP request received."
 
 
@@ -124,12 +126,14 @@ class HttpProtocol(asyncio.Protocol):
         "_began_in_read",
         "_client",
         "_close_when_done",
+        "_deadline",
         "_eof",
         "_expect_continue",
         "_head_bytes",
         "_head_fed",
         "_headers",
         "_in_head",
+        "_on_deadline",
         "_queue",
         "_read_paused",
         "_reading",
@@ -137,6 +141,7 @@ class HttpProtocol(asyncio.Protocol):
         "_running",
         "_server",
         "_timer",
+        "_timer_at",
         "_url",
         "_write_ready",
         "app",
@@ -167,7 +172,11 @@ class HttpProtocol(asyncio.Protocol):
         self._refused = False  # answered and closing: nothing more is parsed
         self._eof = False  # the client half-closed
         self._close_when_done = False  # the listener is stopping
+        # One deadline at a time (idle or headers), on one lazily moved timer.
+        self._deadline = 0.0
+        self._on_deadline: Callable[[], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._read_paused = False
         self._write_ready: asyncio.Future[None] | None = None
         # The request being parsed.
@@ -218,6 +227,7 @@ class HttpProtocol(asyncio.Protocol):
         self._admitted = False
         self.limits.open_connections -= 1
         self._disarm()
+        self._stop_timer()
         for cycle in (self._running, *self._queue, self._reading):
             if cycle is not None:
                 cycle.disconnect()
@@ -296,11 +306,17 @@ class HttpProtocol(asyncio.Protocol):
         self._arm(self.limits.header_timeout_s, self._header_expired)
 
     def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
+        self._head_bytes += len(url)
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._refuse_head_too_large()
+            raise _Refused  # httptools stops here; data_received sees the refusal
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value) + 4)
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._refuse_head_too_large()
+            raise _Refused  # httptools stops here; data_received sees the refusal
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
@@ -392,12 +408,6 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
 
     # -- limits ---------------------------------------------------------------------------
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > self.limits.max_header_bytes:
-            self._refuse_head_too_large()
-            raise _Refused
-
     def _refuse_head_too_large(self) -> None:
         limit = self.limits.max_header_bytes
         self._refuse(
@@ -407,7 +417,6 @@ class HttpProtocol(asyncio.Protocol):
         )
 
     def _header_expired(self) -> None:
-        self._timer = None
         if self._in_head and not self.transport.is_closing():
             self._refuse(
                 HEADER_TIMEOUT,
@@ -416,7 +425,6 @@ class HttpProtocol(asyncio.Protocol):
             )
 
     def _idle_expired(self) -> None:
-        self._timer = None
         if not self._in_head and self._running is None and not self.transport.is_closing():
             self.limits.hit(IDLE_TIMEOUT)
             self.transport.close()
@@ -438,11 +446,38 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.write(response)
         self.transport.close()
 
+    # A connection meets a deadline per request (headers) and between requests (idle).
+    # Scheduling and cancelling a timer for each would cost two asyncio timers per
+    # request; instead one timer stays scheduled and is moved only when a deadline comes
+    # *earlier* than it: when it fires before the current deadline (which moved later
+    # since), it sleeps on until then. Back-to-back requests thus schedule a timer about
+    # once per header timeout, not twice per request.
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(delay, callback)
+        """Call ``callback`` ``delay`` seconds from now, unless re-armed or disarmed."""
+        deadline = self.loop.time() + delay
+        self._deadline = deadline
+        self._on_deadline = callback
+        if self._timer is None or self._timer_at > deadline:
+            self._stop_timer()
+            self._timer = self.loop.call_at(deadline, self._timer_fired)
+            self._timer_at = deadline
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the timer, if it fires, finds nothing due
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None or self.transport.is_closing():
+            return
+        if self._deadline - self.loop.time() > _EARLY_S:  # the deadline moved later
+            self._timer = self.loop.call_at(self._deadline, self._timer_fired)
+            self._timer_at = self._deadline
+            return
+        self._on_deadline = None
+        callback()
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
