@@ -76,7 +76,6 @@ _SHUTTING_DOWN = refusal(
 )
 _STATUS_LINES: dict[int, bytes] = {}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_DISCONNECT: Message = {"type": "http.disconnect"}
 _SERVER_ERROR = b"Internal Server Error"
 
 
@@ -238,7 +237,7 @@ class RequestCycle:
                 self._waiter = waiter = asyncio.get_running_loop().create_future()
                 await waiter
         if self.disconnected or self.response_complete:
-            return _DISCONNECT
+            return {"type": "http.disconnect"}
         body = self._body
         self._body = b""
         self._buffered = 0
