@@ -2,7 +2,8 @@
 harness; it asserts nothing).
 
     uv run --frozen python -m bench.http_receive_callgrind [--requests 2000] [--spans 16]
-        [--connections 1] [--sidecar-src OTHER_TREE/sidecar/src] [--top 25] [--json FILE]
+        [--connections 1] [--app otlp|minimal] [--sidecar-src OTHER_TREE/sidecar/src]
+        [--top 25] [--json FILE]
 
 What runs: a child process under ``valgrind --tool=callgrind --instr-atstart=no`` serving
 the sidecar's OTLP/HTTP receiver (``receiver.http.OtlpHttpApp``, default limits) on the
@@ -10,7 +11,9 @@ sidecar's HTTP listener (``AsgiListener``: ``gym_sidecar.httpserver`` in this tr
 ``gym_sidecar.asgi_listener`` -- uvicorn -- in a tree from before it), in front of a
 pipeline head that accepts every batch and does nothing else; so what is counted is
 the HTTP/1.1 server, the receiver app, the body's decoding (the trace scanner) and the
-response, and no pipeline stage or export. This process sends ``--warmup`` requests
+response, and no pipeline stage or export. ``--app minimal`` serves a raw ASGI app
+instead that reads the body and answers 200 with an empty body: the server alone. This
+process sends ``--warmup`` requests
 uninstrumented, switches instrumentation on (``callgrind_control``), sends
 ``--requests`` requests (an ``ExportTraceServiceRequest`` of ``--spans`` spans, as
 ``application/x-protobuf``, each answered before the next is sent, on ``--connections``
@@ -48,8 +51,18 @@ REPO = Path(__file__).resolve().parents[1]
 # -- the child: the receiver on the listener ------------------------------------------------
 
 
-def serve() -> None:
-    """Serve the receiver on a free loopback port; print the port; run until SIGTERM."""
+async def minimal_app(scope: Any, receive: Any, send: Any) -> None:
+    """Read the whole body, answer 200 with an empty protobuf body."""
+    while (await receive()).get("more_body"):
+        pass
+    headers = [(b"content-type", b"application/x-protobuf"), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def serve(which: str) -> None:
+    """Serve the receiver (or the minimal app) on a free loopback port; print the port;
+    run until SIGTERM."""
     from gym_sidecar.config import LimitsConfig
     from gym_sidecar.core.stage import Batch, Stage
     from gym_sidecar.receiver.http import OtlpHttpApp
@@ -73,7 +86,9 @@ def serve() -> None:
     async def main() -> None:
         metrics = SelfMetrics()
         limits = LimitsConfig()
-        app = OtlpHttpApp(Accept(None, metrics), limits, metrics)
+        app: Any = OtlpHttpApp(Accept(None, metrics), limits, metrics)
+        if which == "minimal":
+            app = minimal_app
         conn_limits = ConnectionLimits.from_config(limits, metrics, "http_max_connections")
         listener = AsgiListener(app, "127.0.0.1:0", "OTLP/HTTP", conn_limits)
         await listener.start()
@@ -121,6 +136,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "-m",
         "bench.http_receive_callgrind",
         "--serve",
+        "--app",
+        args.app,
     ]
     child = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=REPO, text=True
@@ -166,6 +183,7 @@ def report(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
     n = args.requests
     result: dict[str, Any] = {
         "listener": run["listener"],
+        "app": args.app,
         "sidecar_src": str(args.sidecar_src or REPO / "sidecar" / "src"),
         "requests": n,
         "spans": args.spans,
@@ -180,9 +198,9 @@ def report(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         ],
     }
     print(
-        f"{run['listener']}: {n} requests of {args.spans} spans ({run['body_bytes']} bytes) "
-        f"on {args.connections} connection(s): {total:,} instructions = "
-        f"{total / n:,.0f} per request"
+        f"{run['listener']}, app {args.app}: {n} requests of {args.spans} spans "
+        f"({run['body_bytes']} bytes) on {args.connections} connection(s): "
+        f"{total:,} instructions = {total / n:,.0f} per request"
     )
     print("  self instructions per request, by shared object:")
     for ob, c in list(objects.items())[:10]:
@@ -200,12 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=200, help="requests before counting")
     p.add_argument("--spans", type=int, default=16, help="spans per request")
     p.add_argument("--connections", type=int, default=1, help="keep-alive connections")
+    p.add_argument("--app", choices=["otlp", "minimal"], default="otlp", help="what is served")
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
     p.add_argument("--top", type=int, default=25, help="functions to print")
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args(argv)
     if args.serve:
-        serve()
+        serve(args.app)
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
