@@ -20,7 +20,9 @@ Runs, in order, each in its own processes:
 1. ``bench.gym_verify_callgrind``: the real Gym ``/verify`` in process, bare vs the agent
    (``default``, ``all``), instructions per request under callgrind and process CPU
    pinned and interleaved;
-2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs);
+2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs), and
+   ``bench.pipeline_callgrind`` on ``rollouts`` and ``derive-heavy``: the pipeline's
+   Python per span, phase by phase (instructions);
 3. ``bench.sidecar_vs_rotel`` on the three loads (``rollouts``, ``rollouts:default``,
    ``derive-heavy``) with the sidecar, rotel and the same-job Collector on gRPC/gzip,
    HTTP/gzip and gRPC/none, plus the fixed-rate memory runs;
@@ -116,6 +118,8 @@ def round3(args: argparse.Namespace) -> int:
     steps: list[list[str]] = [
         ["bench.gym_verify_callgrind", "--json", str(args.out / "gym_verify_callgrind.json")],
         ["bench.derive_callgrind"],
+        ["bench.pipeline_callgrind", "--load", "rollouts"],
+        ["bench.pipeline_callgrind", "--load", "derive-heavy"],
         [
             "bench.sidecar_vs_rotel",
             "--rounds",

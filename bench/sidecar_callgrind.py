@@ -3,8 +3,8 @@ harness; it asserts nothing).
 
     uv run --frozen python -m bench.sidecar_callgrind [--load rollouts] [--requests 112]
         [--spans 512] [--groups all] [--compression none|gzip] [--protocol grpc|http]
-        [--no-derive]
-        [--sidecar-src OTHER_TREE/sidecar/src] [--top 25] [--keep DIR]
+        [--no-derive] [--sidecar-src OTHER_TREE/sidecar/src] [--scanner auto|python]
+        [--top 25] [--keep DIR]
 
 What runs: a counting OTLP/gRPC sink (``python -m testkit.sink``), and ``gym-sidecar
 run`` under ``valgrind --tool=callgrind --instr-atstart=no`` exporting to it (span
@@ -32,8 +32,9 @@ self cost; and the top inclusive functions (``callgrind_annotate --inclusive=yes
 the interpreter's and asyncio's frames lead that list, since Python functions are not
 functions to callgrind). ``--sidecar-src`` puts another
 checkout's ``sidecar/src`` first on the sidecar's path, for a before/after pair from
-one environment (e.g. a ``git worktree`` of the base commit). ``--json`` writes the
-figures to a file.
+one environment (e.g. a ``git worktree`` of the base commit). ``--scanner python`` runs
+the sidecar with ``GYM_SIDECAR_NATIVE=0`` (the pure-Python scanner where the native one
+is installed; the report says which ran). ``--json`` writes the figures to a file.
 
 Instruction counts are what to compare between runs (two runs of one script differ by
 well under 0.1 %, whatever else the machine does); the wall clock under valgrind means
@@ -236,6 +237,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
     (work / "sidecar.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
     env["PYTHONHASHSEED"] = "0"
+    if args.scanner == "python":
+        env["GYM_SIDECAR_NATIVE"] = "0"
     if args.sidecar_src is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(args.sidecar_src.resolve()), *filter(None, [env.get("PYTHONPATH")])]
@@ -392,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the derived-metrics export, malloc_trim and config-watch timers firing",
     )
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
+    p.add_argument(
+        "--scanner",
+        choices=["auto", "python"],
+        default="auto",
+        help="python: GYM_SIDECAR_NATIVE=0 (auto: native where it is installed)",
+    )
     p.add_argument("--top", type=int, default=30, help="inclusive functions to print")
     p.add_argument("--keep", type=Path, help="keep the dump and logs in this directory")
     p.add_argument("--json", type=Path, help="write the figures here")
