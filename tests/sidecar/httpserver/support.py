@@ -32,7 +32,7 @@ def limits(**overrides: Any) -> ConnectionLimits:
 
 def counted(lim: ConnectionLimits, name: str, *labels: str) -> float:
     """A counter's value in ``lim``'s metrics (``limit_hits`` or ``bad_requests``)."""
-    return float(getattr(lim.metrics, name).labels(*labels)._value.get())
+    return float(getattr(lim.metrics, name).labels(*labels).value)
 
 
 @contextlib.asynccontextmanager

@@ -123,7 +123,7 @@ def test_a_chunked_body_over_the_limit_is_413() -> None:
 
 
 def counted_limit(metrics: SelfMetrics, key: str) -> float:
-    return float(metrics.limit_hits.labels(key)._value.get())
+    return float(metrics.limit_hits.labels(key).value)
 
 
 # -- the idle clock -------------------------------------------------------------------------

@@ -351,7 +351,7 @@ def test_malformed_request_is_answered_400_closed_and_counted(request_bytes: byt
         assert (answer.status, answer.body) == (400, b"Invalid HTTP request received.")
         assert answer.headers["connection"] == "close"
         assert status_of(ok) == [200]
-        malformed = lim.metrics.bad_requests.labels("admin", "malformed")._value.get()
+        malformed = lim.metrics.bad_requests.labels("admin", "malformed").value
         assert malformed == 1
 
     run(scenario)
