@@ -1,7 +1,7 @@
 """Resident memory of the sidecar in its default configuration, idle and at a fixed rate.
 
     uv run --frozen python -m bench.sidecar_memory [--rounds 5] [--rate 10000] [--seconds 15]
-        [--load varied|rollouts|...] [--bytecode]
+        [--load varied|rollouts|...] [--protocol grpc|http] [--bytecode]
         [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps]
 
 A benchmark harness, not a test. Per round and variant (interleaved, order shuffled):
@@ -9,9 +9,10 @@ a fresh ``gym-sidecar run`` with no config file and only ``--backend`` set (gRPC
 no compression: the defaults) pointing at a counting gRPC sink; its ``VmRSS`` once
 ``/readyz`` answers and after 2 s more (idle), and its ``VmHWM`` then (the start-up
 peak); then the peak is reset (``/proc/<pid>/clear_refs``) and ``bench.loadgen`` paces
-``--rate`` spans/s of ``--load`` into it over gRPC for ``--seconds`` (the default span
-gating forwards part of it), and the figures are the RSS at the end, the peak under load
-(``VmHWM`` since the reset) and the CPU share.
+``--rate`` spans/s of ``--load`` into it over ``--protocol`` (gRPC by default; ``http``:
+OTLP/HTTP protobuf, through the sidecar's HTTP/1.1 server) for ``--seconds`` (the
+default span gating forwards part of it), and the figures are the RSS at the end, the
+peak under load (``VmHWM`` since the reset) and the CPU share.
 
 Variants: ``default`` (this tree, no extra environment) always runs. ``--variant``
 adds one whose sidecar gets extra environment variables (e.g.
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10_000.0)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--load", choices=LOADS, default="varied")
+    p.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="sending")
     p.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V")
     p.add_argument("--source", action="append", default=[], help="NAME=TREE")
     p.add_argument("--bytecode", action="store_true", help="run on compiled bytecode")
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(
         f"load {args.load} at {args.rate:.0f} spans/s for {args.seconds:.0f} s, "
+        f"over {args.protocol}, "
         f"{'compiled bytecode' if args.bytecode else 'modules compiled at import'}; "
         f"load average at start: {_loadavg()}",
         flush=True,
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             rng.shuffle(order)
             for name in order:
                 col = DefaultSidecar(sink.endpoint, variants[name], workdir, args.smaps)
-                spec = LoadSpec("grpc", 512, 0, 4, args.rate, args.seconds, args.load)
+                spec = LoadSpec(args.protocol, 512, 0, 4, args.rate, args.seconds, args.load)
                 res = run(col, sink, spec, rnd, lambda got, expected: None, settle_s=1.0)
                 figs = figures[name]
                 for key, value in (
