@@ -141,7 +141,16 @@ def round3(args: argparse.Namespace) -> int:
             "--out",
             str(args.out),
         ],
-        ["bench.sidecar_memory", "--rounds", "3", "--seconds", "15"],
+        [
+            "bench.sidecar_memory",
+            "--rounds",
+            "3",
+            "--seconds",
+            "15",
+            "--bytecode",
+            "--json",
+            str(args.out / "sidecar_memory.json"),
+        ],
     ]
     if args.soak_minutes > 0:
         steps.append(["bench.soak", "--minutes", str(args.soak_minutes)])

@@ -2,7 +2,7 @@
 
     uv run --frozen python -m bench.sidecar_memory [--rounds 5] [--rate 10000] [--seconds 15]
         [--load varied|rollouts|...] [--protocol grpc|http] [--bytecode]
-        [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps]
+        [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps] [--json FILE]
 
 A benchmark harness, not a test. Per round and variant (interleaved, order shuffled):
 a fresh ``gym-sidecar run`` with no config file and only ``--backend`` set (gRPC export,
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
 import random
 import statistics
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pycache", type=Path, default=Path("/tmp/gym-bench-pycache"))
     p.add_argument("--smaps", action="store_true", help="print the largest mappings")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     variants: dict[str, dict[str, str]] = {"default": {}}
     trees = [REPO / "sidecar" / "src", REPO / "semconv" / "src"]
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         for env in variants.values():
             env["PYTHONPYCACHEPREFIX"] = str(args.pycache)
     figures: dict[str, dict[str, list[float]]] = {v: {k: [] for k in FIGURES} for v in variants}
+    load_start = [float(x) for x in _loadavg()]
     rng = random.Random(args.seed)
     workdir = Path("/tmp") / f"bench-mem-{int(time.time())}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -200,12 +203,21 @@ def main(argv: list[str] | None = None) -> int:
                     f" delivered {res.spans_delivered}/{res.spans_sent}",
                     flush=True,
                 )
+    load_end = [float(x) for x in _loadavg()]
     print(f"load average at end: {_loadavg()}")
     head = ("idle MiB", "start-up peak", "end MiB", "peak under load", "CPU %")
     print(f"{'variant':14s} " + " ".join(f"{h:>20s}" for h in head))
     for name, figs in figures.items():
         cells = " ".join(f"{_fmt(figs[k]):>20s}" for k in FIGURES)
         print(f"{name:14s} {cells}")
+    if args.json:
+        doc = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "load_start": load_start,
+            "load_end": load_end,
+            "variants": figures,
+        }
+        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return 0
 
 
