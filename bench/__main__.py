@@ -20,12 +20,16 @@ Runs, in order, each in its own processes:
 1. ``bench.gym_verify_callgrind``: the real Gym ``/verify`` in process, bare vs the agent
    (``default``, ``all``), instructions per request under callgrind and process CPU
    pinned and interleaved;
-2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs);
+2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs), and
+   ``bench.pipeline_callgrind`` on ``rollouts`` and ``derive-heavy``: the pipeline's
+   Python per span, phase by phase (instructions);
 3. ``bench.sidecar_vs_rotel`` on the three loads (``rollouts``, ``rollouts:default``,
    ``derive-heavy``) with the sidecar, rotel and the same-job Collector on gRPC/gzip,
    HTTP/gzip and gRPC/none, plus the fixed-rate memory runs;
 4. ``bench.sidecar_memory``: the default configuration at 10k spans/s;
-5. ``bench.soak`` (``--soak-minutes``, default 30; 0 skips it).
+5. ``bench.soak`` (``--soak-minutes``, default 30; 0 skips it);
+6. ``bench.round3_summary``: the targets table, every figure above beside its goal, the
+   load average of its run and a verdict (also written as ``round3_targets.md``).
 
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.
@@ -116,6 +120,8 @@ def round3(args: argparse.Namespace) -> int:
     steps: list[list[str]] = [
         ["bench.gym_verify_callgrind", "--json", str(args.out / "gym_verify_callgrind.json")],
         ["bench.derive_callgrind"],
+        ["bench.pipeline_callgrind", "--load", "rollouts"],
+        ["bench.pipeline_callgrind", "--load", "derive-heavy"],
         [
             "bench.sidecar_vs_rotel",
             "--rounds",
@@ -135,10 +141,28 @@ def round3(args: argparse.Namespace) -> int:
             "--out",
             str(args.out),
         ],
-        ["bench.sidecar_memory", "--rounds", "3", "--seconds", "15"],
+        [
+            "bench.sidecar_memory",
+            "--rounds",
+            "3",
+            "--seconds",
+            "15",
+            "--bytecode",
+            "--json",
+            str(args.out / "sidecar_memory.json"),
+        ],
     ]
     if args.soak_minutes > 0:
         steps.append(["bench.soak", "--minutes", str(args.soak_minutes)])
+    steps.append(
+        [
+            "bench.round3_summary",
+            "--dir",
+            str(args.out),
+            "--md",
+            str(args.out / "round3_targets.md"),
+        ]
+    )
     failures = 0
     for step in steps:
         print(f"\n== {' '.join(step)} (load average {_loadavg()})", flush=True)

@@ -2,9 +2,10 @@
 harness; it asserts nothing).
 
     uv run --frozen python -m bench.sidecar_callgrind [--load rollouts] [--requests 112]
-        [--groups all] [--compression none|gzip] [--grpc-client auto|h2|grpcio]
-        [--protocol grpc|http] [--no-derive]
-        [--sidecar-src OTHER_TREE/sidecar/src] [--top 25] [--keep DIR]
+        [--spans 512] [--groups all] [--compression none|gzip]
+        [--grpc-client auto|h2|grpcio] [--protocol grpc|http] [--no-derive]
+        [--sidecar-src OTHER_TREE/sidecar/src] [--scanner auto|python] [--top 25]
+        [--keep DIR]
 
 What runs: a counting OTLP/gRPC sink (``python -m testkit.sink``), and ``gym-sidecar
 run`` under ``valgrind --tool=callgrind --instr-atstart=no`` exporting to it (span
@@ -24,15 +25,19 @@ the counted window unless ``--wall-clock-timers``: valgrind slows the process ~5
 those timers would fire ~50x as often per span as at full speed, and more often the
 more loaded the machine is.
 
-Printed: instructions per received span; the self cost of each shared library (the
+``--spans`` is the load generator's spans per (full) request: a small value (16) makes
+the per-request cost of a transport -- the HTTP/1.1 server, grpc core -- stand out.
+
+Printed: instructions per received span and per request; the self cost of each shared library (the
 Python interpreter, upb's ``_message`` module, libc -- memcpy --, grpc core ...); the
 inclusive cost of the protobuf parse and serialize entry points; the top functions by
 self cost; and the top inclusive functions (``callgrind_annotate --inclusive=yes``;
 the interpreter's and asyncio's frames lead that list, since Python functions are not
 functions to callgrind). ``--sidecar-src`` puts another
 checkout's ``sidecar/src`` first on the sidecar's path, for a before/after pair from
-one environment (e.g. a ``git worktree`` of the base commit). ``--json`` writes the
-figures to a file.
+one environment (e.g. a ``git worktree`` of the base commit). ``--scanner python`` runs
+the sidecar with ``GYM_SIDECAR_NATIVE=0`` (the pure-Python scanner where the native one
+is installed; the report says which ran). ``--json`` writes the figures to a file.
 
 Instruction counts are what to compare between runs (two runs of one script differ by
 well under 0.1 %, whatever else the machine does); the wall clock under valgrind means
@@ -184,7 +189,7 @@ def _wait(predicate: object, timeout_s: float, what: str, proc: subprocess.Popen
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def _loadgen(target: str, protocol: str, load: str, requests: int) -> dict[str, object]:
+def _loadgen(target: str, protocol: str, load: str, requests: int, spans: int) -> dict[str, object]:
     cmd = [
         sys.executable,
         "-m",
@@ -197,6 +202,8 @@ def _loadgen(target: str, protocol: str, load: str, requests: int) -> dict[str, 
         load,
         "--requests",
         str(requests),
+        "--spans",
+        str(spans),
         "--concurrency",
         "4",
         "--progress-s",
@@ -234,6 +241,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
     (work / "sidecar.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYM_SIDECAR_")}
     env["PYTHONHASHSEED"] = "0"
+    if args.scanner == "python":
+        env["GYM_SIDECAR_NATIVE"] = "0"
     if args.sidecar_src is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(args.sidecar_src.resolve()), *filter(None, [env.get("PYTHONPATH")])]
@@ -282,12 +291,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
         # Spans the sink should see: all of them with span groups that drop nothing,
         # else as many as stop arriving (waited for by a quiet second).
         if args.warmup:
-            warm = _loadgen(target, args.protocol, args.load, args.warmup)
+            warm = _loadgen(target, args.protocol, args.load, args.warmup, args.spans)
             _wait_exported(sink, int(warm["spans"]), 600, sidecar)  # type: ignore[call-overload]
         before = sink.span_count
         _control("-i", "on", str(sidecar.pid))
         _control("-z", str(sidecar.pid))
-        done = _loadgen(target, args.protocol, args.load, args.requests)
+        done = _loadgen(target, args.protocol, args.load, args.requests, args.spans)
         _wait_exported(sink, before + int(done["spans"]), 1800, sidecar)  # type: ignore[call-overload]
         _control("-d", str(sidecar.pid))
         _control("-i", "off", str(sidecar.pid))
@@ -315,6 +324,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
 def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object]:
     dump = Path(str(run["dump"]))
     spans = int(run["spans"])  # type: ignore[call-overload]
+    requests = int(run["requests"])  # type: ignore[call-overload]
     m = TOTALS.search(dump.read_text(encoding="utf-8", errors="replace"))
     total = int(m.group(1)) if m else 0
     costs = self_costs(dump)
@@ -337,8 +347,10 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
         "scanner": run["scanner"],
         "requests": run["requests"],
         "spans": spans,
+        "spans_per_full_request": args.spans,
         "instructions": total,
         "per_span": total / spans if spans else 0.0,
+        "per_request": total / requests if requests else 0.0,
         "objects_per_span": {k: v / spans for k, v in objects.items()},
         "entry_points_per_span": {k: v / spans for k, v in entry.items()},
         "memcpy_per_span": memcpy / spans if spans else 0.0,
@@ -353,7 +365,8 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
         f"{args.compression} ({args.grpc_client}), derive {'on' if not args.no_derive else 'off'}"
         f"{', wall-clock timers on' if args.wall_clock_timers else ''}, "
         f"scanner {run['scanner']}: {run['requests']} requests, {spans} spans, "
-        f"{total:,} instructions = {result['per_span']:,.0f} per span"
+        f"{total:,} instructions = {result['per_span']:,.0f} per span, "
+        f"{result['per_request']:,.0f} per request"
     )
     print("  self instructions per span, by shared object:")
     for ob, n in list(objects.items())[:12]:
@@ -376,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", choices=LOADS, default="rollouts")
     p.add_argument("--requests", type=int, default=112, help="requests counted")
     p.add_argument("--warmup", type=int, default=56, help="requests before counting")
+    p.add_argument("--spans", type=int, default=512, help="spans per full request (loadgen)")
     p.add_argument("--groups", default="all", help="span_groups.spec")
     p.add_argument("--compression", choices=["none", "gzip"], default="none")
     p.add_argument(
@@ -389,6 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the derived-metrics export, malloc_trim and config-watch timers firing",
     )
     p.add_argument("--sidecar-src", type=Path, help="another tree's sidecar/src, first")
+    p.add_argument(
+        "--scanner",
+        choices=["auto", "python"],
+        default="auto",
+        help="python: GYM_SIDECAR_NATIVE=0 (auto: native where it is installed)",
+    )
     p.add_argument("--top", type=int, default=30, help="inclusive functions to print")
     p.add_argument("--keep", type=Path, help="keep the dump and logs in this directory")
     p.add_argument("--json", type=Path, help="write the figures here")

@@ -1,17 +1,18 @@
 """Resident memory of the sidecar in its default configuration, idle and at a fixed rate.
 
     uv run --frozen python -m bench.sidecar_memory [--rounds 5] [--rate 10000] [--seconds 15]
-        [--load varied|rollouts|...] [--bytecode]
-        [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps]
+        [--load varied|rollouts|...] [--protocol grpc|http] [--bytecode]
+        [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps] [--json FILE]
 
 A benchmark harness, not a test. Per round and variant (interleaved, order shuffled):
 a fresh ``gym-sidecar run`` with no config file and only ``--backend`` set (gRPC export,
 no compression: the defaults) pointing at a counting gRPC sink; its ``VmRSS`` once
 ``/readyz`` answers and after 2 s more (idle), and its ``VmHWM`` then (the start-up
 peak); then the peak is reset (``/proc/<pid>/clear_refs``) and ``bench.loadgen`` paces
-``--rate`` spans/s of ``--load`` into it over gRPC for ``--seconds`` (the default span
-gating forwards part of it), and the figures are the RSS at the end, the peak under load
-(``VmHWM`` since the reset) and the CPU share.
+``--rate`` spans/s of ``--load`` into it over ``--protocol`` (gRPC by default; ``http``:
+OTLP/HTTP protobuf, through the sidecar's HTTP/1.1 server) for ``--seconds`` (the
+default span gating forwards part of it), and the figures are the RSS at the end, the
+peak under load (``VmHWM`` since the reset) and the CPU share.
 
 Variants: ``default`` (this tree, no extra environment) always runs. ``--variant``
 adds one whose sidecar gets extra environment variables (e.g.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
 import random
 import statistics
@@ -140,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10_000.0)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--load", choices=LOADS, default="varied")
+    p.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="sending")
     p.add_argument("--variant", action="append", default=[], help="NAME:K=V,K=V")
     p.add_argument("--source", action="append", default=[], help="NAME=TREE")
     p.add_argument("--bytecode", action="store_true", help="run on compiled bytecode")
     p.add_argument("--pycache", type=Path, default=Path("/tmp/gym-bench-pycache"))
     p.add_argument("--smaps", action="store_true", help="print the largest mappings")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     variants: dict[str, dict[str, str]] = {"default": {}}
     trees = [REPO / "sidecar" / "src", REPO / "semconv" / "src"]
@@ -163,11 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         for env in variants.values():
             env["PYTHONPYCACHEPREFIX"] = str(args.pycache)
     figures: dict[str, dict[str, list[float]]] = {v: {k: [] for k in FIGURES} for v in variants}
+    load_start = [float(x) for x in _loadavg()]
     rng = random.Random(args.seed)
     workdir = Path("/tmp") / f"bench-mem-{int(time.time())}"
     workdir.mkdir(parents=True, exist_ok=True)
     print(
         f"load {args.load} at {args.rate:.0f} spans/s for {args.seconds:.0f} s, "
+        f"over {args.protocol}, "
         f"{'compiled bytecode' if args.bytecode else 'modules compiled at import'}; "
         f"load average at start: {_loadavg()}",
         flush=True,
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             rng.shuffle(order)
             for name in order:
                 col = DefaultSidecar(sink.endpoint, variants[name], workdir, args.smaps)
-                spec = LoadSpec("grpc", 512, 0, 4, args.rate, args.seconds, args.load)
+                spec = LoadSpec(args.protocol, 512, 0, 4, args.rate, args.seconds, args.load)
                 res = run(col, sink, spec, rnd, lambda got, expected: None, settle_s=1.0)
                 figs = figures[name]
                 for key, value in (
@@ -197,12 +203,21 @@ def main(argv: list[str] | None = None) -> int:
                     f" delivered {res.spans_delivered}/{res.spans_sent}",
                     flush=True,
                 )
+    load_end = [float(x) for x in _loadavg()]
     print(f"load average at end: {_loadavg()}")
     head = ("idle MiB", "start-up peak", "end MiB", "peak under load", "CPU %")
     print(f"{'variant':14s} " + " ".join(f"{h:>20s}" for h in head))
     for name, figs in figures.items():
         cells = " ".join(f"{_fmt(figs[k]):>20s}" for k in FIGURES)
         print(f"{name:14s} {cells}")
+    if args.json:
+        doc = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "load_start": load_start,
+            "load_end": load_end,
+            "variants": figures,
+        }
+        args.json.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return 0
 
 

@@ -166,6 +166,7 @@ def grpc_export(
     signal: str,
     payload: bytes | Message,
     compression: grpc.Compression | None = None,
+    timeout_s: float = 10,
 ) -> bytes:
     """One unary Export call with raw bytes; raises grpc.RpcError on a non-OK status."""
     data = payload if isinstance(payload, bytes) else payload.SerializeToString()
@@ -173,7 +174,7 @@ def grpc_export(
         endpoint, options=[("grpc.max_send_message_length", 256 * 1024 * 1024)]
     ) as channel:
         call = channel.unary_unary(f"/{SERVICES[signal]}/Export")
-        result: bytes = call(data, timeout=10, compression=compression)
+        result: bytes = call(data, timeout=timeout_s, compression=compression)
         return result
 
 

@@ -64,7 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.webui",
             "gym_sidecar.webhook",
             "gym_sidecar.admin",
-            "gym_sidecar.asgi_listener",
+            "gym_sidecar.httpserver",
         ),
     ),
     ("assembly", ("gym_sidecar.assemble",)),

@@ -1,6 +1,6 @@
-"""A throw-away venv for the declared-range tests (tests/agent/test_sdk_range.py,
-tests/sidecar/test_uvicorn_range.py): ``uv venv`` + ``uv pip install`` of the given
-packages (from the registry or uv's cache), with the environment to run its python in."""
+"""A throw-away venv for the declared-range tests (tests/agent/test_sdk_range.py):
+``uv venv`` + ``uv pip install`` of the given packages (from the registry or uv's cache),
+with the environment to run its python in."""
 
 from __future__ import annotations
 

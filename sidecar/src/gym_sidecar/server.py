@@ -33,9 +33,10 @@ import signal
 import time
 
 from gym_sidecar.admin import Readiness, build_admin_app
-from gym_sidecar.asgi_listener import AsgiListener, ConnectionLimits
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
+from gym_sidecar.httpserver.limits import ConnectionLimits
+from gym_sidecar.httpserver.listener import AsgiListener
 from gym_sidecar.malloc import MemoryTuner
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
@@ -82,7 +83,9 @@ class SidecarServer:
             ),
             cfg.admin_listen,
             "admin",
-            ConnectionLimits.from_config(cfg.limits, self.metrics, "admin_max_connections"),
+            ConnectionLimits.from_config(
+                cfg.limits, self.metrics, "admin_max_connections", transport="admin"
+            ),
         )
         await self.admin.start()
         self.grpc = GrpcReceiver(cfg.grpc_listen, pipeline.head, cfg.limits, self.metrics)

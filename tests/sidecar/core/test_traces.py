@@ -88,3 +88,21 @@ def test_the_index_is_built_by_the_constructors() -> None:
     assert block.span_count == 3
     view = TraceRequest(b"x" * 12, [block], [])
     assert view.span_count() == 3 and not view.changed
+
+
+def test_parts_are_the_serialization() -> None:
+    """What the export queue keeps of a request nothing was removed from: pieces whose
+    join is the serialization (an enriched block: its header, its new resource and a
+    slice per ScopeSpans and other field; an untouched block and the request's unknown
+    field: a slice each), and the received bytes themselves when nothing changed."""
+    data = request()
+    view = trace_view(data)
+    assert view.parts() == [data] and view.parts()[0] is data
+    view.blocks[0].resource_out = Resource(attributes=[kv("k", "v")]).SerializeToString()
+    parts = view.parts()
+    assert b"".join(parts) == view.SerializeToString()
+    assert [type(p) for p in parts] == [bytes] * 5 + [memoryview] * 6
+    edited = trace_view(data)
+    edited.blocks[0].scopes = edited.blocks[0].scopes[1:]
+    edited.blocks[0].edited = True
+    assert b"".join(edited.parts()) == edited.SerializeToString()

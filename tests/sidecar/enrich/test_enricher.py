@@ -125,6 +125,18 @@ def test_computed_once_per_distinct_resource_with_bounded_lru() -> None:
     assert e.computed > 3
 
 
+def test_the_cache_evicts_the_least_recently_used_resource() -> None:
+    """x and y fill a cache of two; using x again makes y the least recently used, so z
+    evicts y: x is still cached, y is computed again."""
+    e = enricher({"attributes": {"a": "1"}, "cache_max_entries": 2})
+    computed = []
+    for name in ("x", "y", "x", "z", "x", "y"):
+        before = e.computed
+        e.enrich(traces({"service.name": name}), None)
+        computed.append(e.computed - before)
+    assert computed == [1, 1, 0, 1, 0, 1]
+
+
 def test_oversize_resource_enriched_but_not_cached() -> None:
     e = enricher({"attributes": {"a": "1"}, "max_resource_bytes": 64})
     for _ in range(3):

@@ -50,6 +50,24 @@ async def drain_all(q: DiskQueue, ack: bool = True) -> list[bytes]:
     return out
 
 
+def test_a_request_put_as_pieces_is_written_and_replayed_as_one_record(tmp_path: Path) -> None:
+    """The queue stage hands a request the stages only enriched over as its pieces: the
+    disk queue counts their joined length and writes them as one record, which a new
+    queue replays."""
+
+    async def run() -> None:
+        q = make(tmp_path, SelfMetrics())
+        raw = payload(1, 60)
+        assert await q.put(Signal.TRACES, [memoryview(raw)[:20], b"+", memoryview(raw)[20:]], 2)
+        assert q.used_bytes == 61
+        await q.close()
+        again = make(tmp_path, SelfMetrics())
+        assert await drain_all(again) == [raw[:20] + b"+" + raw[20:]]
+        await again.close()
+
+    asyncio.run(run())
+
+
 def test_put_get_ack_deletes_segments_and_frees_the_bound(tmp_path: Path) -> None:
     async def run() -> None:
         m = SelfMetrics()

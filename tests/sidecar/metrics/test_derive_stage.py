@@ -11,7 +11,7 @@ import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.otlp import SCOPE_NAME
-from gym_sidecar.metrics.series import HistogramSeries
+from gym_sidecar.metrics.series import HistogramSeries, SeriesPoints
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -166,7 +166,7 @@ def test_other_scopes_and_signals_pass_untouched() -> None:
     assert tail.batches[1] is logs
     assert set(stage.store.spans.values()) == {0}
     assert tail.metric_requests() == []  # nothing derived: no empty export either
-    assert metrics.stage_items.labels("derive", "traces", "passed")._value.get() == 2
+    assert metrics.stage_items.labels("derive", "traces", "passed").value == 2
 
 
 def test_cardinality_limit_sends_new_series_to_overflow() -> None:
@@ -211,7 +211,7 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_ENV_STEP_DURATION: 0,
         semconv.METRIC_ENV_STEP_COUNT: 0,
     }
-    assert metrics.limit_hits.labels("metrics.cardinality_limit")._value.get() == 21
+    assert metrics.limit_hits.labels("metrics.cardinality_limit").value == 21
     text = metrics.render().decode()
     assert 'gym_sidecar_derived_overflow_points_total{metric="gym.verify.count"} 6.0' in text
 
@@ -656,13 +656,25 @@ def test_an_exemplar_needs_both_ids() -> None:
     """A point with only one of trace id and span id cannot link to a span: no exemplar."""
     bounds = [10.0, 100.0]
     series = HistogramSeries(b"r", (), len(bounds) + 1, 0)
-    series.record(bounds, 5.0, 1, b"\x01" * 16, None)
-    series.record(bounds, 50.0, 2, None, b"\x02" * 8)
-    series.record(bounds, 500.0, 3, b"", b"\x02" * 8)
+
+    def add(duration_ms: int, end: int, trace_id: bytes, span_id: bytes) -> None:
+        points = SeriesPoints(b"r", (), bounds, exemplars=True)
+        start = end - duration_ms * 1_000_000
+        span = ("gym.rollout", start, end, trace_id, span_id, 0, (None, None, None))
+        bucket = sum(duration_ms > b for b in bounds)
+        points.values.append(float(duration_ms))
+        points.counts[bucket] += 1
+        assert points.exemplars is not None
+        points.exemplars[bucket] = span
+        series.add(points)
+
+    add(5, 10**9, b"\x01" * 16, b"")
+    add(50, 2 * 10**9, b"", b"\x02" * 8)
+    add(500, 3 * 10**9, b"", b"\x02" * 8)
     assert (series.count, series.bucket_counts) == (3, [1, 1, 1])
     assert not any(series.exemplars)
-    series.record(bounds, 6.0, 4, b"\x01" * 16, b"\x02" * 8)
-    assert series.exemplars[0] == (6.0, 4, b"\x01" * 16, b"\x02" * 8)
+    add(6, 4 * 10**9, b"\x01" * 16, b"\x02" * 8)
+    assert series.exemplars[0] == (6.0, 4 * 10**9, b"\x01" * 16, b"\x02" * 8)
 
 
 def test_every_span_of_a_block_is_read_and_each_bad_one_counted() -> None:

@@ -218,7 +218,12 @@ def test_grpc_compressed_bomb_is_harmless(sidecar: SidecarProcess, sink: Recordi
     """A gzip-compressed gRPC message inflating far past the transport limit."""
     hwm_before = vm_hwm_kib(sidecar)
     with pytest.raises(grpc.RpcError) as info:
-        grpc_export(sidecar.grpc_endpoint, "traces", bytes(256 * MiB), grpc.Compression.Gzip)
+        # 120 s: the client compresses 256 MiB first; with the default 10 s a loaded
+        # machine's client ran out of time before the sidecar could refuse
+        # (DEADLINE_EXCEEDED from the client, seen at load average 10).
+        grpc_export(
+            sidecar.grpc_endpoint, "traces", bytes(256 * MiB), grpc.Compression.Gzip, timeout_s=120
+        )
     # grpc core refuses it while inflating, before the sidecar's handler runs.
     assert info.value.code() in (
         grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -123,7 +123,7 @@ class HeldReceiver:
     held: asyncio.Future[Any]
 
     def refusals(self) -> float:
-        return float(self.metrics.limit_hits.labels("grpc_max_concurrent_requests")._value.get())
+        return self.metrics.limit_hits.labels("grpc_max_concurrent_requests").value
 
 
 @asynccontextmanager

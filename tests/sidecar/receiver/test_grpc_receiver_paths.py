@@ -255,7 +255,7 @@ def test_a_client_that_does_not_read_is_closed_once_its_output_passes_the_bound(
             await asyncio.to_thread(pipeline_calls)
             await h.settled(connections=0)
             client.close()
-            assert h.metrics.http2_refusals.labels("not_reading")._value.get() == 1
+            assert h.metrics.http2_refusals.labels("not_reading").value == 1
 
     run(scenario)
 

@@ -50,6 +50,11 @@ class Signal(enum.Enum):
     METRICS = "metrics"
     LOGS = "logs"
 
+    # Members are singletons compared by identity: hash them by identity too, in C.
+    # Enum's own __hash__ is a Python function, called for every dict lookup keyed by a
+    # signal (each stage does one per request).
+    __hash__ = object.__hash__
+
 
 @dataclass(slots=True)
 class Batch:
@@ -162,12 +167,15 @@ class ProcessorStage(Stage, Generic[T]):
     def __init__(self, next_stage: Stage | None, metrics: SelfMetrics) -> None:
         super().__init__(next_stage, metrics)
         items = metrics.stage_items
+        # In Signal's order, so /metrics lists them the same way in every process
+        # (iterating the frozenset went by hash, which varies with PYTHONHASHSEED).
         self._counters: dict[Signal, tuple[Any, Any]] = {
             signal: (
                 items.labels(self.name, signal.value, "received"),
                 items.labels(self.name, signal.value, "passed"),
             )
-            for signal in self.signals
+            for signal in Signal
+            if signal in self.signals
         }
         self._dropped: dict[Signal, Any] = {}
         # Skip the call when a subclass has no use for it: consume runs per request.

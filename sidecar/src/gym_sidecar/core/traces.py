@@ -176,21 +176,20 @@ class TraceRequest:
         """Spans still in the request."""
         return sum(scope.spans for block in self.blocks for scope in block.scopes)
 
-    def SerializeToString(self) -> bytes:  # the protobuf message method's name
-        """The request as it now stands, in protobuf wire format.
+    def removed_nothing(self) -> bool:
+        """Whether every block and ScopeSpans received is still in the request (the
+        stages may have enriched resources): all of :attr:`raw` but the replaced
+        resources is still to be sent."""
+        return not self.changed and not any(b.edited for b in self.blocks)
 
-        ``raw`` itself when no stage changed anything. Otherwise each kept ResourceSpans
-        no stage touched is copied as received; a touched one (``resource_out`` set, or
-        ``edited``) is written as its resource (``resource_out`` or the received one),
-        its kept ScopeSpans blocks and its other fields, each copied byte for byte,
-        behind a new tag and length; the request's own other fields follow verbatim.
-        Protobuf gives fields no order but a repeated field's, which is kept. Every
-        byte of the result is copied once.
-        """
+    def parts(self) -> list[bytes | memoryview]:
+        """The request as it now stands, as the byte strings (slices of :attr:`raw`
+        among them) whose concatenation is its protobuf wire format; ``[raw]`` when no
+        stage changed anything. See :meth:`SerializeToString`."""
         blocks = self.blocks
         if not self.changed and all(b.resource_out is None and not b.edited for b in blocks):
-            return self.raw
-        raw = memoryview(self.raw)  # slices of a view copy nothing; join copies once
+            return [self.raw]
+        raw = memoryview(self.raw)  # slices of a view copy nothing
         out: list[bytes | memoryview] = []
         for block in blocks:
             if block.resource_out is None and not block.edited:
@@ -205,4 +204,20 @@ class TraceRequest:
             out += (RESOURCE_SPANS_TAG, varint(sum(map(len, parts))))
             out += parts
         out += [raw[start:end] for start, end in self.other]
-        return b"".join(out)
+        return out
+
+    def SerializeToString(self) -> bytes:  # the protobuf message method's name
+        """The request as it now stands, in protobuf wire format.
+
+        ``raw`` itself when no stage changed anything. Otherwise each kept ResourceSpans
+        no stage touched is copied as received; a touched one (``resource_out`` set, or
+        ``edited``) is written as its resource (``resource_out`` or the received one),
+        its kept ScopeSpans blocks and its other fields, each copied byte for byte,
+        behind a new tag and length; the request's own other fields follow verbatim.
+        Protobuf gives fields no order but a repeated field's, which is kept. Every
+        byte of the result is copied once (the join of :meth:`parts`).
+        """
+        parts = self.parts()
+        if len(parts) == 1 and parts[0] is self.raw:
+            return self.raw
+        return b"".join(parts)

@@ -56,8 +56,11 @@ from gym_sidecar.export.queue import (
     ExportQueue,
     Lease,
     MemoryQueue,
+    Payload,
+    joined,
     next_deadline,
     next_ready,
+    payload_size,
 )
 from gym_sidecar.export.segments import Damage, Position
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -217,10 +220,11 @@ class DiskQueue:
             if not self._fsync_always:
                 self._tasks.append(asyncio.create_task(self._sync_loop(), name="disk-queue-sync"))
 
-    async def put(self, signal: Signal, payload: bytes, items: int) -> bool:
-        size = len(payload)
+    async def put(self, signal: Signal, payload: Payload, items: int) -> bool:
+        size = payload_size(payload)
         if self._closed or self._draining or self._used + size > self._capacity:
             return False
+        payload = joined(payload)  # a record is written as one piece
         self._start_tasks()
         self._used += size
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -399,7 +403,7 @@ class DiskQueue:
                 self._count_damage(data, f"segment {ref.pos.seq} at byte {ref.pos.offset}")
                 bad.append(ref)
             else:
-                lease.entries.append(Entry(data, ref.items, ref.enqueued_at))
+                lease.entries.append(Entry(data, ref.items, ref.enqueued_at, len(data)))
                 good.append(ref)
         if bad:
             self._metrics.dropped.labels(signal.value, "corrupt_segment").inc(

@@ -1,11 +1,15 @@
 """The export queue: the interface any queue implements, and the in-memory one.
 
-Entries are serialized export requests (bytes) with their signal and item count. A
-sender takes a :class:`Lease` (one batch: entries of one signal, concatenated), exports
-it, and acknowledges it; bytes are held against the bound until the ack, so data being
-retried still counts. The on-disk queue (``queue.persistent``) implements the same
-:class:`ExportQueue` protocol: ``put`` returns only once the data is durable, and
-``close`` keeps what is left for replay instead of losing it.
+Entries are serialized export requests with their signal and item count: bytes, or the
+pieces whose concatenation they are (:data:`Payload`: a trace request the stages only
+enriched is its received bytes' slices and the new resources,
+``TraceRequest.parts``, so it is copied once, when its batch is joined, instead of
+once to serialize it and again to batch it). A sender takes a :class:`Lease` (one
+batch: entries of one signal, concatenated), exports it, and acknowledges it; bytes are
+held against the bound until the ack, so data being retried still counts. The on-disk
+queue (``queue.persistent``) implements the same :class:`ExportQueue` protocol: ``put``
+returns only once the data is durable, and ``close`` keeps what is left for replay
+instead of losing it.
 """
 
 from __future__ import annotations
@@ -20,14 +24,32 @@ from typing import Protocol
 
 from gym_sidecar.core.stage import Signal
 
+Payload = bytes | Sequence[bytes | memoryview]
+"""A serialized export request: bytes, or the byte strings it is the concatenation of
+(none of them is ever modified)."""
+
+
+def payload_size(payload: Payload) -> int:
+    """The serialized request's length in bytes."""
+    if isinstance(payload, bytes):
+        return len(payload)
+    return sum(map(len, payload))
+
+
+def joined(payload: Payload) -> bytes:
+    """The serialized request as one bytes object (``payload`` itself if it is one)."""
+    return payload if isinstance(payload, bytes) else b"".join(payload)
+
 
 @dataclass(slots=True)
 class Entry:
     """One serialized export request waiting in the queue."""
 
-    payload: bytes
+    payload: Payload
     items: int
     enqueued_at: float
+    size: int
+    """``payload_size(payload)``."""
 
 
 @dataclass(slots=True)
@@ -40,8 +62,15 @@ class Lease:
 
     @property
     def payload(self) -> bytes:
-        """The entries concatenated: one valid export request (repeated-field merge)."""
-        return b"".join(e.payload for e in self.entries)
+        """The entries concatenated: one valid export request (repeated-field merge).
+        Every byte is copied once; a lease of one bytes entry is that object itself."""
+        parts: list[bytes | memoryview] = []
+        for e in self.entries:
+            if isinstance(e.payload, bytes):
+                parts.append(e.payload)
+            else:
+                parts += e.payload
+        return b"".join(parts)
 
     @property
     def items(self) -> int:
@@ -49,7 +78,7 @@ class Lease:
 
     @property
     def size_bytes(self) -> int:
-        return sum(len(e.payload) for e in self.entries)
+        return sum(e.size for e in self.entries)
 
 
 class ExportQueue(Protocol):
@@ -68,10 +97,11 @@ class ExportQueue(Protocol):
         """Bytes held: queued plus leased and not yet acknowledged."""
         ...
 
-    async def put(self, signal: Signal, payload: bytes, items: int) -> bool:
+    async def put(self, signal: Signal, payload: Payload, items: int) -> bool:
         """Append one request; False (and nothing stored) if it would pass the bound.
 
-        Returns once the entry is stored as durably as the queue promises.
+        Returns once the entry is stored as durably as the queue promises. The bound
+        counts ``payload_size(payload)``.
         """
         ...
 
@@ -171,11 +201,11 @@ class MemoryQueue:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
 
-    async def put(self, signal: Signal, payload: bytes, items: int) -> bool:
-        size = len(payload)
+    async def put(self, signal: Signal, payload: Payload, items: int) -> bool:
+        size = payload_size(payload)
         if self._used + size > self._capacity:
             return False
-        self._pending[signal].append(Entry(payload, items, time.monotonic()))
+        self._pending[signal].append(Entry(payload, items, time.monotonic(), size))
         self._pending_bytes[signal] += size
         self._used += size
         self._notify()
@@ -185,9 +215,9 @@ class MemoryQueue:
         q = self._pending[signal]
         lease = Lease(next(self._ids), signal)
         size = 0
-        while q and (not lease.entries or size + len(q[0].payload) <= max_bytes):
+        while q and (not lease.entries or size + q[0].size <= max_bytes):
             entry = q.popleft()
-            size += len(entry.payload)
+            size += entry.size
             lease.entries.append(entry)
         self._pending_bytes[signal] -= size
         self._leased[lease.id] = lease

@@ -66,7 +66,6 @@ class Sender:
                 return
             if await self._send(lease):
                 await self.queue.ack(lease)
-                self.metrics.queue_bytes.set(self.queue.used_bytes)
 
     async def _sleep(self, delay_s: float) -> bool:
         """Sleep unless the shutdown deadline passes first; False if it did."""
@@ -161,7 +160,6 @@ class Sender:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         lost = dict(await self.queue.close())
-        self.metrics.queue_bytes.set(self.queue.used_bytes)
         for signal, n in lost.items():
             self._drop(signal, n, reasons.SHUTDOWN)
         if lost:

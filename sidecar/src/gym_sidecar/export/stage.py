@@ -1,7 +1,9 @@
 """The pipeline's last stage: put batches into the export queue, or push back.
 
-:class:`QueueStage` serializes each batch once and enqueues the bytes; the client is
-acknowledged as soon as ``consume`` returns. When the bytes would pass the queue's
+:class:`QueueStage` serializes each batch and enqueues it (a trace request from which
+no stage removed anything as its pieces, ``TraceRequest.parts``, joined with its batch
+by the sender: one copy instead of two); the client is acknowledged as soon as
+``consume`` returns. When the bytes would pass the queue's
 bound it raises :class:`Backpressure` (the receiver answers RESOURCE_EXHAUSTED with
 RetryInfo, or HTTP 429 with Retry-After, and counts the items as refused) and counts
 the limit hit. It never grows past the bound and never drops silently.
@@ -15,12 +17,17 @@ from __future__ import annotations
 import logging
 
 from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.export import reasons
-from gym_sidecar.export.queue import ExportQueue
+from gym_sidecar.export.queue import ExportQueue, Payload, payload_size
 from gym_sidecar.export.sender import Sender
-from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.selfmetrics import CounterChild, SelfMetrics
 
 logger = logging.getLogger(__name__)
+
+PIECE_MIN_BYTES = 4096
+"""A trace request is queued as its pieces only when they average at least this many
+bytes (see :meth:`QueueStage.consume`)."""
 
 
 class QueueStage(Stage):
@@ -41,10 +48,17 @@ class QueueStage(Stage):
         self.retry_after_s = retry_after_s
         self._accepting = True
         metrics.queue_capacity_bytes.set(queue.capacity_bytes)
-        metrics.queue_bytes.set(queue.used_bytes)
+        # Read at each scrape: the queue's fill as it is then, without a gauge update
+        # per request and per export.
+        metrics.queue_bytes.set_function(lambda: queue.used_bytes)
+        self._counters: dict[tuple[Signal, str], CounterChild] = {}
 
     def _count(self, signal: Signal, outcome: str, items: int) -> None:
-        self.metrics.stage_items.labels(self.name, signal.value, outcome).inc(items)
+        child = self._counters.get((signal, outcome))
+        if child is None:  # created on first use, so /metrics shows only series in use
+            child = self.metrics.stage_items.labels(self.name, signal.value, outcome)
+            self._counters[(signal, outcome)] = child
+        child.inc(items)
 
     def _refuse(self, batch: Batch, reason: str) -> Backpressure:
         # The receiver counts the refused items (refused{reason}) when it answers the
@@ -60,21 +74,32 @@ class QueueStage(Stage):
         self._count(batch.signal, "received", batch.items)
         if not self._accepting:
             raise self._refuse(batch, reasons.SHUTTING_DOWN)
-        payload = batch.message.SerializeToString()
-        if len(payload) > self.queue.capacity_bytes:
+        message = batch.message
+        payload: Payload
+        if isinstance(message, TraceRequest) and message.removed_nothing():
+            # Kept as its pieces, the received bytes are copied once, when the batch is
+            # joined. Only when nothing was removed, so what the pieces keep referenced
+            # is (but for replaced resources) what the queue counts; and only when they
+            # are large, so the pieces' own objects (~200 bytes each) stay small beside.
+            parts = message.parts()
+            size = payload_size(parts)
+            payload = parts if size >= PIECE_MIN_BYTES * len(parts) else b"".join(parts)
+        else:
+            payload = message.SerializeToString()
+            size = len(payload)
+        if size > self.queue.capacity_bytes:
             # It can never fit: retrying would loop forever, so reject it outright (the
             # receiver reports it in partial_success and counts it as refused).
             self.metrics.limit_hits.labels(f"export_queue.{reasons.LARGER_THAN_QUEUE}").inc()
             self._count(batch.signal, "dropped", batch.items)
             batch.reject(
                 batch.items,
-                f"request of {len(payload)} bytes exceeds the export queue "
+                f"request of {size} bytes exceeds the export queue "
                 f"({self.queue.capacity_bytes} bytes)",
             )
             return
         if not await self.queue.put(batch.signal, payload, batch.items):
             raise self._refuse(batch, reasons.QUEUE_FULL)
-        self.metrics.queue_bytes.set(self.queue.used_bytes)
         self._count(batch.signal, "passed", batch.items)
 
     async def start(self) -> None:

@@ -42,6 +42,14 @@ CARDINALITY_LIMIT_NAME = "metrics.cardinality_limit"
 """The ``limit`` label under which overflowed points are counted in ``limit_hits``."""
 
 
+def _float_bounds(bounds: list[float]) -> list[float]:
+    """``bounds`` as floats. The config's defaults are the integers it lists (pydantic
+    validates no default); a float compares with a float several times faster than with
+    an int, and exactly as it does with that int (every bound is finite and a default's
+    integer is exact as a float), so a span's bucket is the same."""
+    return [float(b) for b in bounds]
+
+
 @dataclass(slots=True)
 class HistogramPoint:
     resource_key: bytes
@@ -132,7 +140,7 @@ class DerivedMetrics:
         )
         self.rollout = HistogramTable(
             metric_names=(semconv.METRIC_ROLLOUT_DURATION,),
-            bounds=list(cfg.rollout_buckets_ms),
+            bounds=_float_bounds(cfg.rollout_buckets_ms),
             cardinality_limit=cfg.cardinality_limit,
             clock_ns=clock_ns,
             on_overflow=self._overflowed,
@@ -140,7 +148,7 @@ class DerivedMetrics:
         )
         self.verify = HistogramTable(
             metric_names=(semconv.METRIC_VERIFY_DURATION, semconv.METRIC_VERIFY_COUNT),
-            bounds=list(cfg.verify_buckets_ms),
+            bounds=_float_bounds(cfg.verify_buckets_ms),
             cardinality_limit=cfg.cardinality_limit,
             clock_ns=clock_ns,
             on_overflow=self._overflowed,
@@ -149,7 +157,7 @@ class DerivedMetrics:
         # Gymnasium-style /step calls: same buckets and point attributes as /verify.
         self.env_step = HistogramTable(
             metric_names=(semconv.METRIC_ENV_STEP_DURATION, semconv.METRIC_ENV_STEP_COUNT),
-            bounds=list(cfg.verify_buckets_ms),
+            bounds=_float_bounds(cfg.verify_buckets_ms),
             cardinality_limit=cfg.cardinality_limit,
             clock_ns=clock_ns,
             on_overflow=self._overflowed,
@@ -174,11 +182,11 @@ class DerivedMetrics:
         }
         self.exports: dict[str, int] = {"sent": 0, "backpressure": 0, "error": 0}
 
-    def _overflowed(self, metric_names: tuple[str, ...]) -> None:
+    def _overflowed(self, metric_names: tuple[str, ...], points: int) -> None:
         for name in metric_names:
-            self.overflow_points[name] += 1
+            self.overflow_points[name] += points
         if self._limit_hits is not None:
-            self._limit_hits.inc(len(metric_names))
+            self._limit_hits.inc(len(metric_names) * points)
 
     # -- export -----------------------------------------------------------------------
     def collect(self) -> Snapshot:

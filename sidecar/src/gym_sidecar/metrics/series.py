@@ -18,12 +18,14 @@ table with one lock.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from operator import add
 from typing import Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from gym_sidecar.core.traces import DerivedSpan
 
 AttrValue = bool | str
 Attrs = tuple[tuple[str, AttrValue], ...]
@@ -41,6 +43,52 @@ VERIFY_OK_ATTRS: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, True),)
 
 Exemplar = tuple[float, int, bytes, bytes]
 """(value, time_unix_nano, trace_id, span_id)."""
+
+NS_PER_MS: Final = 1_000_000.0
+"""A span's value in ms is ``(end_time_unix_nano - start_time_unix_nano) / NS_PER_MS``."""
+
+
+def exemplar_of(span: DerivedSpan) -> Exemplar | None:
+    """The exemplar ``span`` makes (its value, end time and ids); None when it lacks
+    one of the ids (it cannot link to a span)."""
+    _, start, end, trace_id, span_id, _, _ = span
+    if trace_id and span_id:
+        return ((end - start) / NS_PER_MS, end, trace_id, span_id)
+    return None
+
+
+class SeriesPoints:
+    """The points one ScopeSpans block gives one series, read but not yet recorded.
+
+    The deriver fills it span by span (:mod:`gym_sidecar.metrics.spans`); the store
+    adds it to its series in one go (:meth:`HistogramSeries.add`) once the request was
+    accepted. Not thread-safe (filled and read on the event loop).
+    """
+
+    __slots__ = ("attrs", "bounds", "counts", "exemplars", "key", "spans", "values")
+
+    def __init__(
+        self,
+        key: bytes,
+        attrs: Attrs,
+        bounds: list[float],
+        exemplars: bool,
+        spans: Sequence[DerivedSpan] = (),
+    ) -> None:
+        self.key = key
+        """The resource's serialized bytes."""
+        self.attrs = attrs
+        self.spans = spans
+        """The block's spans (all of them, as scanned): where the points come from,
+        read again when several series of one block meet in the overflow series."""
+        self.bounds = bounds
+        """The histogram's bucket bounds (floats), to find each value's bucket."""
+        self.values: list[float] = []
+        """Each point's value in ms, in span order."""
+        self.counts = [0] * (len(bounds) + 1)
+        """Points per bucket."""
+        self.exemplars: dict[int, DerivedSpan] | None = {} if exemplars else None
+        """Bucket -> the block's last span in it (None: exemplars are off)."""
 
 
 def remember_resource(resources: dict[bytes, Resource], key: bytes) -> None:
@@ -92,26 +140,33 @@ class HistogramSeries:
         self.prev_sum = 0.0
         self.prev_time_ns = now_ns
 
-    def record(
-        self,
-        bounds: list[float],
-        value: float,
-        end_ns: int,
-        trace_id: bytes | None,
-        span_id: bytes | None,
-    ) -> None:
-        """Add one value (ms). No ``trace_id``/``span_id``: no exemplar is kept."""
-        i = bisect_left(bounds, value)  # bounds are inclusive upper bounds
-        self.bucket_counts[i] += 1
-        self.count += 1
-        self.sum += value
-        # plain comparisons: min()/max() calls cost more on this per-span path
-        if value < self.win_min:  # noqa: PLR1730
-            self.win_min = value
-        if value > self.win_max:  # noqa: PLR1730
-            self.win_max = value
-        if trace_id and span_id:  # None (exemplars off) or empty ids: no exemplar
-            self.exemplars[i] = (value, end_ns, trace_id, span_id)
+    def add(self, points: SeriesPoints) -> None:
+        """Add the points one block gave this series (see :class:`SeriesPoints`).
+
+        The same as adding each value in turn: ``sum`` adds them in their order (a
+        float sum depends on it), and each bucket's exemplar becomes the block's last
+        span in it when that span has both ids (else the bucket keeps its exemplar).
+        """
+        values = points.values
+        self.count += len(values)
+        total = self.sum
+        for value in values:  # in order, one by one: sum() compensates on 3.12+
+            total += value
+        self.sum = total
+        low = min(values)
+        high = max(values)
+        # plain comparisons: min()/max() of two cost more than a compare on this path
+        if low < self.win_min:  # noqa: PLR1730
+            self.win_min = low
+        if high > self.win_max:  # noqa: PLR1730
+            self.win_max = high
+        self.bucket_counts = list(map(add, self.bucket_counts, points.counts))
+        if points.exemplars:
+            exemplars = self.exemplars
+            for bucket, span in points.exemplars.items():
+                exemplar = exemplar_of(span)
+                if exemplar is not None:  # empty ids: no exemplar (the last one stays)
+                    exemplars[bucket] = exemplar
 
     @property
     def succeeded(self) -> bool | None:
@@ -132,7 +187,7 @@ class HistogramTable:
         bounds: list[float],
         cardinality_limit: int,
         clock_ns: Callable[[], int],
-        on_overflow: Callable[[tuple[str, ...]], None],
+        on_overflow: Callable[[tuple[str, ...], int], None],
         resources: dict[bytes, Resource],
     ) -> None:
         self.resources = resources
@@ -145,21 +200,25 @@ class HistogramTable:
         self._on_overflow = on_overflow
         self._regular = 0
 
-    def get(self, resource_key: bytes, attrs: Attrs) -> HistogramSeries:
-        """The series for this key, creating it (or routing to overflow) if new."""
+    def get(self, resource_key: bytes, attrs: Attrs, points: int = 1) -> HistogramSeries:
+        """The series for this key, creating it (or routing to overflow) if new.
+
+        ``points``: how many points are about to be added; routed to overflow, each of
+        them is counted as an overflowed point.
+        """
         s = self.series.get((resource_key, attrs))
         if s is None:
-            s = self._admit(resource_key, attrs)
+            s = self._admit(resource_key, attrs, points)
         return s
 
-    def _admit(self, resource_key: bytes, attrs: Attrs) -> HistogramSeries:
+    def _admit(self, resource_key: bytes, attrs: Attrs, points: int) -> HistogramSeries:
         if self._regular < self.limit - 1:
             self._regular += 1
             remember_resource(self.resources, resource_key)
             s = HistogramSeries(resource_key, attrs, self.n_buckets, self._clock_ns())
             self.series[(resource_key, attrs)] = s
             return s
-        self._on_overflow(self.metric_names)
+        self._on_overflow(self.metric_names, points)
         key = (OVERFLOW_RESOURCE, OVERFLOW_ATTRS)
         overflow = self.series.get(key)
         if overflow is None:
@@ -193,7 +252,7 @@ class RateTable:
     def __init__(
         self,
         cardinality_limit: int,
-        on_overflow: Callable[[tuple[str, ...]], None],
+        on_overflow: Callable[[tuple[str, ...], int], None],
         resources: dict[bytes, Resource],
     ) -> None:
         self.resources = resources
@@ -202,20 +261,21 @@ class RateTable:
         self._overflow: RateWindow | None = None
         self._on_overflow = on_overflow
 
-    def get(self, resource_key: bytes) -> RateWindow:
-        """The window of this resource, creating it (or routing to overflow) if new."""
+    def get(self, resource_key: bytes, points: int = 1) -> RateWindow:
+        """The window of this resource, creating it (or routing to overflow) if new;
+        ``points`` as in :meth:`HistogramTable.get`."""
         w = self.windows.get(resource_key)
         if w is None:
-            w = self._admit(resource_key)
+            w = self._admit(resource_key, points)
         return w
 
-    def _admit(self, resource_key: bytes) -> RateWindow:
+    def _admit(self, resource_key: bytes, points: int) -> RateWindow:
         if len(self.windows) < self.limit - 1:
             remember_resource(self.resources, resource_key)
             w = RateWindow(resource_key, ())
             self.windows[resource_key] = w
             return w
-        self._on_overflow((semconv.METRIC_VERIFY_SUCCESS_RATE,))
+        self._on_overflow((semconv.METRIC_VERIFY_SUCCESS_RATE,), points)
         if self._overflow is None:
             self._overflow = RateWindow(OVERFLOW_RESOURCE, OVERFLOW_ATTRS)
         return self._overflow

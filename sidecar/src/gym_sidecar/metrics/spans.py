@@ -37,15 +37,18 @@ Per span:
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
 
-Exemplar ids (trace and span id) go with the spans that end up as a bucket's exemplar:
-per block and series, the last span of each bucket (the series keeps the latest
-exemplar per bucket).
+Points are kept per ScopeSpans block and series (``series.SeriesPoints``: values in
+span order, counts per bucket, and each bucket's last span, whose trace and span id
+become the bucket's exemplar), so recording looks each series up once per block, and a
+bucket's exemplar is read from one span per block. ``record`` leaves the store as
+adding one point at a time in span order would (``tests/sidecar/metrics/
+test_record_model.py`` holds it to such a model).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -54,14 +57,24 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from gym_sidecar.core.traces import AttrValue, DerivedSpan, ScanSpec, TraceRequest
 from gym_sidecar.metrics.derived import NESTED_ROLLOUT_SPANS, DerivedMetrics
-from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs, HistogramTable
+from gym_sidecar.metrics.series import (
+    NS_PER_MS,
+    OVERFLOW_ATTRS,
+    OVERFLOW_RESOURCE,
+    VERIFY_OK_ATTRS,
+    Attrs,
+    HistogramSeries,
+    HistogramTable,
+    RateTable,
+    SeriesPoints,
+    exemplar_of,
+)
 
 ERROR_TYPE_OTHER: Final = "_OTHER"
 """``error.type`` of a failed verification whose span names no error type (semconv's
 fallback value)."""
 
 _STATUS_ERROR: Final = Status.STATUS_CODE_ERROR
-_NS_PER_MS: Final = 1_000_000.0
 
 _ROLLOUT: Final = 1
 _VERIFY: Final = 2
@@ -83,43 +96,15 @@ EnabledGroups = Callable[[bytes], frozenset[str]]
 its service)."""
 
 
-PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
-"""(resource key, attributes, value ms, end unix nanos, trace_id, span_id)."""
-
-
-def _record_points(table: HistogramTable, points: list[PendingPoint]) -> None:
-    """Record ``points`` into ``table`` (caller holds the store's lock).
-
-    Points of one block share the same key objects: an identity test skips the series
-    lookup (tuple hashing) for all but the first point of a run. Overflow series are
-    never reused this way, so every overflowed point is counted.
-    """
-    bounds = table.bounds
-    series = None
-    last: tuple[bytes, Attrs] | None = None
-    for key, attrs, value, end, trace_id, span_id in points:
-        if series is None or last is None or key is not last[0] or attrs is not last[1]:
-            series = table.get(key, attrs)
-            last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
-        series.record(bounds, value, end, trace_id, span_id)
-
-
-def _add_exemplar_ids(
-    points: list[PendingPoint], candidates: Iterable[tuple[int, DerivedSpan]]
-) -> None:
-    """Give the points at these positions their span's trace and span id."""
-    for pos, span in candidates:
-        key, attrs, value, end, _, _ = points[pos]
-        points[pos] = (key, attrs, value, end, span[3], span[4])
-
-
 @dataclass(slots=True)
 class Pending:
-    """Points read from one request, not yet recorded."""
+    """Points read from one request, not yet recorded: per histogram, one
+    :class:`SeriesPoints` per ScopeSpans block and series, in the order their first
+    points came (the order their series are created in)."""
 
-    rollouts: list[PendingPoint] = field(default_factory=list)
-    verifications: list[PendingPoint] = field(default_factory=list)
-    steps: list[PendingPoint] = field(default_factory=list)
+    rollouts: list[SeriesPoints] = field(default_factory=list)
+    verifications: list[SeriesPoints] = field(default_factory=list)
+    steps: list[SeriesPoints] = field(default_factory=list)
     invalid: int = 0
     nested: int = 0
 
@@ -174,61 +159,90 @@ class SpanDeriver:
                     self._verifications(resource_key, spans, pending)
         return pending
 
+    # The two loops below run once per derived span: names are bound to locals, the
+    # exemplar is written unconditionally (to a scratch dict when exemplars are off),
+    # and the duration is computed once for the validity test and the value.
+
     def _rollouts(self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending) -> None:
-        exemplars = self._exemplars
+        rollout = semconv.SPAN_ROLLOUT
         bounds = self._rollout_bounds
-        points = out.rollouts
-        append = points.append
-        # bucket -> (position in points, span): the exemplar candidates of this block
-        last: dict[int, tuple[int, DerivedSpan]] = {}
+        ns_per_ms = NS_PER_MS
+        search = bisect_left
+        points: SeriesPoints | None = None
+        # set with the block's points, at its first point
+        counts: list[int]
+        exemplars: dict[int, DerivedSpan]
+        append: Callable[[float], None]
         for span in spans:
             name, start, end, _, _, _, values = span
-            if name != semconv.SPAN_ROLLOUT:
+            if name != rollout:
                 continue
             if values[_NESTED] is True:
                 out.nested += 1
                 continue
-            if start == 0 or end < start:
+            duration = end - start
+            if duration < 0 or not start:
                 out.invalid += 1
                 continue
-            value = (end - start) / _NS_PER_MS
-            if exemplars:
-                last[bisect_left(bounds, value)] = (len(points), span)
-            append((resource_key, (), value, end, None, None))
-        _add_exemplar_ids(points, last.values())
+            if points is None:
+                points = SeriesPoints(resource_key, (), bounds, self._exemplars, spans)
+                out.rollouts.append(points)
+                counts, append = points.counts, points.values.append
+                exemplars = points.exemplars if points.exemplars is not None else {}
+            value = duration / ns_per_ms
+            bucket = search(bounds, value)  # bounds are inclusive upper bounds
+            counts[bucket] += 1
+            append(value)
+            exemplars[bucket] = span  # the block's last span in the bucket wins
 
     def _verifications(
         self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending
     ) -> None:
-        exemplars = self._exemplars
-        verifications = out.verifications
-        steps = out.steps
-        # (list, bucket, attrs) -> (position, span): exemplar candidates per series
-        last: dict[tuple[int, int, Attrs], tuple[int, DerivedSpan]] = {}
+        verify, step = semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP
+        ok, status_error = VERIFY_OK_ATTRS, _STATUS_ERROR
+        ns_per_ms = NS_PER_MS
+        search = bisect_left
+        runs: dict[tuple[bool, Attrs], SeriesPoints] = {}
+        # The series the last span went to; the next one usually goes there too.
+        last_attrs: Attrs | None = None
+        last_step = False
+        bounds: list[float]
+        counts: list[int]
+        exemplars: dict[int, DerivedSpan]
+        append: Callable[[float], None]
         for span in spans:
             name, start, end, _, _, status, values = span
-            if name == semconv.SPAN_VERIFY:
-                points, bounds, which = verifications, self._verify_bounds, 0
-            elif name == semconv.SPAN_ENV_STEP:
-                points, bounds, which = steps, self._step_bounds, 1
+            if name == verify:
+                is_step = False
+            elif name == step:
+                is_step = True
             else:
                 continue
-            if start == 0 or end < start:
+            duration = end - start
+            if duration < 0 or not start:
                 out.invalid += 1
                 continue
-            value = (end - start) / _NS_PER_MS
             succeeded = values[_SUCCEEDED]
             # Inline the common case (succeeded); a failure's attributes are built apart.
-            if succeeded is True or (succeeded is not False and status != _STATUS_ERROR):
-                attrs = VERIFY_OK_ATTRS
+            if succeeded is True or (succeeded is not False and status != status_error):
+                attrs = ok
             else:
                 attrs = self._failed_attrs(values)
-            if exemplars:
-                last[(which, bisect_left(bounds, value), attrs)] = (len(points), span)
-            points.append((resource_key, attrs, value, end, None, None))
-        if last:
-            for (which, _, _), candidate in last.items():
-                _add_exemplar_ids(steps if which else verifications, (candidate,))
+            if attrs is not last_attrs or is_step is not last_step:
+                points = runs.get((is_step, attrs))
+                if points is None:
+                    histogram = self._step_bounds if is_step else self._verify_bounds
+                    points = SeriesPoints(resource_key, attrs, histogram, self._exemplars, spans)
+                    runs[(is_step, attrs)] = points
+                    (out.steps if is_step else out.verifications).append(points)
+                bounds, counts, append = points.bounds, points.counts, points.values.append
+                exemplars = points.exemplars if points.exemplars is not None else {}
+                last_attrs, last_step = attrs, is_step
+            value = duration / ns_per_ms
+            bucket = search(bounds, value)
+            counts[bucket] += 1
+            append(value)
+            exemplars[bucket] = span
 
     def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
         """The attributes of a failed verification: its ``error.type`` (a string
@@ -241,44 +255,113 @@ class SpanDeriver:
             (semconv.VERIFY_SUCCEEDED, False),
         )
 
+    def _verify_attrs(self, span: DerivedSpan, name: str) -> Attrs | None:
+        """The point attributes of ``span`` if it is a valid point of span ``name``
+        (``gym.verify`` or ``gym.env.step``), else None: :meth:`_verifications`' reading
+        of one span, for the overflow path (which reads a block again)."""
+        span_name, start, end, _, _, status, values = span
+        if span_name != name or start == 0 or end < start:
+            return None
+        succeeded = values[_SUCCEEDED]
+        if succeeded is True or (succeeded is not False and status != _STATUS_ERROR):
+            return VERIFY_OK_ATTRS
+        return self._failed_attrs(values)
+
     def record(self, pending: Pending) -> None:
-        """Add ``pending`` to the store (takes its lock; call on the event loop)."""
+        """Add ``pending`` to the store (takes its lock; call on the event loop).
+
+        The same as adding its points one at a time, in span order: series are looked
+        up once per block and series (:class:`SeriesPoints`), in the order their first
+        points came, rollouts first, then verifications, then steps, so they are created
+        in the same order; a block whose series meet in the overflow series is read
+        again to add their points there in span order (:meth:`_add_overflowed`).
+        """
         store = self.store
-        # Points of one block share the same key objects: an identity test skips the
-        # series lookup (tuple hashing) for all but the first point of a run. Overflow
-        # series are never reused this way, so every overflowed point is counted.
         with store.lock:
             store.invalid_spans += pending.invalid
             if pending.rollouts:
-                _record_points(store.rollout, pending.rollouts)
-                store.spans[semconv.SPAN_ROLLOUT] += len(pending.rollouts)
+                added = self._add(store.rollout, pending.rollouts, semconv.SPAN_ROLLOUT)
+                store.spans[semconv.SPAN_ROLLOUT] += added
             if pending.verifications:
-                table = store.verify
-                bounds = table.bounds
-                rates = store.rates
-                series = None
-                last: tuple[bytes, Attrs] | None = None
-                window = None
-                window_key: bytes | None = None
-                for key, attrs, value, end, trace_id, span_id in pending.verifications:
-                    if (
-                        series is None
-                        or last is None
-                        or key is not last[0]
-                        or (attrs is not last[1])
-                    ):
-                        series = table.get(key, attrs)
-                        last = None if series.attrs is OVERFLOW_ATTRS else (key, attrs)
-                    if window is None or key is not window_key:
-                        window = rates.get(key)
-                        window_key = None if window.attrs is OVERFLOW_ATTRS else key
-                    series.record(bounds, value, end, trace_id, span_id)
-                    window.total += 1
-                    if attrs is VERIFY_OK_ATTRS:
-                        window.ok += 1
-                store.spans[semconv.SPAN_VERIFY] += len(pending.verifications)
+                added = self._add(
+                    store.verify, pending.verifications, semconv.SPAN_VERIFY, store.rates
+                )
+                store.spans[semconv.SPAN_VERIFY] += added
             if pending.steps:
-                _record_points(store.env_step, pending.steps)
-                store.spans[semconv.SPAN_ENV_STEP] += len(pending.steps)
+                added = self._add(store.env_step, pending.steps, semconv.SPAN_ENV_STEP)
+                store.spans[semconv.SPAN_ENV_STEP] += added
             if pending.nested:
                 store.spans[NESTED_ROLLOUT_SPANS] += pending.nested
+
+    def _add(
+        self,
+        table: HistogramTable,
+        runs: list[SeriesPoints],
+        name: str,
+        rates: RateTable | None = None,
+    ) -> int:
+        """Add ``runs`` (points of spans called ``name``) to their series in ``table``,
+        and count them in ``rates`` (verifications); the points added. A run routed to
+        overflow counts each of its points as overflowed."""
+        added = 0
+        overflow: HistogramSeries | None = None
+        overflowed: list[SeriesPoints] = []
+        for points in runs:
+            key, attrs, n = points.key, points.attrs, len(points.values)
+            series = table.get(key, attrs, n)
+            if series.attrs is OVERFLOW_ATTRS:
+                overflow = series
+                overflowed.append(points)
+            else:
+                series.add(points)
+            if rates is not None:
+                window = rates.get(key, n)
+                window.total += n
+                if attrs is VERIFY_OK_ATTRS:
+                    window.ok += n
+            added += n
+        if overflow is not None:
+            self._add_overflowed(overflow, overflowed, name)
+        return added
+
+    def _add_overflowed(self, series: HistogramSeries, runs: list[SeriesPoints], name: str) -> None:
+        """Add ``runs``, all routed to the overflow ``series``, in span order: runs of
+        different blocks one after the other; runs of one block (its failures of
+        different ``error.type``, say) by reading the block again, so that the sum adds
+        their values in span order and each bucket's exemplar is the last span in it
+        of the last series (in span order) that had one, as one point at a time would."""
+        i = 0
+        while i < len(runs):
+            spans = runs[i].spans
+            j = i + 1
+            while j < len(runs) and runs[j].spans is spans:
+                j += 1
+            if j == i + 1:
+                series.add(runs[i])
+            else:
+                self._add_interleaved(series, runs[i:j], name)
+            i = j
+
+    def _add_interleaved(
+        self, series: HistogramSeries, runs: list[SeriesPoints], name: str
+    ) -> None:
+        wanted = {points.attrs for points in runs}
+        bounds = runs[0].bounds
+        merged = SeriesPoints(OVERFLOW_RESOURCE, OVERFLOW_ATTRS, bounds, exemplars=False)
+        last: dict[tuple[Attrs, int], DerivedSpan] = {}  # each series' last span per bucket
+        for span in runs[0].spans:
+            attrs = self._verify_attrs(span, name)
+            if attrs is None or attrs not in wanted:
+                continue
+            value = (span[2] - span[1]) / NS_PER_MS
+            bucket = bisect_left(bounds, value)
+            merged.values.append(value)
+            merged.counts[bucket] += 1
+            last.pop((attrs, bucket), None)  # re-inserted: the dict's order is span order
+            last[(attrs, bucket)] = span
+        series.add(merged)
+        if self._exemplars:
+            for (_, bucket), span in last.items():
+                exemplar = exemplar_of(span)
+                if exemplar is not None:
+                    series.exemplars[bucket] = exemplar
