@@ -2,14 +2,17 @@
 harness; it asserts nothing).
 
     uv run --frozen python -m bench.sidecar_callgrind [--load rollouts] [--requests 112]
-        [--spans 512] [--groups all] [--compression none|gzip] [--protocol grpc|http]
-        [--no-derive] [--sidecar-src OTHER_TREE/sidecar/src] [--scanner auto|python]
-        [--top 25] [--keep DIR]
+        [--spans 512] [--groups all] [--compression none|gzip]
+        [--grpc-client auto|h2|grpcio] [--protocol grpc|http] [--no-derive]
+        [--sidecar-src OTHER_TREE/sidecar/src] [--scanner auto|python] [--top 25]
+        [--keep DIR]
 
 What runs: a counting OTLP/gRPC sink (``python -m testkit.sink``), and ``gym-sidecar
 run`` under ``valgrind --tool=callgrind --instr-atstart=no`` exporting to it (span
 groups ``--groups``, derive on unless ``--no-derive``, two static enrich attributes, as
-in the round-3 harness), with export compression ``--compression``. Once the sidecar is
+in the round-3 harness), with export compression ``--compression`` through gRPC client
+``--grpc-client`` (``backend.grpc_client``; ``grpcio`` needs the sidecar's ``grpcio``
+extra, which the dev environment has). Once the sidecar is
 ready, ``bench.loadgen`` sends ``--warmup`` requests of the load (uninstrumented: every
 cache, series and connection exists afterwards); then ``callgrind_control`` switches
 instrumentation on and zeroes the counters, ``--requests`` requests are sent
@@ -226,6 +229,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, object]:
         "span_groups": {"spec": args.groups},
         "enrich": {"attributes": ENRICH_ATTRIBUTES},
         "metrics": {"enabled": not args.no_derive},
+        "backend": {"grpc_client": args.grpc_client},
     }
     if not args.wall_clock_timers:
         # Work done per wall-clock interval, not per span: under valgrind's ~50x slowdown
@@ -335,6 +339,7 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
         "load": args.load,
         "groups": args.groups,
         "compression": args.compression,
+        "grpc_client": args.grpc_client,
         "protocol": args.protocol,
         "derive": not args.no_derive,
         "wall_clock_timers": args.wall_clock_timers,
@@ -357,7 +362,7 @@ def report(args: argparse.Namespace, run: dict[str, object]) -> dict[str, object
     }
     print(
         f"{args.load}, groups {args.groups}, {args.protocol} in, export compression "
-        f"{args.compression}, derive {'on' if not args.no_derive else 'off'}"
+        f"{args.compression} ({args.grpc_client}), derive {'on' if not args.no_derive else 'off'}"
         f"{', wall-clock timers on' if args.wall_clock_timers else ''}, "
         f"scanner {run['scanner']}: {run['requests']} requests, {spans} spans, "
         f"{total:,} instructions = {result['per_span']:,.0f} per span, "
@@ -387,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spans", type=int, default=512, help="spans per full request (loadgen)")
     p.add_argument("--groups", default="all", help="span_groups.spec")
     p.add_argument("--compression", choices=["none", "gzip"], default="none")
+    p.add_argument(
+        "--grpc-client", choices=["auto", "h2", "grpcio"], default="auto", help="export client"
+    )
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="sending")
     p.add_argument("--no-derive", action="store_true", help="metrics.enabled: false")
     p.add_argument(

@@ -6,7 +6,8 @@ reuses it afterwards, and returns the path of the ``rotel-agent`` binary. It nee
 ``python3.11`` (the wheel links libpython3.11) and pip access to PyPI.
 
 :class:`RotelBlackhole` runs rotel on free loopback ports with the blackhole exporter and
-the detailed debug log, and parses that log back into spans with their attributes.
+the detailed debug log, and parses that log back into spans with their attributes;
+:class:`RotelForwarder` runs it as a client of another OTLP/gRPC server (its exporter).
 """
 
 from __future__ import annotations
@@ -197,6 +198,78 @@ class RotelBlackhole:
         return spans
 
     def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class RotelForwarder:
+    """rotel on free loopback ports, forwarding what it receives with its OTLP exporter
+    over gRPC to ``endpoint`` (``http://host:port``), gzip or not: rotel as a client of
+    another OTLP server (its exporter is tonic/hyper, Rust's gRPC stack)."""
+
+    def __init__(self, workdir: Path, endpoint: str, compression: str = "gzip") -> None:
+        self.binary = rotel_binary()
+        self.endpoint = endpoint
+        self.compression = compression
+        self.grpc_port = free_port()
+        self.http_port = free_port()
+        self.workdir = workdir
+        self.log_file = workdir / "rotel-forwarder.log"
+        self.stdout_file = workdir / "rotel-forwarder.stdout"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_endpoint(self) -> str:
+        """Its OTLP/gRPC receiver, ``host:port``."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> RotelForwarder:
+        cmd = [
+            str(self.binary),
+            "start",
+            "--otlp-grpc-endpoint",
+            self.grpc_endpoint,
+            "--otlp-http-endpoint",
+            f"127.0.0.1:{self.http_port}",
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            self.endpoint,
+            "--otlp-exporter-protocol",
+            "grpc",
+            "--otlp-exporter-compression",
+            self.compression,
+            "--batch-timeout",
+            "100ms",
+            "--pid-file",
+            str(self.workdir / "rotel-forwarder.pid"),
+            "--log-file",
+            str(self.log_file),
+        ]
+        with self.stdout_file.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_listening(self.grpc_port, timeout_s=20)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"rotel did not start: {self.output()[-2000:]}") from None
+        return self
+
+    def output(self) -> str:
+        parts = []
+        for f in (self.stdout_file, self.log_file):
+            if f.exists():
+                parts.append(f.read_text(errors="replace"))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """SIGTERM (rotel flushes what it holds), SIGKILL after 10 s."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)

@@ -1,160 +1,39 @@
 """Raw HTTP/2 transport garbage on the gRPC port of a real ``gym-sidecar`` process.
 
-A real HTTP/2 client library (``h2``) speaks to the grpc.aio receiver below the gRPC
-layer: unknown ``grpc-encoding``, a compressed flag with no encoding, broken gzip, a
-length prefix longer than the body or than any limit, frames out of sequence, a
-RST_STREAM in the middle of a message, a bad connection preface, oversized metadata.
-Every case must end, well within 5 s, with a gRPC status, a reset stream, a GOAWAY or a
-closed connection (``Outcome``); never a hang. Afterwards the process is up, spans
-accepted before the garbage arrive intact, and a valid request still succeeds and
-arrives (sent over the same h2 client and over grpc).
+A real HTTP/2 client library (``h2``, ``tests/support/h2client.py``) speaks to the
+receiver below the gRPC layer: unknown ``grpc-encoding``, a compressed flag with no
+encoding, broken gzip, a length prefix longer than the body or than any limit, frames
+out of sequence, a RST_STREAM in the middle of a message, a bad connection preface,
+oversized metadata. Every case must end, well within 5 s, with a gRPC status, a reset
+stream, a GOAWAY or a closed connection (``Outcome``); never a hang. Afterwards the
+process is up, spans accepted before the garbage arrive intact, and a valid request
+still succeeds and arrives (sent over the same h2 client and over grpc).
 """
 
 from __future__ import annotations
 
 import gzip
-import socket
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import grpc
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
 import pytest
 from hyperframe.frame import DataFrame, HeadersFrame
 
-from testkit.otlp_samples import SERVICES, grpc_export, trace_request
+from testkit.otlp_samples import grpc_export, trace_request
 from testkit.sink import RecordingSink
+from tests.support.h2client import (
+    ANSWER_BOUND_S,
+    H2Client,
+    Outcome,
+    grpc_frame,
+    request_headers,
+)
 from tests.support.sidecar_proc import SidecarProcess
 
-ANSWER_BOUND_S = 5.0
-"""Every input is answered (status, reset, GOAWAY or close) within this."""
-PATH = f"/{SERVICES['traces']}/Export"
 CANARY = trace_request("h2-canary", 5)
 VALID = trace_request("h2-valid", 3).SerializeToString()
-
-
-def grpc_frame(message: bytes, compressed: bool = False, length: int | None = None) -> bytes:
-    """The gRPC length-prefixed message: flag byte, 4-byte big-endian length, message."""
-    declared = len(message) if length is None else length
-    return struct.pack(">BI", 1 if compressed else 0, declared) + message
-
-
-def request_headers(**extra: str) -> list[tuple[str, str]]:
-    headers = [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", PATH),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]
-    return headers + [(k.replace("_", "-"), v) for k, v in extra.items()]
-
-
-@dataclass
-class Outcome:
-    """How the server ended one stream."""
-
-    grpc_status: int | None = None
-    grpc_message: str = ""
-    http_status: str | None = None
-    reset: int | None = None
-    goaway: int | None = None
-    closed: bool = False
-    data: bytes = b""
-    events: list[str] = field(default_factory=list)
-
-    @property
-    def ended(self) -> bool:
-        return (
-            self.grpc_status is not None
-            or self.reset is not None
-            or self.goaway is not None
-            or self.closed
-        )
-
-
-class H2Client:
-    """One cleartext HTTP/2 connection (prior knowledge, as gRPC without TLS uses)."""
-
-    def __init__(self, port: int, *, preface: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.settimeout(0.2)
-        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
-        self.conn = h2.connection.H2Connection(config=config)
-        if preface:
-            self.conn.initiate_connection()
-            self.flush()
-
-    def flush(self) -> None:
-        data = self.conn.data_to_send()
-        if data:
-            self.sock.sendall(data)
-
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def start(self, headers: list[tuple[str, str]], end_stream: bool = False) -> int:
-        stream_id = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(stream_id, headers, end_stream=end_stream)
-        self.flush()
-        return stream_id
-
-    def send(self, stream_id: int, data: bytes, end_stream: bool = True) -> None:
-        self.conn.send_data(stream_id, data, end_stream=end_stream)
-        self.flush()
-
-    def wait(self, stream_id: int) -> Outcome:
-        """Read until the stream ends; fail the test if that takes over ANSWER_BOUND_S."""
-        out = Outcome()
-        deadline = time.monotonic() + ANSWER_BOUND_S
-        while not out.ended and time.monotonic() < deadline:
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            except (ConnectionResetError, BrokenPipeError):
-                data = b""
-            if not data:
-                out.closed = True
-                break
-            try:
-                events = self.conn.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
-                out.events.append(f"client protocol error {exc}")
-                out.closed = True
-                break
-            for event in events:
-                out.events.append(type(event).__name__)
-                self._apply(event, stream_id, out)
-            self.flush()
-        assert out.ended, f"stream {stream_id} not answered in {ANSWER_BOUND_S}s: {out}"
-        return out
-
-    @staticmethod
-    def _apply(event: h2.events.Event, stream_id: int, out: Outcome) -> None:
-        if isinstance(event, h2.events.ConnectionTerminated):
-            out.goaway = int(event.error_code or 0)
-        elif getattr(event, "stream_id", None) != stream_id:
-            return
-        elif isinstance(event, h2.events.StreamReset):
-            out.reset = int(event.error_code)
-        elif isinstance(event, h2.events.DataReceived):
-            out.data += event.data
-        elif isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-            headers = {str(k): str(v) for k, v in event.headers}
-            out.http_status = headers.get(":status", out.http_status)
-            if "grpc-status" in headers:
-                out.grpc_status = int(headers["grpc-status"])
-                out.grpc_message = headers.get("grpc-message", "")
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,13 @@ ROOT = Path(gym_sidecar.__file__).resolve().parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "leaves",
-        ("gym_sidecar", "gym_sidecar.selfmetrics", "gym_sidecar.malloc", "gym_sidecar.hostport"),
+        (
+            "gym_sidecar",
+            "gym_sidecar.selfmetrics",
+            "gym_sidecar.malloc",
+            "gym_sidecar.hostport",
+            "gym_sidecar.http2",
+        ),
     ),
     ("core", ("gym_sidecar.core",)),
     (

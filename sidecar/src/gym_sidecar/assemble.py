@@ -38,7 +38,7 @@ from gym_sidecar.enrich.stage import build_enrich_stage
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.export.disk_queue import build_queue
 from gym_sidecar.export.fanout import FanOutExporter
-from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
+from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
 from gym_sidecar.export.sender import Sender
 from gym_sidecar.export.stage import NoBackendStage, QueueStage
@@ -103,12 +103,13 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
 def build_exporter(backend: BackendConfig) -> Exporter:
     """The OTLP exporter ``backend.protocol`` names. Call on the running event loop."""
     if backend.protocol == "grpc":
-        client = backend.grpc_client
-        if client == "h2" or (client == "auto" and backend.compression == "gzip"):
-            from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
+        if backend.grpc_client == "grpcio":
+            # Imported only when asked for: grpc core is ~13 MiB resident, and nothing
+            # else in the sidecar needs it.
+            from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
 
-            return GrpcH2Exporter(backend)
-        return OtlpGrpcExporter(backend)
+            return OtlpGrpcExporter(backend)
+        return GrpcH2Exporter(backend)
     return OtlpHttpExporter(backend)
 
 

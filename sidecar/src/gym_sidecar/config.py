@@ -73,11 +73,12 @@ class LimitsConfig(BaseModel):
     http_max_decompressed_bytes: int = Field(default=64 * MiB, gt=0)
     """Largest OTLP/HTTP body after gzip decompression, enforced while inflating: 413."""
     grpc_max_message_bytes: int = Field(default=64 * MiB, gt=0)
-    """Largest OTLP/gRPC message (after grpc decompression); larger: INVALID_ARGUMENT."""
+    """Largest OTLP/gRPC message, inflated when it came compressed (inflation stops
+    there); larger: INVALID_ARGUMENT, before it is buffered when its length prefix says
+    so."""
     grpc_transport_max_bytes: int = Field(default=128 * MiB, gt=0)
-    """grpc core's own receive limit (also bounds its gzip inflation). Messages above it
-    are refused by grpc itself with RESOURCE_EXHAUSTED, before the sidecar sees them, so
-    those refusals are not counted; keep it above ``grpc_max_message_bytes``."""
+    """Largest gRPC message on the wire (its length prefix, compressed or not); larger:
+    RESOURCE_EXHAUSTED before it is buffered. Keep it >= ``grpc_max_message_bytes``."""
     http_max_concurrent_requests: int = Field(default=256, gt=0)
     """OTLP/HTTP requests handled at once; more get 429 + Retry-After before their body
     is read, so memory stays below this many times ``http_max_decompressed_bytes``."""
@@ -116,15 +117,18 @@ class LimitsConfig(BaseModel):
     starve health checks); more are answered 503 and closed at once."""
     grpc_message_timeout_s: float = Field(default=30.0, gt=0)
     """Longest wait, from the start of an OTLP/gRPC call, for its one request message and
-    the end of the client's stream; slower: DEADLINE_EXCEEDED."""
+    the end of the client's stream (the client's ``grpc-timeout`` when shorter); slower:
+    DEADLINE_EXCEEDED. Also how long an answer may wait for the client's flow-control
+    window before its stream is reset."""
     grpc_idle_timeout_s: float = Field(default=60.0, gt=0)
     """A gRPC connection with no call in progress this long is closed (GOAWAY); clients
-    reconnect when they next send. Done by grpc core, so not counted."""
+    reconnect when they next send."""
     grpc_max_connections: int = Field(default=1024, gt=0)
-    """Open connections on the gRPC port; grpc core closes more at once (not counted)."""
+    """Open connections on the gRPC port; more are closed at once, before anything is
+    read."""
     grpc_max_streams_per_connection: int = Field(default=128, gt=0)
     """Concurrent calls one gRPC connection may open (HTTP/2 SETTINGS); more are refused
-    by grpc core with REFUSED_STREAM, which clients retry (not counted)."""
+    with REFUSED_STREAM, which clients retry."""
     admin_body_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for an admin request body (``PUT /v1/span-groups``) to arrive in
     full; slower: 408."""

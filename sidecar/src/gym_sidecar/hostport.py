@@ -1,4 +1,5 @@
-"""``HOST:PORT`` strings: split and validate, join again, show the port actually bound.
+"""``HOST:PORT`` strings: split and validate, join again, show the port actually bound,
+and bind a listening socket to one.
 
 Standard library only; used by the configuration (listen addresses), the listeners and
 the webhook.
@@ -7,6 +8,7 @@ the webhook.
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -43,3 +45,21 @@ def bound_address(listen: str, port: int | None) -> str:
     if port is None:
         return listen
     return join_host_port(split_host_port(listen)[0], port)
+
+
+def bind_tcp(listen: str) -> socket.socket:
+    """A listening-ready TCP socket bound to ``HOST:PORT`` (IPv4, IPv6 or a host name)."""
+    host, port = split_host_port(listen)
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, socktype, proto, _, address = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {listen}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock

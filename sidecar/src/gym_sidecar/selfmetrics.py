@@ -150,6 +150,13 @@ class SelfMetrics:
             ["limit"],
             r,
         )
+        self.http2_refusals = LoopCounter(
+            "gym_sidecar_http2_refusals",
+            "HTTP/2 connections (or streams) the gRPC receiver ended for a protocol error "
+            "or one of its HTTP/2 bounds, by reason.",
+            ["reason"],
+            r,
+        )
         self.export_attempts = LoopCounter(
             "gym_sidecar_export_attempts",
             "Export requests sent to the backend.",

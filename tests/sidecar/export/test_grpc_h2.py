@@ -260,12 +260,13 @@ def test_a_gzip_compressed_response_is_read_for_partial_success() -> None:
     ("client", "compression", "expected"),
     [
         ("auto", "gzip", GrpcH2Exporter),
-        ("auto", "none", OtlpGrpcExporter),
+        ("auto", "none", GrpcH2Exporter),
         ("h2", "none", GrpcH2Exporter),
         ("grpcio", "gzip", OtlpGrpcExporter),
+        ("grpcio", "none", OtlpGrpcExporter),
     ],
 )
-def test_grpc_client_auto_uses_h2_for_gzip_only(
+def test_grpc_client_auto_is_h2_and_grpcio_only_when_asked_for(
     client: str, compression: str, expected: type[Exporter]
 ) -> None:
     async def body() -> None:
@@ -276,3 +277,21 @@ def test_grpc_client_auto_uses_h2_for_gzip_only(
         assert type(exporter) is expected
 
     run(body())
+
+
+def test_grpc_client_grpcio_without_the_grpcio_package_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """grpcio is an extra now: asking for its client where it is not installed is
+    refused at load, with the pip command, not at the first export."""
+    import importlib.util
+
+    from pydantic import ValidationError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a)
+    )
+    with pytest.raises(ValidationError, match=r"gym-telemetry-sidecar\[grpcio\]"):
+        BackendConfig(url="http://127.0.0.1:4317", grpc_client="grpcio")
+    assert BackendConfig(url="http://127.0.0.1:4317", grpc_client="auto").grpc_client == "auto"

@@ -38,7 +38,9 @@ def test_permanent_errors_are_counted_each_time_and_logged_once_per_interval(
         await stage.start()
         for calls in range(1, 6):
             await stage.consume(trace_batch(f"bad{calls}", 2))
-            assert await wait_until(lambda n=calls: sink.calls == n)
+            # The sender's drop (counted just before its log line), not the sink's call:
+            # the clock must not move before the fifth failure is logged or suppressed.
+            assert await wait_until(lambda n=calls: dropped(metrics, "permanent_error") == 2 * n)
         clock.now += 10.1
         await stage.consume(trace_batch("bad6", 2))
         assert await wait_until(lambda: sink.calls == 6)

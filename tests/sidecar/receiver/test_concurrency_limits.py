@@ -1,7 +1,7 @@
 """Concurrency and slow-body limits of the receivers: refused, counted, then served.
 
 HTTP runs against a real sidecar process: a raw socket sends headers and half a body,
-which keeps one request in flight deterministically. gRPC runs the real grpc.aio
+which keeps one request in flight deterministically. gRPC runs the real
 receiver in-process in front of a stage that holds each batch until released, since a
 gRPC call cannot be held open half-sent.
 """
@@ -21,8 +21,9 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from gym_sidecar.config import LimitsConfig
+from gym_sidecar.core.grpc_status import RETRY_INFO_TRAILER
 from gym_sidecar.core.stage import Batch, Stage
-from gym_sidecar.receiver.grpc import RETRY_INFO_TRAILER, GrpcReceiver
+from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

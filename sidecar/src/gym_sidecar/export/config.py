@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -30,15 +31,26 @@ class BackendConfig(BaseModel):
     with zlib at its default level)."""
     grpc_client: Literal["auto", "h2", "grpcio"] = "auto"
     """gRPC export only: ``h2`` frames gRPC over HTTP/2 itself and gzips with zlib-ng in
-    a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (grpc core
-    compresses on the event loop with zlib at level 6). ``auto``: ``h2`` with gzip,
-    ``grpcio`` without, the cheaper of the two for each (docs/export.md)."""
+    a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (the
+    ``grpcio`` extra; grpc core compresses on the event loop with zlib at level 6, and
+    importing it costs ~13 MiB resident). ``auto`` is ``h2`` (docs/export.md)."""
     timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one export request (one attempt)."""
     headers: dict[str, OpaqueStr] = Field(default_factory=dict)
     """Sent with every request (gRPC metadata keys are lower-cased). The values are
     opaque: ``check-config``, reprs and log lines show ``[REDACTED]``, since they usually
     carry credentials (``authorization: Bearer ...``)."""
+
+    @field_validator("grpc_client")
+    @classmethod
+    def _check_grpc_client(cls, client: str) -> str:
+        # Found, not imported: importing grpc is what the default client avoids.
+        if client == "grpcio" and importlib.util.find_spec("grpc") is None:
+            raise ValueError(
+                "grpc_client grpcio needs the grpcio package, which is not installed "
+                "(pip install 'gym-telemetry-sidecar[grpcio]')"
+            )
+        return client
 
     # A field validator, not a model one: it runs even when other backend fields are
     # invalid, so `url: jaeger:4317` is reported together with their errors.

@@ -8,7 +8,18 @@ caller compressed already. Profiled in the sidecar under load, that compression 
 CPU-second (docs/benchmarks.md). This exporter compresses with zlib-ng at
 ``backend.compression_level`` in a worker thread (the GIL is released while it
 deflates) and sends the result as a gRPC message with the compressed flag set and
-``grpc-encoding: gzip``, exactly what grpc core would put on the wire.
+``grpc-encoding: gzip``, exactly what grpc core would put on the wire. Without
+compression it is the default too: then importing grpc at all (~13 MiB resident) is
+what it saves (docs/benchmarks.md, "Round 4").
+
+The message body goes to the socket as the very ``bytes`` object the queue handed over:
+``h2`` keeps the stream state and the flow-control windows, but its DATA path copies a
+body six times (``tobytes``, two joins, its output buffer, ``data_to_send``) in frames
+of the peer's SETTINGS_MAX_FRAME_SIZE. :class:`_ClientConnection` (a subclass, over
+``h2``'s ``_prepare_for_sending``; the version range is pinned in the sidecar's
+dependencies and exercised by the tests) lets ``h2`` account for as much as the windows
+allow in one DATA frame and cuts it into frames of the peer's size itself: a 9-byte
+header and a memoryview of the body per frame.
 
 The protocol (gRPC over HTTP/2, unary calls only): one HTTP/2 connection (``h2``, a
 maintained pure-Python HTTP/2 state machine; this module does the I/O and the gRPC
@@ -20,20 +31,21 @@ is HEADERS (``:status``), DATA (one length-prefixed response message, possibly g
 and trailers (``grpc-status``, ``grpc-message``, ``grpc-status-details-bin``, other
 ``-bin`` metadata base64-encoded), or trailers only.
 
-Outcomes are those of :mod:`.otlp_grpc` (same :func:`~.otlp_grpc.classify`,
-:func:`~.otlp_grpc.retry_delay_s` and :func:`~.otlp_grpc.rejected_items`): a refused
+Outcomes are those of :mod:`.otlp_grpc` (the same :func:`~.grpc_outcome.classify`,
+:func:`~gym_sidecar.core.grpc_status.retry_delay_s` and ``rejected_items``): a refused
 connection, a connection lost mid-call, GOAWAY before the call was processed and a
 timeout are retryable (UNAVAILABLE / DEADLINE_EXCEEDED, as grpc core reports them); an
 HTTP status other than 200 maps to a gRPC code as the gRPC spec's HTTP-to-gRPC table
 says; a reset stream maps as grpc core maps it (REFUSED_STREAM is UNAVAILABLE, CANCEL
-is CANCELLED, everything else INTERNAL). A broken connection is replaced at the next
+is CANCELLED, everything else INTERNAL); an HTTP/2 protocol error on the connection is
+UNAVAILABLE. A GOAWAY lets the calls the server still serves finish
+(:class:`gym_sidecar.http2.H2Connection`). A broken connection is replaced at the next
 call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import ssl
@@ -42,41 +54,41 @@ import zlib
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-import grpc
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+from hyperframe.frame import DataFrame, Frame
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
+from gym_sidecar.core.grpc_status import StatusCode, decode_bin, retry_delay_s
 from gym_sidecar.core.otlp import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
-from gym_sidecar.export.otlp_grpc import classify, retry_delay_s
+from gym_sidecar.export.grpc_outcome import classify
 from gym_sidecar.export.otlp_http import gzip_body, gzip_library
+from gym_sidecar.http2 import H2Connection, quiet_frame_reprs
 
 logger = logging.getLogger(__name__)
 
-_CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
-
 _HTTP_TO_GRPC = {
-    400: grpc.StatusCode.INTERNAL,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.UNIMPLEMENTED,
-    429: grpc.StatusCode.UNAVAILABLE,
-    502: grpc.StatusCode.UNAVAILABLE,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.UNAVAILABLE,
+    400: StatusCode.INTERNAL,
+    401: StatusCode.UNAUTHENTICATED,
+    403: StatusCode.PERMISSION_DENIED,
+    404: StatusCode.UNIMPLEMENTED,
+    429: StatusCode.UNAVAILABLE,
+    502: StatusCode.UNAVAILABLE,
+    503: StatusCode.UNAVAILABLE,
+    504: StatusCode.UNAVAILABLE,
 }
 """The gRPC spec's mapping of a non-200 HTTP status (no grpc-status) to a code."""
 
 _RESET_TO_GRPC = {
-    h2.errors.ErrorCodes.REFUSED_STREAM: grpc.StatusCode.UNAVAILABLE,
-    h2.errors.ErrorCodes.CANCEL: grpc.StatusCode.CANCELLED,
-    h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    h2.errors.ErrorCodes.INADEQUATE_SECURITY: grpc.StatusCode.PERMISSION_DENIED,
+    h2.errors.ErrorCodes.REFUSED_STREAM: StatusCode.UNAVAILABLE,
+    h2.errors.ErrorCodes.CANCEL: StatusCode.CANCELLED,
+    h2.errors.ErrorCodes.ENHANCE_YOUR_CALM: StatusCode.RESOURCE_EXHAUSTED,
+    h2.errors.ErrorCodes.INADEQUATE_SECURITY: StatusCode.PERMISSION_DENIED,
 }
 """RST_STREAM codes grpc core maps to something other than INTERNAL."""
 
@@ -85,12 +97,86 @@ _INLINE_GZIP_BYTES = 64 * 1024
 _READ_BYTES = 256 * 1024
 _MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 _LAST_STREAM_ID = 2**31 - 1
+_ANY_FRAME_SIZE = 2**31 - 1
+_DIRECT_BYTES = 4096
+"""DATA frames at least this long go to the socket as header + memoryview of the body."""
+_END_STREAM = 0x1
+
+
+class _ClientConnection(H2Connection):
+    """``h2``'s connection with a copy-free DATA path (module doc).
+
+    :meth:`send_data_unsplit` lets ``h2`` account for one DATA frame of any size (it
+    checks sizes against :attr:`max_outbound_frame_size`, which reads as unlimited only
+    during that call); :meth:`_prepare_for_sending`, where every frame ``h2`` emits
+    passes, cuts such a frame into frames of the peer's SETTINGS_MAX_FRAME_SIZE without
+    copying its body. :meth:`take` returns what to write, in order.
+    """
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        self.frame_limit = 16384
+        self._unsplit = False
+        self._out: list[bytes | memoryview] = []
+        self._small = bytearray()
+        super().__init__(config=config)
+
+    @property
+    def max_outbound_frame_size(self) -> int:
+        return _ANY_FRAME_SIZE if self._unsplit else self.frame_limit
+
+    @max_outbound_frame_size.setter
+    def max_outbound_frame_size(self, value: int) -> None:
+        self.frame_limit = value  # h2 sets it from the peer's SETTINGS
+
+    def send_data_unsplit(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self._unsplit = True
+        try:
+            self.send_data(stream_id, data, end_stream=end_stream)
+        finally:
+            self._unsplit = False
+
+    def _prepare_for_sending(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            if (
+                isinstance(frame, DataFrame)
+                and len(frame.data) >= _DIRECT_BYTES
+                and "PADDED" not in frame.flags
+            ):
+                self._direct(frame)
+            else:
+                self._small += frame.serialize()
+
+    def _direct(self, frame: DataFrame) -> None:
+        body = memoryview(frame.data)
+        size, limit = len(body), self.frame_limit
+        end = _END_STREAM if "END_STREAM" in frame.flags else 0
+        for start in range(0, size, limit):
+            chunk = body[start : start + limit]
+            flags = end if start + limit >= size else 0
+            self._small += struct.pack(
+                ">BHBBL", len(chunk) >> 16, len(chunk) & 0xFFFF, 0, flags, frame.stream_id
+            )
+            self._out.append(bytes(self._small))
+            self._small.clear()
+            self._out.append(chunk)
+
+    def take(self) -> list[bytes | memoryview]:
+        """Everything to write, in order (``h2``'s own buffer holds only the preface)."""
+        out = self._out
+        if self._data_to_send:
+            out.insert(0, bytes(self._data_to_send))
+            self._data_to_send.clear()
+        if self._small:
+            out.append(bytes(self._small))
+            self._small.clear()
+        self._out = []
+        return out
 
 
 class _CallFailed(Exception):
     """A call ended without a gRPC status from the server (connection, reset, GOAWAY)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -116,14 +202,6 @@ def _text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("latin-1")
 
 
-class _ClientConnection(h2.connection.H2Connection):
-    MAX_CLOSED_STREAMS = 1024
-    """Closed streams ``h2`` remembers, to tell a late frame on a reset stream from a
-    protocol error. Its default, 65,536, is held in an OrderedDict that grew ~7 MiB on
-    one long-lived connection before it plateaued (an export call is a stream, and the
-    connection lives for days); frames on a stream 1,024 calls old do not happen."""
-
-
 class _Connection:
     """One HTTP/2 connection: a reader task dispatches frames to the calls on it."""
 
@@ -133,7 +211,12 @@ class _Connection:
         self.peer = peer
         self._reader = reader
         self._writer = writer
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self.h2 = _ClientConnection(config=config)
         self.h2.initiate_connection()
         self.calls: dict[int, _Call] = {}
@@ -165,15 +248,16 @@ class _Connection:
         return highest is None or highest < _LAST_STREAM_ID - 2
 
     def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self._writer.is_closing():
-            self._writer.write(data)
+        pieces = self.h2.take()
+        if pieces and not self._writer.is_closing():
+            for piece in pieces:
+                self._writer.write(piece)
 
     async def drain(self) -> None:
         try:
             await self._writer.drain()
         except (ConnectionError, OSError) as err:
-            self._fail_all(_CallFailed(grpc.StatusCode.UNAVAILABLE, f"{self.peer}: {err}"))
+            self._fail_all(_CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: {err}"))
 
     def start(self, headers: list[tuple[str, str]]) -> tuple[int, _Call]:
         """Open a stream with ``headers``; raises _CallFailed when the connection cannot."""
@@ -184,48 +268,45 @@ class _Connection:
             self.h2.send_headers(stream_id, headers)
         except (h2.exceptions.NoAvailableStreamIDError, h2.exceptions.TooManyStreamsError) as err:
             self.going_away = True
-            raise _CallFailed(grpc.StatusCode.UNAVAILABLE, f"{self.peer}: {err!r}") from None
+            raise _CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: {err!r}") from None
         call = _Call(asyncio.get_running_loop().create_future())
         self.calls[stream_id] = call
         self.flush()
         return stream_id, call
 
-    async def send_body(self, stream_id: int, call: _Call, chunks: tuple[bytes, ...]) -> None:
-        """Send the message on ``stream_id`` as flow control allows, then end the stream."""
-        total = sum(len(c) for c in chunks)
-        sent = 0
-        for chunk in chunks:
-            view = memoryview(chunk)
-            pos = 0
-            while pos < len(view):
+    async def send_body(self, stream_id: int, call: _Call, parts: tuple[bytes, ...]) -> None:
+        """Send ``parts`` (the message prefix, then the body) on ``stream_id`` as flow
+        control allows, in as few DATA frames as the peer's frame size allows, then end
+        the stream. A part the windows take whole goes out uncopied."""
+        conn = self.h2
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            pos, size = 0, len(part)
+            while pos < size:
                 if call.done.done():
                     return  # answered (or failed) before we finished: nothing more to send
                 if self.closed is not None:
                     raise self.closed
-                size = min(
-                    self.h2.local_flow_control_window(stream_id),
-                    self.h2.max_outbound_frame_size,
-                    len(view) - pos,
-                )
-                if size <= 0:
+                window = conn.local_flow_control_window(stream_id)
+                if window <= 0:
                     self._window.clear()
                     waiter = asyncio.ensure_future(self._window.wait())
                     await asyncio.wait((waiter, call.done), return_when=asyncio.FIRST_COMPLETED)
                     waiter.cancel()
                     continue
+                end = min(size, pos + window)
+                chunk = part if pos == 0 and end == size else part[pos:end]
                 try:
-                    self.h2.send_data(
-                        stream_id, view[pos : pos + size], end_stream=sent + size == total
-                    )
+                    conn.send_data_unsplit(stream_id, chunk, end_stream=last and end == size)
                 except h2.exceptions.StreamClosedError:
                     return  # the server ended or reset the stream; its answer tells why
-                pos += size
-                sent += size
+                pos = end
                 self.flush()
                 await self.drain()
-        if total == 0:
-            self.h2.end_stream(stream_id)
-            self.flush()
+        if not parts or not parts[-1]:
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                conn.end_stream(stream_id)
+                self.flush()
 
     def cancel(self, stream_id: int) -> None:
         """Reset a stream we stopped waiting for (timeout, cancellation)."""
@@ -243,7 +324,7 @@ class _Connection:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.close_connection()
                 self.flush()
-        self._fail_all(_CallFailed(grpc.StatusCode.UNAVAILABLE, "exporter closed"))
+        self._fail_all(_CallFailed(StatusCode.UNAVAILABLE, "exporter closed"))
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
@@ -265,21 +346,23 @@ class _Connection:
                 data = await self._reader.read(_READ_BYTES)
                 if not data:
                     self._fail_all(
-                        _CallFailed(grpc.StatusCode.UNAVAILABLE, f"{self.peer} closed connection")
+                        _CallFailed(StatusCode.UNAVAILABLE, f"{self.peer} closed connection")
                     )
                     return
                 try:
                     events = self.h2.receive_data(data)
                 except h2.exceptions.ProtocolError as err:
+                    # Retryable, like a connection lost mid-call: the server may not have
+                    # processed the calls; retrying risks a duplicate, dropping a loss.
                     self._fail_all(
-                        _CallFailed(grpc.StatusCode.INTERNAL, f"{self.peer}: HTTP/2 error {err!r}")
+                        _CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: HTTP/2 error {err!r}")
                     )
                     return
                 for event in events:
                     self._dispatch(event)
                 self.flush()
         except (ConnectionError, OSError) as err:
-            self._fail_all(_CallFailed(grpc.StatusCode.UNAVAILABLE, f"{self.peer}: {err}"))
+            self._fail_all(_CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: {err}"))
 
     def _dispatch(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -289,9 +372,7 @@ class _Connection:
             if call is not None and event.data:
                 if len(call.data) + len(event.data) > _MAX_RESPONSE_BYTES:
                     self.cancel(event.stream_id)
-                    call.finish(
-                        _CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "response too large")
-                    )
+                    call.finish(_CallFailed(StatusCode.RESOURCE_EXHAUSTED, "response too large"))
                 else:
                     call.data += event.data
         elif isinstance(event, h2.events.ResponseReceived):
@@ -310,7 +391,7 @@ class _Connection:
         elif isinstance(event, h2.events.StreamReset):
             call = self.calls.pop(event.stream_id, None)
             if call is not None:
-                code = _RESET_TO_GRPC.get(event.error_code, grpc.StatusCode.INTERNAL)  # type: ignore[call-overload]
+                code = _RESET_TO_GRPC.get(event.error_code, StatusCode.INTERNAL)  # type: ignore[call-overload]
                 call.finish(_CallFailed(code, f"stream reset by {self.peer}: {event.error_code!r}"))
             self._window.set()
         elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
@@ -322,22 +403,15 @@ class _Connection:
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for stream_id in [s for s in self.calls if s > last]:
                 self.calls.pop(stream_id).finish(
-                    _CallFailed(grpc.StatusCode.UNAVAILABLE, f"{self.peer} sent GOAWAY")
+                    _CallFailed(StatusCode.UNAVAILABLE, f"{self.peer} sent GOAWAY")
                 )
             if event.error_code != h2.errors.ErrorCodes.NO_ERROR:
                 self._fail_all(
                     _CallFailed(
-                        grpc.StatusCode.UNAVAILABLE,
+                        StatusCode.UNAVAILABLE,
                         f"{self.peer} closed the connection: {event.error_code!r}",
                     )
                 )
-
-
-def _decode_bin(value: str) -> bytes | None:
-    try:
-        return base64.b64decode(value + "=" * (-len(value) % 4))
-    except ValueError:
-        return None
 
 
 def _message(data: bytearray, encoding: str | None) -> bytes:
@@ -363,15 +437,15 @@ def _outcome(signal: Signal, call: _Call, items: int) -> ExportResult:
     status = fields.get("grpc-status")
     if status is None:
         if http_status != "200":
-            code = _HTTP_TO_GRPC.get(int(http_status or 0), grpc.StatusCode.UNKNOWN)
+            code = _HTTP_TO_GRPC.get(int(http_status or 0), StatusCode.UNKNOWN)
             return classify(code, f"HTTP status {http_status or 'missing'}", None)
-        return classify(grpc.StatusCode.UNKNOWN, "the answer has no grpc-status", None)
-    code = _CODES.get(int(status) if status.isdigit() else -1, grpc.StatusCode.UNKNOWN)
-    if code is not grpc.StatusCode.OK:
+        return classify(StatusCode.UNKNOWN, "the answer has no grpc-status", None)
+    code = StatusCode.parse(status)
+    if code is not StatusCode.OK:
         binary = [
             (k, v)
             for k, raw in call.trailers + call.headers
-            if k.endswith("-bin") and (v := _decode_bin(raw)) is not None
+            if k.endswith("-bin") and (v := decode_bin(raw)) is not None
         ]
         return classify(code, unquote(fields.get("grpc-message", "")), retry_delay_s(binary))
     try:
@@ -424,6 +498,8 @@ class GrpcH2Exporter(Exporter):
         self._conn: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()
+        quiet_frame_reprs()
         if self._gzip:
             logger.info("OTLP/gRPC export: gzip with %s at level %d", gzip_library(), self._level)
 
@@ -435,19 +511,21 @@ class GrpcH2Exporter(Exporter):
             conn = self._conn
             if conn is None or not conn.usable:
                 if conn is not None:
-                    old = conn
                     # Let calls still running on a GOAWAY'd connection finish; close it after.
-                    asyncio.get_running_loop().call_later(
-                        self._timeout_s, lambda: asyncio.ensure_future(old.close())
-                    )
+                    asyncio.get_running_loop().call_later(self._timeout_s, self._retire, conn)
                 try:
                     conn = await _Connection.open(self._host, self._port, self._tls, self.target)
                 except (OSError, ssl.SSLError) as err:
                     raise _CallFailed(
-                        grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {err}"
+                        StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {err}"
                     ) from None
                 self._conn = conn
             return conn
+
+    def _retire(self, conn: _Connection) -> None:
+        task = asyncio.ensure_future(conn.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _call(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
         if self._gzip:
@@ -462,7 +540,9 @@ class GrpcH2Exporter(Exporter):
         conn = await self._connection()
         stream_id, call = conn.start(self._headers[signal])
         try:
-            await conn.send_body(stream_id, call, (prefix, body))
+            # The prefix goes as its own 5-byte DATA frame so that the body is never
+            # concatenated to it (a copy of the whole batch).
+            await conn.send_body(stream_id, call, (prefix, body) if body else (prefix,))
             await call.done
         except BaseException:
             conn.cancel(stream_id)
@@ -479,7 +559,7 @@ class GrpcH2Exporter(Exporter):
             return await asyncio.wait_for(self._call(signal, payload, items), self._timeout_s)
         except TimeoutError:
             return classify(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self._timeout_s}s", None
+                StatusCode.DEADLINE_EXCEEDED, f"no answer within {self._timeout_s}s", None
             )
         except _CallFailed as err:
             return classify(err.code, err.message, None)

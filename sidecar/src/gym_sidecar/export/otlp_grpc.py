@@ -2,10 +2,10 @@
 
 The channel uses identity serialization (the payload bytes go out as they are) and
 parses only the small response for ``partial_success``. Status codes map to outcomes
-as the OTLP specification says: UNAVAILABLE, ABORTED, CANCELLED, DEADLINE_EXCEEDED,
-OUT_OF_RANGE and DATA_LOSS are retryable; RESOURCE_EXHAUSTED is retryable only when the
-server sent a ``google.rpc.RetryInfo``; everything else (INVALID_ARGUMENT, ...) is
-permanent. A RetryInfo delay in the trailing status details is passed on as the hint.
+as :mod:`.grpc_outcome` says (the OTLP specification's table, shared with the h2
+client); a RetryInfo delay in the trailing status details is passed on as the hint.
+Used only with ``backend.grpc_client: grpcio``: it is the one module of the sidecar that
+imports grpc core.
 """
 
 from __future__ import annotations
@@ -16,72 +16,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-from google.protobuf.message import DecodeError
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
+from gym_sidecar.core.grpc_status import StatusCode, retry_delay_s
 from gym_sidecar.core.otlp import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
+from gym_sidecar.export import grpc_outcome
 from gym_sidecar.export.config import BackendConfig
 
 logger = logging.getLogger(__name__)
 
 _METHODS = {signal: spec.grpc_method for signal, spec in SPECS.items()}
 
-_RETRYABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.DATA_LOSS,
-    }
-)
-
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
-_RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
-
-
-def _seconds(info: Any) -> float:
-    delay_s: float = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-    return max(0.0, delay_s)
-
-
-def retry_delay_s(trailing_metadata: Any) -> float | None:
-    """The RetryInfo delay a failed call's trailers carry, if any.
-
-    Read from the standard status details (``grpc-status-details-bin``) and, as a
-    fallback, from a bare ``google.rpc.retryinfo-bin`` trailer (what the OpenTelemetry
-    Python SDK looks for). Unparsable details count as no hint.
-    """
-    for key, value in trailing_metadata or ():
-        if not isinstance(value, bytes):
-            continue
-        try:
-            if key == _RETRY_INFO_KEY:
-                return _seconds(error_details_pb2.RetryInfo.FromString(value))
-            if key != _STATUS_DETAILS_KEY:
-                continue
-            status = status_pb2.Status.FromString(value)
-        except DecodeError:
-            return None
-        for detail in status.details:
-            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                info = error_details_pb2.RetryInfo()
-                detail.Unpack(info)
-                return _seconds(info)
-    return None
-
 
 def classify(code: grpc.StatusCode, details: str, hint_s: float | None) -> ExportResult:
-    """Map a failed call's status to an export outcome (OTLP spec, see module doc)."""
-    message = f"{code.name}: {details}"
-    if code in _RETRYABLE:
-        return ExportResult.retryable(message, hint_s)
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and hint_s is not None:
-        return ExportResult.retryable(message, hint_s)
-    return ExportResult.permanent(message)
+    """Map a failed call's status to an export outcome (:mod:`.grpc_outcome`)."""
+    return grpc_outcome.classify(StatusCode(code.value[0]), details, hint_s)
 
 
 def grpc_target(url: str) -> tuple[str, bool]:

@@ -1,285 +1,156 @@
-"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService ``Export``.
+"""OTLP/gRPC receiver: TraceService, MetricsService and LogsService ``Export``, served
+over HTTP/2 on the sidecar's event loop with ``h2``, without grpc core.
 
-Handlers are registered generically with identity (bytes) (de)serialisers, so the
-receiver itself enforces ``limits.grpc_max_message_bytes`` (counted in
-``limit_hits{limit="grpc_max_message_bytes"}``) and decodes the message bytes itself
-(``receiver.otlp.decode_batch``: a trace request's wire view, metrics and logs with the
-upb protobuf).
-grpc core handles client-side per-message compression (gzip), bounded by
-``limits.grpc_transport_max_bytes``, and the connection-level limits (idle timeout,
-connection cap, streams per connection, metadata size), which it enforces without
-telling the sidecar: those refusals are not counted.
+Why not grpc.aio (the receiver before): importing grpc costs ~13 MiB of resident memory
+(its ``cygrpc`` library alone ~10 MiB), a fifth of the sidecar's, and with the gRPC
+exporter on ``h2`` too the sidecar then never loads grpc (docs/sidecar.md, "The gRPC
+receiver"). ``h2`` (PyPI, a maintained HTTP/2 state machine: frames, HPACK, flow
+control, stream states) carries the streams; :mod:`.grpc_conn` does the I/O and the
+connection's bounds, :mod:`.grpc_call` what gRPC puts on top, :mod:`.h2_guard` the
+bounds checked on frame headers before ``h2`` parses anything. Everything grpc core
+used to enforce by itself is written out there, so each refusal is counted.
 
-Answers:
-- OK with an Export*ServiceResponse (``partial_success`` when a stage rejected items);
-- INVALID_ARGUMENT for undecodable or oversized messages, for messages nested deeper
-  than ``limits.max_message_depth`` or holding more than ``limits.max_request_messages``
-  protobuf messages, and for a call that ends without one whole
-  message or sends more than one (clients must not retry);
-- RESOURCE_EXHAUSTED (without RetryInfo: not to be retried) when the call's metadata
-  exceeds ``limits.http_max_header_bytes``;
-- DEADLINE_EXCEEDED when the message and the end of the client's stream have not
-  arrived within ``limits.grpc_message_timeout_s`` (counted in ``limit_hits``);
-- RESOURCE_EXHAUSTED with RetryInfo when ``limits.grpc_max_concurrent_requests`` calls
-  are already being handled (counted in ``limit_hits``);
-- RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` on backpressure, both as a status
-  detail and as a bare ``google.rpc.retryinfo-bin`` trailer (the OTel SDK exporters
-  retry after the given delay; the Python one reads only the trailer).
+Per call (one HTTP/2 stream), answered with a gRPC status (trailers-only when refused):
+
+- ``:path`` not an ``Export`` method, ``:method`` not POST: UNIMPLEMENTED;
+  ``content-type`` not ``application/grpc`` or ``application/grpc+proto``: HTTP 415 with
+  INVALID_ARGUMENT;
+- metadata over ``limits.http_max_header_bytes``: RESOURCE_EXHAUSTED without RetryInfo;
+- ``limits.grpc_max_concurrent_requests`` calls already in progress (across
+  connections): RESOURCE_EXHAUSTED with RetryInfo(``limits.overload_retry_after_s``);
+- the length prefix over ``limits.grpc_transport_max_bytes``: RESOURCE_EXHAUSTED; an
+  uncompressed one over ``limits.grpc_max_message_bytes``: INVALID_ARGUMENT; both before
+  the message is buffered;
+- ``grpc-encoding`` gzip or deflate is inflated, up to ``limits.grpc_max_message_bytes``
+  (more: INVALID_ARGUMENT); the compressed flag with another encoding: UNIMPLEMENTED
+  (with ``grpc-accept-encoding``); without one: INTERNAL; broken data: INVALID_ARGUMENT;
+- the stream ending without one whole message, or carrying two: INVALID_ARGUMENT;
+- the message and the end of the stream not received within
+  ``limits.grpc_message_timeout_s`` of the call's headers, or within the client's own
+  ``grpc-timeout`` when that is shorter: DEADLINE_EXCEEDED;
+- the rest is :func:`.grpc_call.export`'s: decoding and its message limits
+  (INVALID_ARGUMENT), the pipeline's backpressure (RESOURCE_EXHAUSTED with RetryInfo as a
+  status detail and as a bare ``google.rpc.retryinfo-bin`` trailer), OK with the
+  response; a stage failing unexpectedly: INTERNAL (logged).
+
+A refusal sent before the client ended its stream is followed by RST_STREAM(NO_ERROR),
+so the client stops sending (RFC 9113, 8.1). A client that resets its stream, or whose
+connection is lost, gets nothing: a call not yet handed to the pipeline is dropped, one
+already handed over finishes and its answer is discarded.
+
+Per connection:
+
+- ``limits.grpc_max_connections`` open already: the new one is closed before anything is
+  read;
+- the client preface and its SETTINGS, and each header block, must arrive within
+  ``limits.http_header_timeout_s``;
+- no call in progress for ``limits.grpc_idle_timeout_s``: GOAWAY and closed;
+- SETTINGS_MAX_CONCURRENT_STREAMS is ``limits.grpc_max_streams_per_connection``; a stream
+  beyond it is refused with REFUSED_STREAM (clients retry it), the connection kept;
+- the fixed HTTP/2 bounds of :class:`Http2Bounds`: control-frame floods (SETTINGS, PING,
+  rapid reset, WINDOW_UPDATE, PRIORITY, empty DATA), frames larger than advertised, a
+  header block too large on the wire or decoding to too much (HPACK bomb), too much
+  output the client does not read, an answer the client's flow-control window keeps
+  from being sent for ``limits.grpc_message_timeout_s`` (the stream is reset); anything
+  else ``h2`` finds malformed: GOAWAY and closed.
+
+Counted: ``limit_hits{limit=<limits. key>}`` when a configured limit bit,
+``bad_requests{transport="grpc", reason}`` for each refused call, and
+``http2_refusals{reason}`` for the fixed HTTP/2 bounds and protocol errors.
 
 Lifecycle: :meth:`GrpcReceiver.start` binds and serves on the running loop;
-:meth:`GrpcReceiver.stop` stops accepting and waits up to ``grace_s`` for in-flight
-calls (which finish handing their data to the pipeline). Both are safe to repeat.
+:meth:`GrpcReceiver.stop` closes the listener, sends every connection a GOAWAY naming
+the last stream it will serve, waits up to ``grace_s`` for the calls in progress (which
+finish handing their data to the pipeline and are answered), then closes what is left.
+Both are safe to repeat. Everything runs on the event loop; nothing here is thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
-
-import grpc
-from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
-from grpc_status import rpc_status  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.core.otlp import SPECS, SignalSpec
+from gym_sidecar.core.grpc_status import RETRY_INFO_TRAILER
 from gym_sidecar.core.stage import Stage, pipeline_trace_scan
-from gym_sidecar.hostport import bound_address
-from gym_sidecar.receiver.otlp import BadRequest, build_response, decode_batch, submit
+from gym_sidecar.hostport import bind_tcp, bound_address
+from gym_sidecar.http2 import quiet_frame_reprs
+from gym_sidecar.receiver.grpc_conn import Connection, Shared
+from gym_sidecar.receiver.h2_guard import Http2Bounds
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
 
-TRANSPORT = "grpc"
-
-
-def _identity(data: bytes) -> bytes:
-    return data
-
-
-def refuse(
-    context: grpc.aio.ServicerContext[Any, Any],
-    details: str,
-    code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
-    trailing_metadata: Any = None,
-) -> bytes:
-    """Answer with an error status by setting it instead of calling ``context.abort``.
-
-    ``abort`` raises, and the exception's traceback keeps the handler frames, with the
-    request bytes (and the parsed message), alive in a reference cycle until the cyclic
-    GC runs: refused messages then pile up (20 MiB refusals grew RSS to ~800 MiB in
-    tests/badinput's stress). Returning frees them at once.
-    """
-    context.set_code(code)
-    context.set_details(details)
-    if trailing_metadata:
-        context.set_trailing_metadata(trailing_metadata)
-    return b""
-
-
-RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
-"""The bare RetryInfo trailer: the only place the OTel Python gRPC exporter reads a delay."""
-
-
-class RetryStatus(NamedTuple):
-    """What ``context.abort`` needs: code, message and trailing metadata."""
-
-    code: grpc.StatusCode
-    details: str
-    trailing_metadata: tuple[tuple[str, bytes], ...]
-
-
-def retry_info_status(message: str, retry_after_s: float) -> RetryStatus:
-    """A RESOURCE_EXHAUSTED status carrying RetryInfo(retry_delay=retry_after_s).
-
-    The RetryInfo goes out twice: as a detail of the ``grpc-status-details-bin`` status
-    (the gRPC richer-error model, read by the Go/Java SDKs and the Collector) and as a
-    bare ``google.rpc.retryinfo-bin`` trailer (read by the Python SDK's exporter, which
-    otherwise falls back to its own 1 s, 2 s, 4 s ... backoff).
-    """
-    seconds = int(retry_after_s)
-    delay = duration_pb2.Duration(seconds=seconds, nanos=int((retry_after_s - seconds) * 1e9))
-    info = error_details_pb2.RetryInfo(retry_delay=delay)
-    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message)
-    status.details.add().Pack(info)
-    rich = rpc_status.to_status(status)
-    trailers = (*rich.trailing_metadata, (RETRY_INFO_TRAILER, info.SerializeToString()))
-    return RetryStatus(rich.code, rich.details, trailers)
+__all__ = ["RETRY_INFO_TRAILER", "GrpcReceiver", "Http2Bounds"]
 
 
 class GrpcReceiver:
-    """A grpc.aio server feeding ``head``. See the module docstring for the contract."""
+    """The OTLP/gRPC listener feeding ``head`` (module doc). ``bounds``: the fixed HTTP/2
+    bounds (:class:`~.h2_guard.Http2Bounds`; other values only in tests)."""
 
     def __init__(
-        self, listen: str, head: Stage, limits: LimitsConfig, metrics: SelfMetrics
+        self,
+        listen: str,
+        head: Stage,
+        limits: LimitsConfig,
+        metrics: SelfMetrics,
+        bounds: Http2Bounds | None = None,
     ) -> None:
         self.listen = listen
-        self.head = head
-        self.limits = limits
-        self.metrics = metrics
-        self.trace_scan = pipeline_trace_scan(head)
+        self.shared = Shared(
+            head, pipeline_trace_scan(head), limits, metrics, bounds or Http2Bounds()
+        )
         self.bound_port: int | None = None
-        self._server: Any = None
-        self._in_flight = 0
+        self._server: asyncio.Server | None = None
+        quiet_frame_reprs()
 
     @property
     def address(self) -> str:
         """``HOST:PORT`` with the port actually bound once started (``listen`` before)."""
         return bound_address(self.listen, self.bound_port)
 
+    @property
+    def in_flight(self) -> int:
+        """Calls holding a slot: headers received, answer not yet decided."""
+        return self.shared.in_flight
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        return len(self.shared.connections)
+
     async def start(self) -> None:
-        limits = self.limits
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limits.grpc_transport_max_bytes),
-                ("grpc.max_send_message_length", 4 * 1024 * 1024),
-                # Without this a second sidecar could silently share the port.
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_metadata_size", limits.http_max_header_bytes),
-                ("grpc.absolute_max_metadata_size", limits.http_max_header_bytes),
-                ("grpc.max_connection_idle_ms", int(limits.grpc_idle_timeout_s * 1000)),
-                ("grpc.max_allowed_incoming_connections", limits.grpc_max_connections),
-                ("grpc.max_concurrent_streams", limits.grpc_max_streams_per_connection),
-            ]
-        )
-        handlers = []
-        for spec in SPECS.values():
-            handlers.append(
-                grpc.method_handlers_generic_handler(
-                    spec.grpc_service,
-                    {
-                        # Registered as client-streaming, although Export is unary on the
-                        # wire (the handler type is invisible to clients): grpc.aio's unary
-                        # path returns without any status when no whole message arrives
-                        # (headers only, a length prefix longer than the body), leaving the
-                        # call open until the client gives up. Reading the stream here
-                        # answers those, a second message, and a slow sender.
-                        "Export": grpc.stream_unary_rpc_method_handler(
-                            self._handler(spec),
-                            request_deserializer=_identity,
-                            response_serializer=_identity,
-                        )
-                    },
-                )
-            )
-        server.add_generic_rpc_handlers(tuple(handlers))
+        if self._server is not None:
+            return
+        sock = bind_tcp(self.listen)
+        shared = self.shared
         try:
-            port = server.add_insecure_port(self.listen)
-        except RuntimeError:  # grpc reports every bind failure this way
-            port = 0
-        if port == 0:
-            raise OSError(f"cannot listen on {self.listen} (gRPC receiver)")
-        await server.start()
+            server = await asyncio.get_running_loop().create_server(
+                lambda: Connection(shared), sock=sock, backlog=1024
+            )
+        except OSError:
+            sock.close()
+            raise
         self._server = server
-        self.bound_port = port
+        self.bound_port = sock.getsockname()[1]
+        shared.stopping = False
         logger.info("OTLP/gRPC receiver listening on %s", self.address)
 
     async def stop(self, grace_s: float) -> None:
-        """Stop accepting; in-flight calls get ``grace_s`` seconds to finish."""
+        """Stop accepting; the calls in progress get ``grace_s`` seconds to finish."""
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace_s)
-            logger.info("OTLP/gRPC receiver stopped")
-
-    def _handler(self, spec: SignalSpec) -> Any:
-        max_bytes = self.limits.grpc_max_message_bytes
-        metrics = self.metrics
-        signal = spec.signal.value
-
-        timeout_s = self.limits.grpc_message_timeout_s
-        max_metadata = self.limits.http_max_header_bytes
-
-        async def export(
-            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
-        ) -> bytes:
-            if self._in_flight >= self.limits.grpc_max_concurrent_requests:
-                metrics.limit_hits.labels("grpc_max_concurrent_requests").inc()
-                status = retry_info_status(
-                    "sidecar is handling too many calls at once; retry later",
-                    self.limits.overload_retry_after_s,
-                )
-                return refuse(context, status.details, status.code, status.trailing_metadata)
-            self._in_flight += 1
-            try:
-                # grpc core advertises the metadata limit (SETTINGS_MAX_HEADER_LIST_SIZE)
-                # but lets far larger metadata through (1 MB was accepted with 4 KiB
-                # configured): check it here, where it can be counted.
-                metadata = context.invocation_metadata() or ()
-                size = sum(len(k) + len(v) for k, v in metadata)
-                if size > max_metadata:
-                    metrics.limit_hits.labels("http_max_header_bytes").inc()
-                    metrics.bad_requests.labels(TRANSPORT, "metadata_too_large").inc()
-                    return refuse(
-                        context,
-                        f"request metadata of {size} bytes exceeds {max_metadata} bytes",
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    )
-                try:
-                    request = await asyncio.wait_for(read_one(context), timeout_s)
-                except TimeoutError:
-                    metrics.limit_hits.labels("grpc_message_timeout_s").inc()
-                    metrics.bad_requests.labels(TRANSPORT, "timeout").inc()
-                    return refuse(
-                        context,
-                        f"request message not received within {timeout_s}s",
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                    )
-                except BadRequest as exc:
-                    metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
-                    return refuse(context, str(exc))
-                return await handle(request, context)
-            finally:
-                self._in_flight -= 1
-
-        async def read_one(context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            """The call's one message, once the client has ended its stream."""
-            first = await context.read()
-            if first is grpc.aio.EOF:
-                raise BadRequest("no complete request message received", "no_message")
-            if await context.read() is not grpc.aio.EOF:
-                raise BadRequest("Export takes exactly one request message", "many_messages")
-            return first  # type: ignore[no-any-return]
-
-        async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-            if len(request) > max_bytes:
-                metrics.limit_hits.labels("grpc_max_message_bytes").inc()
-                metrics.bad_requests.labels(TRANSPORT, "too_large").inc()
-                return refuse(
-                    context,
-                    f"message of {len(request)} bytes exceeds the limit of {max_bytes} bytes",
-                )
-            try:
-                batch = decode_batch(
-                    spec,
-                    request,
-                    json=False,
-                    max_depth=self.limits.max_message_depth,
-                    max_messages=self.limits.max_request_messages,
-                    scan=self.trace_scan,
-                    peer=_peer_address(context.peer()),
-                )
-            except BadRequest as exc:
-                if exc.limit is not None:
-                    metrics.limit_hits.labels(exc.limit).inc()
-                metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
-                return refuse(context, str(exc))
-            backpressure = await submit(self.head, batch, TRANSPORT, metrics)
-            if backpressure is not None:
-                status = retry_info_status(
-                    f"sidecar {signal} pipeline is full ({backpressure.reason})",
-                    backpressure.retry_after_s,
-                )
-                return refuse(context, status.details, status.code, status.trailing_metadata)
-            return build_response(spec, batch).SerializeToString()
-
-        return export
-
-
-def _peer_address(peer: str) -> str | None:
-    """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` -> ``1.2.3.4:5`` / ``[::1]:5``."""
-    kind, sep, address = peer.partition(":")
-    if not sep or kind not in ("ipv4", "ipv6"):
-        return None
-    return address
+        if server is None:
+            return
+        shared = self.shared
+        shared.stopping = True
+        server.close()
+        for conn in list(shared.connections):
+            conn.go_away()
+        if shared.in_flight:
+            shared.idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shared.idle.wait(), grace_s)
+        for conn in list(shared.connections):
+            conn.abort()
+        logger.info("OTLP/gRPC receiver stopped")
