@@ -15,7 +15,9 @@ so that bumping the SDK pin means re-reading this folder only:
 - ``grpc_exporter``: the SDK's OTLP/gRPC exporter with the lean encoder plugged in,
   and its self-check;
 - ``sdk_hooks``: the batch processor's queue, ``emit`` step and inner shutdown, and
-  the API's current-span context key.
+  the API's current-span context key;
+- ``context``: the API's runtime context and ``SpanContext`` reached directly (the
+  current context's ``ContextVar``; a span context as the 6-tuple it is).
 
 SDK internals used (``SDK_INTERNALS`` below; ``tests/agent/test_sdk_internals.py``
 checks that no module outside this package touches one of them, and that this list
@@ -30,9 +32,12 @@ names every private field the package reads):
 - ``ParentBased``'s ``_root`` and its four ``_*_parent_*`` delegates;
 - ``ProxyTracer._real_tracer``;
 - ``opentelemetry.trace.propagation._SPAN_KEY``;
+- ``opentelemetry.context._RUNTIME_CONTEXT`` and its ``_current_context`` ContextVar
+  (the contextvars runtime context), and ``SpanContext``'s tuple layout;
 - ``BatchSpanProcessor._batch_processor`` and its ``_queue``, ``_max_queue_size``,
   ``emit`` and ``shutdown(timeout_millis=...)``;
-- ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter).
+- ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter), and its
+  ``_channel``, ``_client`` and ``_stub`` (the lean exporter's stub sends bytes).
 
 SDK versions checked: the declared range ``opentelemetry-api``/``-sdk``/
 ``-exporter-otlp-proto-grpc`` ``>=1.27,<1.46`` (``agent/pyproject.toml``); both ends
@@ -77,5 +82,10 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_queue",
         "_max_queue_size",
         "_translate_data",
+        "_RUNTIME_CONTEXT",
+        "_current_context",
+        "_channel",
+        "_client",
+        "_stub",
     }
 )

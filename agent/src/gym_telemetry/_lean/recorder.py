@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from typing import Any, Final
 
 from opentelemetry import context as context_api
@@ -45,19 +46,22 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean.context import TUPLE_LAYOUT
+from gym_telemetry._lean.context import attach as _attach
+from gym_telemetry._lean.context import get_current as _get_current
+from gym_telemetry._lean.context import span_context as _span_context
+from gym_telemetry._lean.context import with_span as _with_span
 from gym_telemetry._lean.sdk_hooks import SPAN_KEY
 from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
 
 _log = logging.getLogger(__name__)
 
-_get_current = context_api.get_current
-_set_value = context_api.set_value
-_attach = context_api.attach
-_detach = context_api.detach
+_getrandbits = random.getrandbits
+_ROOT: Final = context_api.Context()
 _INTERNAL: Final = SpanKind.INTERNAL
 _RANDOM_BIT: Final = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 _FLAGS_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
@@ -97,6 +101,16 @@ class SdkRecorder:
         token = _attach(trace_api.set_span_in_context(span, context))
         return span, token
 
+    def start_under(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        parent: SpanContext | None,
+    ) -> tuple[trace_api.Span, object]:
+        """``start`` under an explicit remote ``parent`` (None: a new trace)."""
+        return self.start(name, attributes, kind, _parent_context(parent))
+
 
 class LeanRecorder:
     """Records spans for one SDK tracer (one span group) the lean way."""
@@ -116,7 +130,27 @@ class LeanRecorder:
         self.processor = tracer.span_processor
         self._seen_processors: object = None
         self._quiet = False
+        #: The only processor's ``on_end_lean`` (``_export.processor.GymSpanProcessor``)
+        #: when it is the only one: ``ended`` calls it directly.
+        self._direct: Any = None
         self.max_attributes = MAX_ATTRIBUTES
+        #: The span record's registry prefix of this (resource, scope) pair, set by the
+        #: encoder on first use (``span_encoding.encode_lean_record``).
+        self.record_head: bytes | None = None
+        # The common case in one straight path (``start`` / ``start_under``): the SDK's
+        # default sampler, processors without start hooks, a tracer that can be disabled
+        # only through ``_is_enabled``, and span contexts readable as tuples.
+        self._is_enabled = getattr(tracer, "_is_enabled", None)
+        self.fast = (
+            self.default_sampler
+            and TUPLE_LAYOUT
+            and hasattr(self.processor, "_span_processors")
+            and callable(getattr(self.id_generator, "generate_span_id", None))
+        )
+        # RandomIdGenerator draws from ``random.getrandbits`` until the id is not 0; one
+        # draw is inlined (a 0 goes back to the generator).
+        self._own_random = type(self.id_generator) is RandomIdGenerator
+        self._root_flags = _FLAGS_SAMPLED_RANDOM if self.random_ids else _FLAGS_SAMPLED
 
     def _processors_quiet(self) -> bool:
         processors = getattr(self.processor, "_span_processors", None)
@@ -124,6 +158,10 @@ class LeanRecorder:
             return False
         if processors is not self._seen_processors:
             self._quiet = all(_is_quiet(p) for p in processors)
+            direct = None
+            if self._quiet and len(processors) == 1:
+                direct = getattr(processors[0], "on_end_lean", None)
+            self._direct = direct if callable(direct) else None
             self._seen_processors = processors
         return self._quiet
 
@@ -137,6 +175,105 @@ class LeanRecorder:
         """Start a span of ``kind`` with ``attributes`` (already clean; owned by the span
         from now on) as a child of the span in ``context`` (default: the current
         context), make it current and return it with the context token."""
+        if not self.fast or context is not None:
+            return self._start(name, attributes, kind, context)
+        is_enabled = self._is_enabled
+        if is_enabled is not None and not is_enabled():
+            return SdkRecorder(self.tracer).start(name, attributes, kind, context)
+        ctx = _get_current()
+        parent_span: Any = ctx.get(SPAN_KEY)
+        parent: Any = None
+        if parent_span is not None:
+            parent = (
+                parent_span._context
+                if type(parent_span) is LeanSpan
+                else parent_span.get_span_context()
+            )
+            trace_id, _span_id, _remote, flags, trace_state, valid = parent
+            if not valid:
+                parent = None
+            elif not flags & 1:  # unsampled parent: the general path
+                return self._start(name, attributes, kind, ctx)
+        if parent is None:
+            trace_id = self._trace_id()
+            span_context = _span_context(
+                trace_id, self._span_id(), False, self._root_flags, _EMPTY_STATE
+            )
+        else:
+            span_context = _span_context(
+                trace_id,
+                self._span_id(),
+                False,
+                _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                trace_state,
+            )
+        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        if self.processor._span_processors is not self._seen_processors:
+            self._processors_quiet()
+        if not self._quiet:
+            self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
+        return lean, _attach(_with_span(lean, ctx))
+
+    def start_under(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        parent: SpanContext | None,
+    ) -> tuple[trace_api.Span, object]:
+        """``start`` under an explicit ``parent`` (a remote caller's span context; None:
+        a new trace), whatever the current context holds. The span's context is then
+        the only value of the context made current, as when the parent comes from an
+        extracted context (``propagation.extract_parent``)."""
+        if not self.fast:
+            return self._start(name, attributes, kind, _parent_context(parent))
+        is_enabled = self._is_enabled
+        if is_enabled is not None and not is_enabled():
+            return SdkRecorder(self.tracer).start(name, attributes, kind, _parent_context(parent))
+        if parent is None:
+            span_context = _span_context(
+                self._trace_id(), self._span_id(), False, self._root_flags, _EMPTY_STATE
+            )
+        else:
+            trace_id, _span_id, _remote, flags, trace_state, valid = parent
+            if not valid or not flags & 1:  # invalid or unsampled: the general path
+                return self._start(name, attributes, kind, _parent_context(parent))
+            span_context = _span_context(
+                trace_id,
+                self._span_id(),
+                False,
+                _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                trace_state,
+            )
+        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        if self.processor._span_processors is not self._seen_processors:
+            self._processors_quiet()
+        if not self._quiet:
+            self.processor.on_start(lean, parent_context=_parent_context(parent))  # type: ignore[arg-type]
+        return lean, _attach(_with_span(lean, _ROOT))
+
+    def _trace_id(self) -> int:
+        if self._own_random:
+            trace_id: int = _getrandbits(128)
+            if trace_id:
+                return trace_id
+        return self.id_generator.generate_trace_id()
+
+    def _span_id(self) -> int:
+        if self._own_random:
+            span_id: int = _getrandbits(64)
+            if span_id:
+                return span_id
+        return self.id_generator.generate_span_id()
+
+    def _start(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        context: context_api.Context | None,
+    ) -> tuple[trace_api.Span, object]:
+        """The general path: any sampler, processors with start hooks."""
         is_enabled = getattr(self.tracer, "_is_enabled", None)
         if is_enabled is not None and not is_enabled():
             return SdkRecorder(self.tracer).start(name, attributes, kind, context)
@@ -168,7 +305,7 @@ class LeanRecorder:
                 trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
             )
             span: trace_api.Span = trace_api.NonRecordingSpan(span_context)
-            return span, _attach(_set_value(SPAN_KEY, span, ctx))
+            return span, _attach(_with_span(span, ctx))
         flags = _FLAGS_SAMPLED_RANDOM if parent_random else _FLAGS_SAMPLED
         span_context = SpanContext(
             trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
@@ -176,15 +313,29 @@ class LeanRecorder:
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
         if not self._processors_quiet():
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
-        return lean, _attach(_set_value(SPAN_KEY, lean, ctx))
+        return lean, _attach(_with_span(lean, ctx))
 
     def ended(self, span: LeanSpan) -> None:
+        """Hand an ended span to the processors (only sampled spans are ``LeanSpan``s)."""
         processor = self.processor
+        if (
+            self._direct is not None
+            and getattr(processor, "_span_processors", None) is self._seen_processors
+        ):
+            self._direct(span)
+            return
         if not self._processors_quiet():
             on_ending = getattr(processor, "_on_ending", None)
             if on_ending is not None:
                 on_ending(span)
         processor.on_end(span)
+
+
+def _parent_context(parent: SpanContext | None) -> context_api.Context:
+    """The context ``start_under`` stands for: the remote parent alone, or nothing."""
+    if parent is None:
+        return _ROOT
+    return _with_span(trace_api.NonRecordingSpan(parent), _ROOT)
 
 
 def _is_default_sampler(sampler: Any) -> bool:

@@ -25,6 +25,7 @@ from opentelemetry.util import types as otel_types
 _time_ns = time.time_ns
 _INTERNAL: Final = SpanKind.INTERNAL
 _UNSET_STATUS: Final = Status(StatusCode.UNSET)
+_ERROR_STATUS: Final = Status(StatusCode.ERROR)
 MAX_ATTRIBUTES: Final = 128
 MAX_EVENTS: Final = 128
 
@@ -90,7 +91,6 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._resource = recorder.resource
         self._status = _UNSET_STATUS
         self._recorder = recorder
-        self._token: object = None
 
     # --- trace_api.Span -------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -177,6 +177,25 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         self._end_time = end_time if end_time is not None else _time_ns()
-        if isinstance(self._events, list):
+        if self._events.__class__ is list:
+            self._events = tuple(self._events)
+        self._recorder.ended(self)
+
+    def end_with(
+        self, attributes: Mapping[str, Any] | None, name: str | None = None, error: bool = False
+    ) -> None:
+        """Add ``attributes`` (already clean: str, int, bool values), rename to ``name``
+        (when given), set status ERROR (``error``), then ``end()``: what the wrappers do
+        as a span ends, in one call. Does nothing once the span has ended."""
+        if self._end_time is not None:
+            return
+        if attributes:
+            self._attrs.update(attributes)
+        if name is not None:
+            self._name = name
+        if error:
+            self.set_status(_ERROR_STATUS)
+        self._end_time = _time_ns()
+        if self._events.__class__ is list:
             self._events = tuple(self._events)
         self._recorder.ended(self)

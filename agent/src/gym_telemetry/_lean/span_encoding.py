@@ -47,11 +47,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_telemetry._lean.otlp_wire import (
-    KEY_PREFIXES,
-    T_AV_INT,
-    T_AV_STRING,
-    T_KV_VALUE,
-    VARINT_1,
     UnsupportedValue,
     attributes_field,
     key_value,
@@ -116,44 +111,85 @@ _EMPTY_STATUS: Final = _T_STATUS + b"\x00"
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
-    """Span.attributes fields; the common scalar values inline (the hot loop)."""
-    out = []
-    prefixes = KEY_PREFIXES
+#: Bounds of the memo of encoded attribute fields: entries in all (a full memo is
+#: cleared), values kept per key (past it a key's new values are encoded each time, so a
+#: high-cardinality key such as a rollout id cannot push the others out).
+MAX_MEMO_FIELDS: Final = 4096
+MAX_MEMO_VALUES_PER_KEY: Final = 64
+#: Longest string value memoized (characters).
+MAX_MEMO_TEXT: Final = 256
+
+_str_fields: dict[str, dict[str, bytes]] = {}
+_int_fields: dict[str, dict[int, bytes]] = {}
+_bool_fields: dict[str, tuple[bytes, bytes]] = {}
+_memo_size = [0]
+
+
+def _attribute_field(key: str, value: Any) -> bytes:
+    """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute,
+    remembered for str, int and bool values (``MAX_MEMO_*``)."""
+    field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
+    kind = value.__class__
+    if kind is bool:
+        pair = _bool_fields.get(key)
+        if pair is None:
+            other = len_prefixed(_T_ATTRIBUTE, key_value(key, not value))
+            _bool_fields[key] = (other, field) if value else (field, other)
+        return field
+    if kind is str:
+        if len(value) > MAX_MEMO_TEXT:
+            return field
+        memo: dict[Any, bytes] | None = _str_fields.get(key)
+        table: dict[str, Any] = _str_fields
+    elif kind is int:
+        memo = _int_fields.get(key)
+        table = _int_fields
+    else:
+        return field
+    if _memo_size[0] >= MAX_MEMO_FIELDS:
+        _str_fields.clear()
+        _int_fields.clear()
+        _memo_size[0] = 0
+        memo = None
+    if memo is None:
+        memo = table[key] = {}
+    if len(memo) < MAX_MEMO_VALUES_PER_KEY:
+        memo[value] = field
+        _memo_size[0] += 1
+    return field
+
+
+def _append_attributes(attributes: Mapping[str, Any], append: Any) -> None:
+    """Append the ``Span.attributes`` fields of ``attributes`` with ``append`` (the hot
+    loop: a memo hit is two dict lookups)."""
     for key, value in attributes.items():
-        prefix = prefixes.get(key)
         kind = value.__class__
-        if prefix is not None and kind is str:
-            data = value.encode()
-            size = len(data)
-            if size < 120:  # every length below fits one varint byte
-                kv_size = len(prefix) + size + 4
-                if kv_size < 128:
-                    out.append(
-                        _T_ATTRIBUTE
-                        + VARINT_1[kv_size]
-                        + prefix
-                        + T_KV_VALUE
-                        + VARINT_1[size + 2]
-                        + T_AV_STRING
-                        + VARINT_1[size]
-                        + data
-                    )
+        if kind is str:
+            memo = _str_fields.get(key)
+            if memo is not None:
+                field = memo.get(value)
+                if field is not None:
+                    append(field)
                     continue
-        elif prefix is not None and kind is int and 0 <= value < 128:
-            kv_size = len(prefix) + 4
-            if kv_size < 128:
-                out.append(
-                    _T_ATTRIBUTE
-                    + VARINT_1[kv_size]
-                    + prefix
-                    + T_KV_VALUE
-                    + b"\x02"
-                    + T_AV_INT
-                    + VARINT_1[value]
-                )
+        elif kind is bool:
+            pair = _bool_fields.get(key)
+            if pair is not None:
+                append(pair[value])
                 continue
-        out.append(len_prefixed(_T_ATTRIBUTE, key_value(key, value)))
+        elif kind is int:
+            ints = _int_fields.get(key)
+            if ints is not None:
+                field = ints.get(value)
+                if field is not None:
+                    append(field)
+                    continue
+        append(_attribute_field(key, value))
+
+
+def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
+    """Span.attributes fields."""
+    out: list[bytes] = []
+    _append_attributes(attributes, out.append)
     return out
 
 
@@ -395,8 +431,8 @@ def _group(key: Any, ids: dict[int, int], keys: list[Any]) -> int:
 # every GC-tracked object among them is promoted to the old generation and adds to what
 # triggers, and is traversed by, the next full collection. A record is a plain ``bytes``,
 # which the GC never tracks: a 2-byte index of the span's (resource, scope) pair in a
-# registry, then the span's ``ScopeSpans.spans`` field (tag, length, ``Span`` message),
-# exactly as ``encode_request`` writes it.
+# registry, then the span's ``Span`` message exactly as ``encode_request`` writes it
+# (``encode_request`` adds the field's tag and length when it places it).
 
 #: Bound of the (resource, scope) registry of records: past it, spans stay spans.
 MAX_RECORD_SOURCES: Final = 4096
@@ -434,7 +470,81 @@ def encode_record(span: ReadableSpan) -> bytes | None:
     index = _source(span.resource, span.instrumentation_scope or None)
     if index is None:
         return None
-    return _pack_index(index) + len_prefixed(_T_SS_SPANS, encode_span(span))
+    return _pack_index(index) + encode_span(span)
+
+
+_NAME_FIELDS: dict[str, bytes] = {}
+#: Bound of the memo of encoded span names (entries; cleared when full).
+MAX_MEMO_NAMES: Final = 1024
+_KIND_FIELDS: Final[dict[int, bytes]] = {id(kind): field for kind, field in _KIND.items()}
+_TIMES: Final = struct.Struct("<BQBQ").pack
+_T_START_BYTE: Final = _T_START[0]
+_T_END_BYTE: Final = _T_END[0]
+
+
+def encode_lean_record(span: Any) -> bytes | None:
+    """The record of a ``span.LeanSpan`` its recorder ended (the same bytes as
+    ``encode_record``; ``span_encoding`` tests check both), read from its fields in one
+    pass: ids from its ``SpanContext`` as a tuple (``context.TUPLE_LAYOUT``, which the
+    recorder requires before it makes such spans), memoized name and attribute fields.
+    None when the (resource, scope) registry is full. Raises ``UnsupportedValue`` as
+    ``encode_span`` does."""
+    recorder = span._recorder
+    head = recorder.record_head
+    if head is None:
+        index = _source(span._resource, span._instrumentation_scope or None)
+        if index is None:
+            return None
+        head = recorder.record_head = _pack_index(index)
+    trace_id, span_id, _remote, _flags, state, _valid = span._context
+    parts = [
+        head,
+        _T_TRACE_ID,
+        trace_id.to_bytes(16, "big"),
+        _T_SPAN_ID,
+        span_id.to_bytes(8, "big"),
+    ]
+    append = parts.append
+    if state:
+        append(_trace_state(state))
+    parent = span._parent
+    if parent is not None:
+        append(_T_PARENT_SPAN_ID)
+        append(parent[1].to_bytes(8, "big"))
+    name = span._name
+    field = _NAME_FIELDS.get(name)
+    if field is None:
+        field = string_field(_T_NAME, name)
+        if len(_NAME_FIELDS) >= MAX_MEMO_NAMES:
+            _NAME_FIELDS.clear()
+        _NAME_FIELDS[name] = field
+    append(field)
+    append(_KIND_FIELDS[id(span._kind)])
+    start = span._start_time
+    end = span._end_time
+    if start and end:
+        append(_TIMES(_T_START_BYTE, start, _T_END_BYTE, end))
+    else:
+        if start:
+            append(_T_START + _pack_fixed64(start))
+        if end:
+            append(_T_END + _pack_fixed64(end))
+    attributes = span._attributes
+    if attributes:
+        _append_attributes(attributes, append)
+    events = span._events
+    if events:
+        append(_events(events))
+    links = span._links
+    if links:
+        append(_links(links))
+    status = span._status
+    if status.status_code is _UNSET_CODE and not status.description:
+        append(_EMPTY_STATUS)
+    else:
+        append(_status(status))
+    append(_FLAGS_REMOTE if parent is not None and parent[2] else _FLAGS_LOCAL)
+    return b"".join(parts)
 
 
 _pack_index = struct.Struct("<H").pack
@@ -444,6 +554,30 @@ _unpack_index = struct.Struct("<H").unpack_from
 def is_record(item: object) -> bool:
     """Whether a queued item is a record (``encode_record``) rather than a span."""
     return item.__class__ is bytes
+
+
+#: ``ScopeSpans.spans`` tag and length of a span message of each size below this one.
+_PREFIXED_SIZES: Final = 1024
+_SPANS_FIELD_PREFIXES: Final = [_T_SS_SPANS + varint(n) for n in range(_PREFIXED_SIZES)]
+
+
+def _slot(
+    resource: Any,
+    scope: Any,
+    resource_ids: dict[int, int],
+    resources: list[Any],
+    groups: list[tuple[list[Any], dict[int, int], list[list[Any]]]],
+) -> list[Any]:
+    """The list of encoded spans of ``(resource, scope)`` in a request being built,
+    grouped by equality as the stock encoder groups (first-seen order)."""
+    r = _group(resource, resource_ids, resources)
+    if r == len(groups):
+        groups.append(([], {}, []))
+    scopes, scope_ids, scope_spans = groups[r]
+    s = _group(scope, scope_ids, scopes)
+    if s == len(scope_spans):
+        scope_spans.append([])
+    return scope_spans[s]
 
 
 def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
@@ -457,22 +591,25 @@ def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
     resource_ids: dict[int, int] = {}
     # per resource: (scopes in first-seen order, their identity map, encoded spans)
     groups: list[tuple[list[Any], dict[int, int], list[list[Any]]]] = []
+    # per record registry index: the list its spans go to (grouped once per batch)
+    slots: dict[int, list[Any]] = {}
+    prefixes = _SPANS_FIELD_PREFIXES
     for span in spans:
         if span.__class__ is bytes:
-            resource, scope = _sources[_unpack_index(span)[0]]
-            encoded: Any = memoryview(span)[2:]
-        else:
-            resource = span.resource  # type: ignore[union-attr]
-            scope = span.instrumentation_scope or None  # type: ignore[union-attr]
-            encoded = len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
-        r = _group(resource, resource_ids, resources)
-        if r == len(groups):
-            groups.append(([], {}, []))
-        scopes, scope_ids, scope_spans = groups[r]
-        s = _group(scope, scope_ids, scopes)
-        if s == len(scope_spans):
-            scope_spans.append([])
-        scope_spans[s].append(encoded)
+            index = _unpack_index(span)[0]
+            slot = slots.get(index)
+            if slot is None:
+                resource, scope = _sources[index]
+                slot = slots[index] = _slot(resource, scope, resource_ids, resources, groups)
+            size = len(span) - 2
+            slot.append(prefixes[size] if size < _PREFIXED_SIZES else _T_SS_SPANS + varint(size))
+            slot.append(span[2:])
+            continue
+        resource = span.resource  # type: ignore[union-attr]
+        scope = span.instrumentation_scope or None  # type: ignore[union-attr]
+        _slot(resource, scope, resource_ids, resources, groups).append(
+            len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
+        )
     out = []
     for resource, (scopes, _ids, scope_spans) in zip(resources, groups, strict=True):
         body = [_cached_block(resource, _resource_block)]
