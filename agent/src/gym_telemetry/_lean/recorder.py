@@ -48,12 +48,12 @@ from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry import environment_variables as env_vars
 from gym_telemetry._lean.context import TUPLE_LAYOUT
 from gym_telemetry._lean.context import attach as _attach
 from gym_telemetry._lean.context import get_current as _get_current
-from gym_telemetry._lean.context import span_context as _span_context
 from gym_telemetry._lean.context import with_span as _with_span
 from gym_telemetry._lean.sdk_hooks import SPAN_KEY
 from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
@@ -61,12 +61,16 @@ from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
 _log = logging.getLogger(__name__)
 
 _getrandbits = random.getrandbits
+_tuple_new = tuple.__new__
+_dict_setitem = dict.__setitem__
+_Context = context_api.Context
 _ROOT: Final = context_api.Context()
 _INTERNAL: Final = SpanKind.INTERNAL
 _RANDOM_BIT: Final = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 _FLAGS_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _FLAGS_SAMPLED_RANDOM: Final = TraceFlags(TraceFlags.SAMPLED | _RANDOM_BIT)
-_EMPTY_STATE: Final = trace_api.TraceState()
+# What the SDK gives a span without a parent's state (SpanContext's default).
+_EMPTY_STATE: Final = DEFAULT_TRACE_STATE
 
 # Processors whose on_start / _on_ending do nothing: the lean path skips calling them.
 # A processor class of this package says so itself with ``quiet_span_hooks = True``
@@ -144,6 +148,7 @@ class LeanRecorder:
         self.fast = (
             self.default_sampler
             and TUPLE_LAYOUT
+            and issubclass(_Context, dict)
             and hasattr(self.processor, "_span_processors")
             and callable(getattr(self.id_generator, "generate_span_id", None))
         )
@@ -159,7 +164,7 @@ class LeanRecorder:
         if processors is not self._seen_processors:
             self._quiet = all(_is_quiet(p) for p in processors)
             direct = None
-            if self._quiet and len(processors) == 1:
+            if self._quiet and self.fast and len(processors) == 1:
                 direct = getattr(processors[0], "on_end_lean", None)
             self._direct = direct if callable(direct) else None
             self._seen_processors = processors
@@ -194,25 +199,37 @@ class LeanRecorder:
                 parent = None
             elif not flags & 1:  # unsampled parent: the general path
                 return self._start(name, attributes, kind, ctx)
+        span_id = _getrandbits(64) if self._own_random else 0
+        if not span_id:
+            span_id = self.id_generator.generate_span_id()
         if parent is None:
-            trace_id = self._trace_id()
-            span_context = _span_context(
-                trace_id, self._span_id(), False, self._root_flags, _EMPTY_STATE
+            trace_id = _getrandbits(128) if self._own_random else 0
+            if not trace_id:
+                trace_id = self.id_generator.generate_trace_id()
+            # A SpanContext as SpanContext.__new__ builds a valid one (context.TUPLE_LAYOUT)
+            span_context = _tuple_new(
+                SpanContext, (trace_id, span_id, False, self._root_flags, _EMPTY_STATE, True)
             )
         else:
-            span_context = _span_context(
-                trace_id,
-                self._span_id(),
-                False,
-                _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
-                trace_state,
+            span_context = _tuple_new(
+                SpanContext,
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                    trace_state,
+                    True,
+                ),
             )
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
         if self.processor._span_processors is not self._seen_processors:
             self._processors_quiet()
         if not self._quiet:
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
-        return lean, _attach(_with_span(lean, ctx))
+        new = _Context(ctx)
+        _dict_setitem(new, SPAN_KEY, lean)
+        return lean, _attach(new)
 
     def start_under(
         self,
@@ -230,41 +247,37 @@ class LeanRecorder:
         is_enabled = self._is_enabled
         if is_enabled is not None and not is_enabled():
             return SdkRecorder(self.tracer).start(name, attributes, kind, _parent_context(parent))
+        span_id = _getrandbits(64) if self._own_random else 0
+        if not span_id:
+            span_id = self.id_generator.generate_span_id()
         if parent is None:
-            span_context = _span_context(
-                self._trace_id(), self._span_id(), False, self._root_flags, _EMPTY_STATE
+            trace_id = _getrandbits(128) if self._own_random else 0
+            if not trace_id:
+                trace_id = self.id_generator.generate_trace_id()
+            span_context = _tuple_new(
+                SpanContext, (trace_id, span_id, False, self._root_flags, _EMPTY_STATE, True)
             )
         else:
             trace_id, _span_id, _remote, flags, trace_state, valid = parent
             if not valid or not flags & 1:  # invalid or unsampled: the general path
                 return self._start(name, attributes, kind, _parent_context(parent))
-            span_context = _span_context(
-                trace_id,
-                self._span_id(),
-                False,
-                _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
-                trace_state,
+            span_context = _tuple_new(
+                SpanContext,
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                    trace_state,
+                    True,
+                ),
             )
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
         if self.processor._span_processors is not self._seen_processors:
             self._processors_quiet()
         if not self._quiet:
             self.processor.on_start(lean, parent_context=_parent_context(parent))  # type: ignore[arg-type]
-        return lean, _attach(_with_span(lean, _ROOT))
-
-    def _trace_id(self) -> int:
-        if self._own_random:
-            trace_id: int = _getrandbits(128)
-            if trace_id:
-                return trace_id
-        return self.id_generator.generate_trace_id()
-
-    def _span_id(self) -> int:
-        if self._own_random:
-            span_id: int = _getrandbits(64)
-            if span_id:
-                return span_id
-        return self.id_generator.generate_span_id()
+        return lean, _attach(_Context({SPAN_KEY: lean}))
 
     def _start(
         self,
@@ -369,7 +382,7 @@ def _layout_ok(recorder: LeanRecorder) -> bool:
         probe = LeanSpan(
             "probe", probe_context, parent, recorder, {"k": "v", "n": 1}, kind=SpanKind.SERVER
         )
-        missing = reference - set(vars(probe))
+        missing = {field for field in reference if not hasattr(probe, field)}
         if missing:
             _log.info("gym_telemetry: SDK span layout changed (%s); using the SDK path", missing)
             return False

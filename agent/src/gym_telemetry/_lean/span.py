@@ -65,6 +65,12 @@ class LeanSpan(trace_api.Span, ReadableSpan):
     #: lean encoder may read the fields directly (``span_encoding._is_plain``).
     span_context_is_field: Final = True
 
+    # ReadableSpan fields every new span starts with (see __init__).
+    _end_time: int | None = None
+    _events: tuple[Event, ...] | list[Event] = ()
+    _links: tuple[trace_api.Link, ...] = ()
+    _status: Status = _UNSET_STATUS
+
     def __init__(
         self,
         name: str,
@@ -83,14 +89,11 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._instrumentation_scope = recorder.instrumentation_scope
         self._parent = parent
         self._start_time = _time_ns()
-        self._end_time: int | None = None
-        self._attributes = attributes
-        self._attrs = attributes  # the same dict, typed for writing
-        self._events: tuple[Event, ...] | list[Event] = ()
-        self._links: tuple[trace_api.Link, ...] = ()
+        self._attributes: dict[str, Any] = attributes
         self._resource = recorder.resource
-        self._status = _UNSET_STATUS
         self._recorder = recorder
+        # _end_time, _events, _links and _status start as the class's defaults below
+        # (fewer stores per span); a write makes them the instance's own.
 
     # --- trace_api.Span -------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -105,7 +108,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         cleaned = clean_value(value)
         if cleaned is None:
             return
-        attributes = self._attrs
+        attributes = self._attributes
         if key in attributes or len(attributes) < MAX_ATTRIBUTES:
             attributes[key] = cleaned
 
@@ -181,6 +184,17 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             self._events = tuple(self._events)
         self._recorder.ended(self)
 
+    def set_if_absent(self, key: str, value: str, kind: SpanKind) -> None:
+        """Set the (clean) ``key`` when the span is recording, of ``kind`` and lacks it."""
+        attributes = self._attributes
+        if (
+            self._end_time is None
+            and self._kind is kind
+            and key not in attributes
+            and len(attributes) < MAX_ATTRIBUTES
+        ):
+            attributes[key] = value
+
     def end_with(
         self, attributes: Mapping[str, Any] | None, name: str | None = None, error: bool = False
     ) -> None:
@@ -190,7 +204,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         if attributes:
-            self._attrs.update(attributes)
+            self._attributes.update(attributes)
         if name is not None:
             self._name = name
         if error:

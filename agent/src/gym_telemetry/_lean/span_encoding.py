@@ -45,6 +45,7 @@ from typing import Any, Final
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry._lean.otlp_wire import (
     UnsupportedValue,
@@ -112,8 +113,9 @@ _UNSET_CODE: Final = StatusCode.UNSET
 
 
 #: Bounds of the memo of encoded attribute fields: entries in all (a full memo is
-#: cleared), values kept per key (past it a key's new values are encoded each time, so a
-#: high-cardinality key such as a rollout id cannot push the others out).
+#: cleared), values kept per key (a key's memo is cleared when it reaches it, so a
+#: high-cardinality key such as a rollout id keeps its latest values and cannot push the
+#: other keys' out).
 MAX_MEMO_FIELDS: Final = 4096
 MAX_MEMO_VALUES_PER_KEY: Final = 64
 #: Longest string value memoized (characters).
@@ -153,9 +155,13 @@ def _attribute_field(key: str, value: Any) -> bytes:
         memo = None
     if memo is None:
         memo = table[key] = {}
-    if len(memo) < MAX_MEMO_VALUES_PER_KEY:
-        memo[value] = field
-        _memo_size[0] += 1
+    elif len(memo) >= MAX_MEMO_VALUES_PER_KEY:
+        # A high-cardinality key (a rollout id): keep its latest values only, which the
+        # next spans of the same rollout or request carry.
+        _memo_size[0] -= len(memo)
+        memo.clear()
+    memo[value] = field
+    _memo_size[0] += 1
     return field
 
 
@@ -490,13 +496,15 @@ def encode_lean_record(span: Any) -> bytes | None:
     None when the (resource, scope) registry is full. Raises ``UnsupportedValue`` as
     ``encode_span`` does."""
     recorder = span._recorder
-    head = recorder.record_head
+    head: bytes | None = recorder.record_head
     if head is None:
         index = _source(span._resource, span._instrumentation_scope or None)
         if index is None:
             return None
         head = recorder.record_head = _pack_index(index)
     trace_id, span_id, _remote, _flags, state, _valid = span._context
+    if state is not DEFAULT_TRACE_STATE and state:
+        return head + encode_span(span)
     parts = [
         head,
         _T_TRACE_ID,
@@ -505,8 +513,6 @@ def encode_lean_record(span: Any) -> bytes | None:
         span_id.to_bytes(8, "big"),
     ]
     append = parts.append
-    if state:
-        append(_trace_state(state))
     parent = span._parent
     if parent is not None:
         append(_T_PARENT_SPAN_ID)

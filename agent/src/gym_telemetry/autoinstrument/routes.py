@@ -62,6 +62,9 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gym_telemetry import _engine, rollout_correlation, span_groups
+from gym_telemetry._lean import context as lean_context
+from gym_telemetry._lean.sdk_hooks import SPAN_KEY
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,
@@ -137,6 +140,10 @@ def tag_server_span() -> None:
     rollout_id = rollout_correlation.current_rollout_id()
     if not rollout_id:
         return
+    span = lean_context.get_current().get(SPAN_KEY)
+    if type(span) is LeanSpan:
+        span.set_if_absent(semconv.ROLLOUT_ID, rollout_id, SpanKind.SERVER)
+        return
     span = trace.get_current_span()
     if getattr(span, "kind", None) is not SpanKind.SERVER or not span.is_recording():
         return
@@ -161,10 +168,12 @@ class RouteHooks(_engine.Hooks):
     Best effort: a failure of either step is swallowed (the request is unaffected).
     """
 
-    __slots__ = ("body_rollout",)
+    __slots__ = ("awaits", "body_rollout")
 
     def __init__(self, body_rollout: bool = False) -> None:
         self.body_rollout = body_rollout
+        # Only a /run's body id may need the raw request body read (awaited).
+        self.awaits = body_rollout
 
     def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
         rollout_id = None
