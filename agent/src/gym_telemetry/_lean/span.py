@@ -12,7 +12,7 @@ probe with the SDK's own span before any is used.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
@@ -20,11 +20,14 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.util import types as otel_types
+
+from gym_telemetry._lean.context import TUPLE_LAYOUT
 
 _time_ns = time.time_ns
 _INTERNAL: Final = SpanKind.INTERNAL
-_UNSET_STATUS: Final = Status(StatusCode.UNSET)
+UNSET_STATUS: Final = Status(StatusCode.UNSET)
 _ERROR_STATUS: Final = Status(StatusCode.ERROR)
 MAX_ATTRIBUTES: Final = 128
 MAX_EVENTS: Final = 128
@@ -69,7 +72,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
     _end_time: int | None = None
     _events: tuple[Event, ...] | list[Event] = ()
     _links: tuple[trace_api.Link, ...] = ()
-    _status: Status = _UNSET_STATUS
+    _status: Status = UNSET_STATUS
 
     def __init__(
         self,
@@ -113,8 +116,30 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             attributes[key] = cleaned
 
     def set_attributes(self, attributes: Mapping[str, otel_types.AttributeValue]) -> None:
+        if self._end_time is not None:
+            return
+        own = self._attributes
         for key, value in attributes.items():
-            self.set_attribute(key, value)
+            kind = value.__class__
+            if key and (kind is str or kind is int or kind is bool or kind is float):
+                if key in own or len(own) < MAX_ATTRIBUTES:
+                    own[key] = value  # a plain scalar: clean as it is
+            else:
+                self.set_attribute(key, value)
+
+    def w3c_trace_context(self) -> tuple[str, str | None]:
+        """The ``traceparent`` and ``tracestate`` (None when empty) header values of
+        this span, as the W3C propagator writes them."""
+        context: Any = self._context
+        if TUPLE_LAYOUT:
+            trace_id, span_id, _remote, flags, state, _valid = context
+        else:
+            trace_id, span_id = context.trace_id, context.span_id
+            flags, state = context.trace_flags, context.trace_state
+        traceparent = f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+        if state is DEFAULT_TRACE_STATE or not state:
+            return traceparent, None
+        return traceparent, state.to_header()
 
     def add_event(
         self,
@@ -184,8 +209,9 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             self._events = tuple(self._events)
         self._recorder.ended(self)
 
-    def set_if_absent(self, key: str, value: str, kind: SpanKind) -> None:
-        """Set the (clean) ``key`` when the span is recording, of ``kind`` and lacks it."""
+    def set_if_absent(self, key: str, value: Callable[[], Any], kind: SpanKind) -> None:
+        """Set ``key`` to ``value()`` (when that is not empty; clean) if the span is
+        recording, of ``kind`` and lacks ``key``; ``value`` is called only then."""
         attributes = self._attributes
         if (
             self._end_time is None
@@ -193,7 +219,11 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             and key not in attributes
             and len(attributes) < MAX_ATTRIBUTES
         ):
-            attributes[key] = value
+            found = value()
+            if found:
+                found = found if found.__class__ is str else clean_value(found)
+                if found is not None:
+                    attributes[key] = found
 
     def end_with(
         self, attributes: Mapping[str, Any] | None, name: str | None = None, error: bool = False

@@ -55,6 +55,7 @@ from gym_telemetry._lean.otlp_wire import (
     string_field,
     varint,
 )
+from gym_telemetry._lean.span import UNSET_STATUS
 
 #: Bound of the resource/scope block cache (entries); a full cache is cleared.
 MAX_CACHED_BLOCKS: Final = 64
@@ -535,9 +536,28 @@ def encode_lean_record(span: Any) -> bytes | None:
             append(_T_START + _pack_fixed64(start))
         if end:
             append(_T_END + _pack_fixed64(end))
-    attributes = span._attributes
-    if attributes:
-        _append_attributes(attributes, append)
+    for key, value in span._attributes.items():  # _append_attributes, inlined
+        kind = value.__class__
+        if kind is str:
+            memo = _str_fields.get(key)
+            if memo is not None:
+                field = memo.get(value)
+                if field is not None:
+                    append(field)
+                    continue
+        elif kind is bool:
+            pair = _bool_fields.get(key)
+            if pair is not None:
+                append(pair[value])
+                continue
+        elif kind is int:
+            ints = _int_fields.get(key)
+            if ints is not None:
+                field = ints.get(value)
+                if field is not None:
+                    append(field)
+                    continue
+        append(_attribute_field(key, value))
     events = span._events
     if events:
         append(_events(events))
@@ -545,7 +565,7 @@ def encode_lean_record(span: Any) -> bytes | None:
     if links:
         append(_links(links))
     status = span._status
-    if status.status_code is _UNSET_CODE and not status.description:
+    if status is UNSET_STATUS or (status.status_code is _UNSET_CODE and not status.description):
         append(_EMPTY_STATUS)
     else:
         append(_status(status))

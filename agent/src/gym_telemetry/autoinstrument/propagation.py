@@ -39,7 +39,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry import rollout_correlation
+from gym_telemetry._lean.context import get_current as _get_current
 from gym_telemetry._lean.context import span_context as _span_context
+from gym_telemetry._lean.sdk_hooks import SPAN_KEY
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT, valid_rollout_id
 
 #: The baggage key carrying the rollout id (same name as the span attribute).
@@ -157,7 +160,14 @@ def inject(headers: MutableMapping[str, str]) -> None:
     Writes no trace context when there is no valid current span. Never raises for a
     missing rollout id; the caller guards against other failures.
     """
-    _TRACE_CONTEXT.inject(headers)
+    span = _get_current().get(SPAN_KEY)
+    if type(span) is LeanSpan:  # the W3C propagator's headers, written directly
+        traceparent, tracestate = span.w3c_trace_context()
+        headers["traceparent"] = traceparent
+        if tracestate is not None:
+            headers["tracestate"] = tracestate
+    else:
+        _TRACE_CONTEXT.inject(headers)
     rollout_id = rollout_correlation.current_rollout_id()
     if rollout_id and valid_rollout_id(rollout_id):
         _add_member(headers, BAGGAGE_KEY, f"{BAGGAGE_KEY}={rollout_id}")

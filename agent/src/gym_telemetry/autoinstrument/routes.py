@@ -137,12 +137,12 @@ def _mark(wrapper: Any, group: str) -> Any:
 
 def tag_server_span() -> None:
     """Put the current rollout id on the request's SERVER span if it lacks it."""
+    span = lean_context.get_current().get(SPAN_KEY)
+    if type(span) is LeanSpan:  # the id is looked up only when the span lacks it
+        span.set_if_absent(semconv.ROLLOUT_ID, _current_rollout_id, SpanKind.SERVER)
+        return
     rollout_id = rollout_correlation.current_rollout_id()
     if not rollout_id:
-        return
-    span = lean_context.get_current().get(SPAN_KEY)
-    if type(span) is LeanSpan:
-        span.set_if_absent(semconv.ROLLOUT_ID, rollout_id, SpanKind.SERVER)
         return
     span = trace.get_current_span()
     if getattr(span, "kind", None) is not SpanKind.SERVER or not span.is_recording():
@@ -176,13 +176,20 @@ class RouteHooks(_engine.Hooks):
         self.awaits = body_rollout
 
     def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
-        rollout_id = None
+        token = None
         if self.body_rollout and _needs_body_id():
             try:
                 rollout_id = rollout_correlation.rollout_id_from_models(kwargs)
             except Exception:  # best effort
                 rollout_id = None
-        return _begin(rollout_id)
+            if rollout_id is not None:
+                token = _OWN_ID.set(rollout_id)
+        if _SERVER in _ENABLED.groups:  # _tag, inlined: once per request on every route
+            try:
+                tag_server_span()
+            except Exception:  # tagging is best effort
+                _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
+        return token
 
     async def aenter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
         rollout_id = None
@@ -198,6 +205,7 @@ class RouteHooks(_engine.Hooks):
 
 
 _OWN_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
+_current_rollout_id: Final = rollout_correlation.current_rollout_id
 _TAGGING: Final = RouteHooks()
 _RUN: Final = RouteHooks(body_rollout=True)
 

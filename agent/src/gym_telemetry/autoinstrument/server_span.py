@@ -222,14 +222,10 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            traceparent = tracestate = baggage = None
-            for key, value in scope["headers"]:
-                if key == b"traceparent":
-                    traceparent = value
-                elif key == b"baggage":
-                    baggage = value
-                elif key == b"tracestate":
-                    tracestate = value
+            # The last of each repeated header, as a scan would keep (one C call).
+            headers = dict(scope["headers"])
+            traceparent = headers.get(b"traceparent")
+            baggage = headers.get(b"baggage")
             path = scope["path"]
             rollout_id = None
             if path.startswith(ROLLOUT_PATH_PREFIX):
@@ -239,9 +235,17 @@ class ServerSpanMiddleware:
                 baggage_id, outer = read_rollout_baggage(baggage)
                 if rollout_id is None:
                     rollout_id = baggage_id
-            parent = parse_traceparent(traceparent, tracestate) if traceparent else None
+            parent = None
+            if traceparent:
+                parent = parse_traceparent(traceparent, headers.get(b"tracestate"))
             link = None
-            if parent is not None and not outer and _is_run(path) and TRAINER_CONTEXT.links():
+            if (
+                parent is not None
+                and not outer
+                and path.endswith(_RUN_SUFFIX)
+                and _is_run(path)
+                and TRAINER_CONTEXT.links()
+            ):
                 link, parent = parent, None
                 remote = True  # the request starts a new trace (module doc, point 5)
             else:
@@ -455,9 +459,10 @@ _SPAN_NAMES: dict[tuple[str, str], str] = {}
 
 def _span_name(method: str, route: str) -> str:
     """``<METHOD> <route>``, the few distinct ones remembered (``MAX_PREFIXED_ROUTES``)."""
-    name = _SPAN_NAMES.get((method, route))
+    key = (method, route)
+    name = _SPAN_NAMES.get(key)
     if name is None:
         name = f"{method} {route}"
         if len(_SPAN_NAMES) < MAX_PREFIXED_ROUTES:
-            _SPAN_NAMES[(method, route)] = name
+            _SPAN_NAMES[key] = name
     return name
