@@ -153,6 +153,7 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         "main_thread_per_request": threads[0] / args.requests,
         "threads": [t / args.requests for t in threads],
         "gc_collections": child["gc_collections"],
+        "lean": child.get("lean"),
         "seconds": time.monotonic() - t0,
     }
 
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"(x{r['instructions_per_request'] / base:.3f} bare), main thread "
                     f"{r['main_thread_per_request'] / 1e6:8.3f}M "
                     f"(x{r['main_thread_per_request'] / base_main:.3f}), other threads "
-                    f"{other / 1e6:.3f}M, gc collections {r['gc_collections']}",
+                    f"{other / 1e6:.3f}M, gc collections {r['gc_collections']}, lean {r['lean']}",
                     flush=True,
                 )
         if not args.no_cpu:

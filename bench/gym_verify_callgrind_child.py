@@ -177,11 +177,30 @@ def main() -> None:
         "gc_collections": [b - a for a, b in zip(stats0, stats1, strict=True)],
         "threads": len(sys._current_frames()),
         "agent": _agent_file(),
+        "lean": _lean_paths(),
     }
     if profile is not None:
         out["profile"] = profile.result(n)
     print(json.dumps(out), flush=True)
     os._exit(0)  # skip the exporter's shutdown (nothing may listen on the endpoint)
+
+
+def _lean_paths() -> dict[str, Any] | None:
+    """Whether the agent's lean encoder passed its self-check and how many spans went
+    out as records (None without the agent): a failed check falls back to the stock
+    path silently, which a benchmark must not."""
+    if "gym_telemetry.provider" not in sys.modules:
+        return None
+    from gym_telemetry import provider
+    from gym_telemetry._lean import grpc_exporter
+
+    processor = getattr(provider._STATE, "processor", None)
+    return {
+        "encoder_self_check": grpc_exporter.self_check(),
+        "stock_fallbacks": grpc_exporter.STATS.fallbacks,
+        "records": getattr(processor, "records", None),
+        "record_failures": getattr(processor, "record_failures", None),
+    }
 
 
 def _agent_file() -> str | None:

@@ -20,7 +20,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from gym_telemetry._lean.sdk_hooks import batch_emit, batch_queue
+from gym_telemetry._lean.sdk_hooks import batch_append, batch_queue
 from gym_telemetry._lean.span_encoding import encode_lean_record, encode_record
 
 
@@ -153,7 +153,7 @@ class GymSpanProcessor(SpanProcessor):
             queue, max_queue = batch_queue(delegate)
         emit = None
         if queue is not None and exporter is not None and exporter.accepts_span_records:
-            emit = batch_emit(delegate)  # type: ignore[arg-type]
+            emit = batch_append(delegate)  # type: ignore[arg-type]
         self._queue, self._max_queue, self._emit = queue, max_queue, emit
         self.delegate = delegate
         self.exporter = exporter

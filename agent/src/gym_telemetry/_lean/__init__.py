@@ -14,7 +14,8 @@ so that bumping the SDK pin means re-reading this folder only:
   stock encoder;
 - ``grpc_exporter``: the SDK's OTLP/gRPC exporter with the lean encoder plugged in,
   and its self-check;
-- ``sdk_hooks``: the batch processor's queue, ``emit`` step and inner shutdown, and
+- ``sdk_hooks``: the batch processor's queue, ``emit`` step (and its usual case as a
+  plain append) and inner shutdown, and
   the API's current-span context key;
 - ``context``: the API's runtime context and ``SpanContext`` reached directly (the
   current context's ``ContextVar``; a span context as the 6-tuple it is).
@@ -35,7 +36,9 @@ names every private field the package reads):
 - ``opentelemetry.context._RUNTIME_CONTEXT`` and its ``_current_context`` ContextVar
   (the contextvars runtime context), and ``SpanContext``'s tuple layout;
 - ``BatchSpanProcessor._batch_processor`` and its ``_queue``, ``_max_queue_size``,
-  ``emit`` and ``shutdown(timeout_millis=...)``;
+  ``emit`` and ``shutdown(timeout_millis=...)``, and the fields its ``emit`` reads
+  (``_max_export_batch_size``, ``_worker_awaken``, ``_pid``, ``_shutdown``; the queue
+  append of ``sdk_hooks.batch_append``);
 - ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter), and its
   ``_channel``, ``_client`` and ``_stub`` (the lean exporter's stub sends bytes).
 
@@ -82,6 +85,10 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_queue",
         "_max_queue_size",
         "_translate_data",
+        "_max_export_batch_size",
+        "_worker_awaken",
+        "_pid",
+        "_shutdown",
         "_RUNTIME_CONTEXT",
         "_current_context",
         "_channel",

@@ -110,87 +110,46 @@ _LINK_FLAGS_LOCAL: Final = _T_LK_FLAGS + (0x100).to_bytes(4, "little")
 _LINK_FLAGS_REMOTE: Final = _T_LK_FLAGS + (0x300).to_bytes(4, "little")
 _KIND: Final[dict[SpanKind, bytes]] = {kind: _T_KIND + bytes([kind.value + 1]) for kind in SpanKind}
 _EMPTY_STATUS: Final = _T_STATUS + b"\x00"
+# An unset status and the flags: how most spans end.
+_TAIL_LOCAL: Final = _EMPTY_STATUS + _FLAGS_LOCAL
+_TAIL_REMOTE: Final = _EMPTY_STATUS + _FLAGS_REMOTE
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-#: Bounds of the memo of encoded attribute fields: entries in all (a full memo is
-#: cleared), values kept per key (a key's memo is cleared when it reaches it, so a
-#: high-cardinality key such as a rollout id keeps its latest values and cannot push the
-#: other keys' out).
+#: Bound of the memo of encoded attribute fields (entries; a full memo is cleared, so a
+#: high-cardinality value such as a rollout id churns it without growing it).
 MAX_MEMO_FIELDS: Final = 4096
-MAX_MEMO_VALUES_PER_KEY: Final = 64
 #: Longest string value memoized (characters).
 MAX_MEMO_TEXT: Final = 256
+_MEMO_TYPES: Final = (str, int, bool)
 
-_str_fields: dict[str, dict[str, bytes]] = {}
-_int_fields: dict[str, dict[int, bytes]] = {}
-_bool_fields: dict[str, tuple[bytes, bytes]] = {}
-_memo_size = [0]
+# (key, value, value's class) -> the encoded field. The class keeps True, 1 and 1.0
+# apart (equal and hashing alike as dict keys, encoded differently).
+_fields: dict[tuple[str, Any, type], bytes] = {}
 
 
 def _attribute_field(key: str, value: Any) -> bytes:
     """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute,
-    remembered for str, int and bool values (``MAX_MEMO_*``)."""
+    remembered for str (up to ``MAX_MEMO_TEXT``), int and bool values."""
     field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
     kind = value.__class__
-    if kind is bool:
-        pair = _bool_fields.get(key)
-        if pair is None:
-            other = len_prefixed(_T_ATTRIBUTE, key_value(key, not value))
-            _bool_fields[key] = (other, field) if value else (field, other)
-        return field
-    if kind is str:
-        if len(value) > MAX_MEMO_TEXT:
-            return field
-        memo: dict[Any, bytes] | None = _str_fields.get(key)
-        table: dict[str, Any] = _str_fields
-    elif kind is int:
-        memo = _int_fields.get(key)
-        table = _int_fields
-    else:
-        return field
-    if _memo_size[0] >= MAX_MEMO_FIELDS:
-        _str_fields.clear()
-        _int_fields.clear()
-        _memo_size[0] = 0
-        memo = None
-    if memo is None:
-        memo = table[key] = {}
-    elif len(memo) >= MAX_MEMO_VALUES_PER_KEY:
-        # A high-cardinality key (a rollout id): keep its latest values only, which the
-        # next spans of the same rollout or request carry.
-        _memo_size[0] -= len(memo)
-        memo.clear()
-    memo[value] = field
-    _memo_size[0] += 1
+    if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
+        if len(_fields) >= MAX_MEMO_FIELDS:
+            _fields.clear()
+        _fields[(key, value, kind)] = field
     return field
 
 
 def _append_attributes(attributes: Mapping[str, Any], append: Any) -> None:
     """Append the ``Span.attributes`` fields of ``attributes`` with ``append`` (the hot
-    loop: a memo hit is two dict lookups)."""
+    loop: a memo hit is one dict lookup)."""
+    fields = _fields
     for key, value in attributes.items():
-        kind = value.__class__
-        if kind is str:
-            memo = _str_fields.get(key)
-            if memo is not None:
-                field = memo.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        elif kind is bool:
-            pair = _bool_fields.get(key)
-            if pair is not None:
-                append(pair[value])
-                continue
-        elif kind is int:
-            ints = _int_fields.get(key)
-            if ints is not None:
-                field = ints.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        append(_attribute_field(key, value))
+        try:
+            field = fields.get((key, value, value.__class__))
+        except TypeError:  # an unhashable value (a map): never memoized
+            field = None
+        append(field if field is not None else _attribute_field(key, value))
 
 
 def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
@@ -536,28 +495,13 @@ def encode_lean_record(span: Any) -> bytes | None:
             append(_T_START + _pack_fixed64(start))
         if end:
             append(_T_END + _pack_fixed64(end))
+    fields = _fields
     for key, value in span._attributes.items():  # _append_attributes, inlined
-        kind = value.__class__
-        if kind is str:
-            memo = _str_fields.get(key)
-            if memo is not None:
-                field = memo.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        elif kind is bool:
-            pair = _bool_fields.get(key)
-            if pair is not None:
-                append(pair[value])
-                continue
-        elif kind is int:
-            ints = _int_fields.get(key)
-            if ints is not None:
-                field = ints.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        append(_attribute_field(key, value))
+        try:
+            field = fields.get((key, value, value.__class__))
+        except TypeError:  # an unhashable value (a map): never memoized
+            field = None
+        append(field if field is not None else _attribute_field(key, value))
     events = span._events
     if events:
         append(_events(events))
@@ -565,11 +509,15 @@ def encode_lean_record(span: Any) -> bytes | None:
     if links:
         append(_links(links))
     status = span._status
-    if status is UNSET_STATUS or (status.status_code is _UNSET_CODE and not status.description):
+    remote = parent is not None and parent[2]
+    if status is UNSET_STATUS:
+        append(_TAIL_REMOTE if remote else _TAIL_LOCAL)
+        return b"".join(parts)
+    if status.status_code is _UNSET_CODE and not status.description:
         append(_EMPTY_STATUS)
     else:
         append(_status(status))
-    append(_FLAGS_REMOTE if parent is not None and parent[2] else _FLAGS_LOCAL)
+    append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
     return b"".join(parts)
 
 
