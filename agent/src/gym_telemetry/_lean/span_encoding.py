@@ -48,6 +48,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry._lean.otlp_wire import (
+    KEY_PREFIXES,
+    T_AV_STRING,
+    T_KV_VALUE,
+    VARINT_1,
     UnsupportedValue,
     attributes_field,
     key_value,
@@ -131,8 +135,32 @@ _fields: dict[tuple[str, Any, type], bytes] = {}
 def _attribute_field(key: str, value: Any) -> bytes:
     """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute,
     remembered for str (up to ``MAX_MEMO_TEXT``), int and bool values."""
-    field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
     kind = value.__class__
+    prefix = KEY_PREFIXES.get(key)
+    if kind is str and prefix is not None and len(value) < 40 and value.isascii():
+        # A short ASCII string (a rollout id) under a known key: one join, every length
+        # one varint byte.
+        data = value.encode()
+        size = len(data)
+        kv_size = len(prefix) + size + 4
+        if kv_size < 128:
+            field = b"".join(
+                (
+                    _T_ATTRIBUTE,
+                    VARINT_1[kv_size],
+                    prefix,
+                    T_KV_VALUE,
+                    VARINT_1[size + 2],
+                    T_AV_STRING,
+                    VARINT_1[size],
+                    data,
+                )
+            )
+            if len(_fields) >= MAX_MEMO_FIELDS:
+                _fields.clear()
+            _fields[(key, value, kind)] = field
+            return field
+    field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
     if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
         if len(_fields) >= MAX_MEMO_FIELDS:
             _fields.clear()
@@ -449,12 +477,13 @@ _T_END_BYTE: Final = _T_END[0]
 
 
 def encode_lean_record(span: Any) -> bytes | None:
-    """The record of a ``span.LeanSpan`` its recorder ended (the same bytes as
-    ``encode_record``; ``span_encoding`` tests check both), read from its fields in one
-    pass: ids from its ``SpanContext`` as a tuple (``context.TUPLE_LAYOUT``, which the
-    recorder requires before it makes such spans), memoized name and attribute fields.
-    None when the (resource, scope) registry is full. Raises ``UnsupportedValue`` as
-    ``encode_span`` does."""
+    """The record of a ``span.LeanSpan`` its recorder ended: the same bytes as
+    ``encode_record`` (``tests/agent/_lean/test_span_records.py`` checks both), written
+    in one expression for the usual span (no trace state, events or links, status
+    unset; anything else goes through ``encode_span``): ids from its ``SpanContext`` as
+    a tuple (``context.TUPLE_LAYOUT``, which the recorder requires before it makes such
+    spans), memoized name and attribute fields. None when the (resource, scope)
+    registry is full. Raises ``UnsupportedValue`` as ``encode_span`` does."""
     recorder = span._recorder
     head: bytes | None = recorder.record_head
     if head is None:
@@ -463,62 +492,69 @@ def encode_lean_record(span: Any) -> bytes | None:
             return None
         head = recorder.record_head = _pack_index(index)
     trace_id, span_id, _remote, _flags, state, _valid = span._context
-    if state is not DEFAULT_TRACE_STATE and state:
-        return head + encode_span(span)
-    parts = [
-        head,
-        _T_TRACE_ID,
-        trace_id.to_bytes(16, "big"),
-        _T_SPAN_ID,
-        span_id.to_bytes(8, "big"),
-    ]
-    append = parts.append
-    parent = span._parent
-    if parent is not None:
-        append(_T_PARENT_SPAN_ID)
-        append(parent[1].to_bytes(8, "big"))
-    name = span._name
-    field = _NAME_FIELDS.get(name)
-    if field is None:
-        field = string_field(_T_NAME, name)
-        if len(_NAME_FIELDS) >= MAX_MEMO_NAMES:
-            _NAME_FIELDS.clear()
-        _NAME_FIELDS[name] = field
-    append(field)
-    append(_KIND_FIELDS[id(span._kind)])
     start = span._start_time
     end = span._end_time
-    if start and end:
-        append(_TIMES(_T_START_BYTE, start, _T_END_BYTE, end))
-    else:
-        if start:
-            append(_T_START + _pack_fixed64(start))
-        if end:
-            append(_T_END + _pack_fixed64(end))
+    if (
+        span._status is not UNSET_STATUS
+        or span._events
+        or span._links
+        or not start
+        or not end
+        or (state is not DEFAULT_TRACE_STATE and state)
+    ):
+        return head + encode_span(span)
+    name = span._name
     fields = _fields
-    for key, value in span._attributes.items():  # _append_attributes, inlined
-        try:
-            field = fields.get((key, value, value.__class__))
-        except TypeError:  # an unhashable value (a map): never memoized
-            field = None
-        append(field if field is not None else _attribute_field(key, value))
-    events = span._events
-    if events:
-        append(_events(events))
-    links = span._links
-    if links:
-        append(_links(links))
-    status = span._status
-    remote = parent is not None and parent[2]
-    if status is UNSET_STATUS:
-        append(_TAIL_REMOTE if remote else _TAIL_LOCAL)
-        return b"".join(parts)
-    if status.status_code is _UNSET_CODE and not status.description:
-        append(_EMPTY_STATUS)
+    try:
+        attributes = [
+            fields.get((key, value, value.__class__)) or _attribute_field(key, value)
+            for key, value in span._attributes.items()
+        ]
+    except TypeError:  # an unhashable value (a map): the general encoder
+        return head + encode_span(span)
+    parent = span._parent
+    if parent is None:
+        ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)
+        tail = _TAIL_LOCAL
     else:
-        append(_status(status))
-    append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
-    return b"".join(parts)
+        ids = _IDS_PARENT(
+            _T_IDS,
+            trace_id >> 64,
+            trace_id & _MASK_64,
+            _T_SPAN_ID,
+            span_id,
+            _T_PARENT_SPAN_ID,
+            parent[1],
+        )
+        tail = _TAIL_REMOTE if parent[2] else _TAIL_LOCAL
+    return b"".join(
+        [
+            head,
+            ids,
+            _NAME_FIELDS.get(name) or _name_field(name),
+            _KIND_FIELDS[id(span._kind)],
+            _TIMES(_T_START_BYTE, start, _T_END_BYTE, end),
+            *attributes,
+            tail,
+        ]
+    )
+
+
+def _name_field(name: str) -> bytes:
+    """The ``Span.name`` field, remembered (``MAX_MEMO_NAMES``)."""
+    field = string_field(_T_NAME, name)
+    if len(_NAME_FIELDS) >= MAX_MEMO_NAMES:
+        _NAME_FIELDS.clear()
+    _NAME_FIELDS[name] = field
+    return field
+
+
+_MASK_64: Final = (1 << 64) - 1
+# The trace id (tag, length, two big-endian halves) and the span id (tag, length, id);
+# and with the parent span id after them: how every span message begins.
+_T_IDS: Final = _T_TRACE_ID
+_IDS: Final = struct.Struct(">2sQQ2sQ").pack
+_IDS_PARENT: Final = struct.Struct(">2sQQ2sQ2sQ").pack
 
 
 _pack_index = struct.Struct("<H").pack

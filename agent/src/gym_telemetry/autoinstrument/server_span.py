@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
@@ -361,7 +362,9 @@ class RolloutCorrelationMiddleware:
 class _StatusSend:
     """``send`` that remembers the response status. One slotted object per request
     instead of a closure (function, cells and a list): Gym's middlewares keep ``send``
-    in frames that only the cyclic GC frees, so fewer objects there is less GC work."""
+    in frames that only the cyclic GC frees, so fewer objects there is less GC work.
+    Not a coroutine: it returns what the wrapped ``send`` returns (an awaitable), so a
+    message costs no coroutine of its own."""
 
     __slots__ = ("send", "status")
 
@@ -369,10 +372,10 @@ class _StatusSend:
         self.send = send
         self.status = 0
 
-    async def __call__(self, message: Message) -> None:
+    def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-        await self.send(message)
+        return self.send(message)
 
 
 _PREFIXED_ROUTES: dict[tuple[int, str, str], str | None] = {}
