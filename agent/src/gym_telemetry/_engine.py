@@ -205,7 +205,9 @@ class Site:
         if rollout_id is None:
             attributes = self.attributes.copy()
         else:
-            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+            if rollout_id.__class__ is not str:
+                rollout_id = str(rollout_id)
+            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: rollout_id}
         if not self.rollout:
             span, token = recorder.start(self.span_name, attributes)
             return span, token, rollout_id is not None

@@ -146,12 +146,52 @@ def _from_response(body: Any) -> Failure | None:
     return _from_view(parsed, parsed) if type(parsed) is dict else None
 
 
+# How failure_of reads a result, per type (remembered, ``MAX_TYPES``): not at all (None and
+# the scalar types), as a dict, as an object whose fields are its ``__dict__`` read without
+# a custom ``__getattribute__`` (a pydantic model, whose ``__getattr__`` hook every plain
+# ``getattr`` pays for), or through ``_view``.
+_SKIP, _DICT, _PLAIN, _OTHER = range(4)
+_kinds: dict[type, int] = {}
+#: Bound of the per-type memo (entries; cleared when full).
+MAX_TYPES: Final = 256
+_object_getattr = object.__getattribute__
+
+
+def _kind_of(cls: type) -> int:
+    if cls is type(None) or issubclass(cls, _SCALARS):
+        kind = _SKIP
+    elif cls is dict:
+        kind = _DICT
+    elif cls.__getattribute__ is _object_getattr:
+        kind = _PLAIN
+    else:
+        kind = _OTHER
+    if len(_kinds) >= MAX_TYPES:
+        _kinds.clear()
+    _kinds[cls] = kind
+    return kind
+
+
 def failure_of(result: Any) -> Failure | None:
     """The Gym failure ``result`` reports in-band, or None (module doc). Never raises."""
     try:
-        if result is None or isinstance(result, _SCALARS):
+        cls = type(result)
+        kind = _kinds.get(cls)
+        if kind is None:
+            kind = _kind_of(cls)
+        if kind == _SKIP:
             return None
-        view = _view(result)
+        if kind == _DICT:
+            view: Mapping[str, Any] | None = result
+        elif kind == _PLAIN:
+            try:
+                view = _object_getattr(result, "__dict__")
+            except AttributeError:  # slotted: no fields to read this way
+                view = None
+            if type(view) is not dict:
+                view = _view(result)
+        else:
+            view = _view(result)
         if view is None:
             return None
         if view is not result:  # an object: a Starlette-style response has status_code
@@ -165,7 +205,10 @@ def failure_of(result: Any) -> Failure | None:
         if get("failure") is None and get("mask_sample") is not True:
             failure_class = get("_ng_failure_class")
             if failure_class is None and view is not result:
-                extra = getattr(result, "__pydantic_extra__", None)
+                try:
+                    extra = _object_getattr(result, "__pydantic_extra__")
+                except AttributeError:
+                    extra = None
                 if type(extra) is dict:
                     failure_class = extra.get("_ng_failure_class")
             nested = get("result")

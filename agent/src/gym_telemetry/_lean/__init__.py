@@ -28,7 +28,8 @@ names every private field the package reads):
   ``_start_time``, ``_end_time``, ``_attributes``, ``_events``, ``_links``,
   ``_resource``, ``_status``, ``_instrumentation_scope``, ``_instrumentation_info``
   (``LeanSpan`` sets them, the encoder reads them);
-- ``sdk.trace.Tracer._instrumentation_scope``, ``Tracer._is_enabled`` (1.3x+);
+- ``sdk.trace.Tracer._instrumentation_scope``, ``Tracer._is_enabled`` (1.3x+) and the
+  ``_tracer_config`` it reads (read directly when ``_is_enabled`` is the SDK's own);
 - ``SynchronousMultiSpanProcessor._span_processors`` and a processor's ``_on_ending``;
 - ``ParentBased``'s ``_root`` and its four ``_*_parent_*`` delegates;
 - ``ProxyTracer._real_tracer``;
@@ -72,6 +73,7 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_instrumentation_scope",
         "_instrumentation_info",
         "_is_enabled",
+        "_tracer_config",
         "_span_processors",
         "_on_ending",
         "_root",

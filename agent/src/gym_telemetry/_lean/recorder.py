@@ -61,6 +61,7 @@ from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
 _log = logging.getLogger(__name__)
 
 _getrandbits = random.getrandbits
+_SDK_IS_ENABLED: Final = getattr(sdk_trace.Tracer, "_is_enabled", None)
 _tuple_new = tuple.__new__
 _dict_setitem = dict.__setitem__
 _Context = context_api.Context
@@ -145,6 +146,17 @@ class LeanRecorder:
         # default sampler, processors without start hooks, a tracer that can be disabled
         # only through ``_is_enabled``, and span contexts readable as tuples.
         self._is_enabled = getattr(tracer, "_is_enabled", None)
+        # The SDK's own _is_enabled reads ``_tracer_config.is_enabled``: read it directly
+        # (the config object may be replaced, so it is read through the tracer each time).
+        self._config_read = (
+            _SDK_IS_ENABLED is not None
+            and type(tracer).__dict__.get("_is_enabled") is _SDK_IS_ENABLED
+            and (
+                isinstance(
+                    getattr(getattr(tracer, "_tracer_config", None), "is_enabled", None), bool
+                )
+            )
+        )
         self.fast = (
             self.default_sampler
             and TUPLE_LAYOUT
@@ -182,8 +194,10 @@ class LeanRecorder:
         context), make it current and return it with the context token."""
         if not self.fast or context is not None:
             return self._start(name, attributes, kind, context)
-        is_enabled = self._is_enabled
-        if is_enabled is not None and not is_enabled():
+        if self._config_read:
+            if not self.tracer._tracer_config.is_enabled:
+                return SdkRecorder(self.tracer).start(name, attributes, kind, context)
+        elif self._is_enabled is not None and not self._is_enabled():
             return SdkRecorder(self.tracer).start(name, attributes, kind, context)
         ctx = _get_current()
         parent_span: Any = ctx.get(SPAN_KEY)
@@ -244,8 +258,12 @@ class LeanRecorder:
         extracted context (``propagation.extract_parent``)."""
         if not self.fast:
             return self._start(name, attributes, kind, _parent_context(parent))
-        is_enabled = self._is_enabled
-        if is_enabled is not None and not is_enabled():
+        if self._config_read:
+            if not self.tracer._tracer_config.is_enabled:
+                return SdkRecorder(self.tracer).start(
+                    name, attributes, kind, _parent_context(parent)
+                )
+        elif self._is_enabled is not None and not self._is_enabled():
             return SdkRecorder(self.tracer).start(name, attributes, kind, _parent_context(parent))
         span_id = _getrandbits(64) if self._own_random else 0
         if not span_id:

@@ -120,16 +120,19 @@ _TAIL_REMOTE: Final = _EMPTY_STATUS + _FLAGS_REMOTE
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-#: Bound of the memo of encoded attribute fields (entries; a full memo is cleared, so a
-#: high-cardinality value such as a rollout id churns it without growing it).
-MAX_MEMO_FIELDS: Final = 4096
+#: Bounds of the memo of encoded attribute fields: keys per value class (a full memo is
+#: cleared) and values per key (a key's values are cleared when they reach it, so a
+#: high-cardinality key such as a rollout id keeps its latest values only, and cannot
+#: push the other keys' values out).
+MAX_MEMO_KEYS: Final = 1024
+MAX_MEMO_VALUES_PER_KEY: Final = 64
 #: Longest string value memoized (characters).
 MAX_MEMO_TEXT: Final = 256
-_MEMO_TYPES: Final = (str, int, bool)
 
-# (key, value, value's class) -> the encoded field. The class keeps True, 1 and 1.0
-# apart (equal and hashing alike as dict keys, encoded differently).
-_fields: dict[tuple[str, Any, type], bytes] = {}
+# value class -> key -> value -> the encoded field: str, int and bool apart (True, 1 and
+# 1.0 are equal dict keys, encoded differently). No tuple keys: a memoized value adds
+# no object the cyclic GC tracks.
+_memos: Final[dict[type, dict[str, dict[Any, bytes]]]] = {str: {}, int: {}, bool: {}}
 
 
 def _attribute_field(key: str, value: Any) -> bytes:
@@ -137,6 +140,7 @@ def _attribute_field(key: str, value: Any) -> bytes:
     remembered for str (up to ``MAX_MEMO_TEXT``), int and bool values."""
     kind = value.__class__
     prefix = KEY_PREFIXES.get(key)
+    field = None
     if kind is str and prefix is not None and len(value) < 40 and value.isascii():
         # A short ASCII string (a rollout id) under a known key: one join, every length
         # one varint byte.
@@ -156,28 +160,35 @@ def _attribute_field(key: str, value: Any) -> bytes:
                     data,
                 )
             )
-            if len(_fields) >= MAX_MEMO_FIELDS:
-                _fields.clear()
-            _fields[(key, value, kind)] = field
-            return field
-    field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
-    if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
-        if len(_fields) >= MAX_MEMO_FIELDS:
-            _fields.clear()
-        _fields[(key, value, kind)] = field
+    if field is None:
+        field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
+    per_class = _memos.get(kind)
+    if per_class is not None and (kind is not str or len(value) <= MAX_MEMO_TEXT):
+        per_key = per_class.get(key)
+        if per_key is None:
+            if len(per_class) >= MAX_MEMO_KEYS:
+                per_class.clear()
+            per_key = per_class[key] = {}
+        elif len(per_key) >= MAX_MEMO_VALUES_PER_KEY:
+            per_key.clear()
+        per_key[value] = field
     return field
 
 
 def _append_attributes(attributes: Mapping[str, Any], append: Any) -> None:
     """Append the ``Span.attributes`` fields of ``attributes`` with ``append`` (the hot
-    loop: a memo hit is one dict lookup)."""
-    fields = _fields
+    loop: a memo hit is three dict lookups, no allocation)."""
+    memos = _memos
     for key, value in attributes.items():
-        try:
-            field = fields.get((key, value, value.__class__))
-        except TypeError:  # an unhashable value (a map): never memoized
-            field = None
-        append(field if field is not None else _attribute_field(key, value))
+        per_class = memos.get(value.__class__)
+        if per_class is not None:
+            per_key = per_class.get(key)
+            if per_key is not None:
+                field = per_key.get(value)
+                if field is not None:
+                    append(field)
+                    continue
+        append(_attribute_field(key, value))
 
 
 def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
@@ -504,14 +515,8 @@ def encode_lean_record(span: Any) -> bytes | None:
     ):
         return head + encode_span(span)
     name = span._name
-    fields = _fields
-    try:
-        attributes = [
-            fields.get((key, value, value.__class__)) or _attribute_field(key, value)
-            for key, value in span._attributes.items()
-        ]
-    except TypeError:  # an unhashable value (a map): the general encoder
-        return head + encode_span(span)
+    attributes: list[bytes] = []
+    _append_attributes(span._attributes, attributes.append)
     parent = span._parent
     if parent is None:
         ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)
