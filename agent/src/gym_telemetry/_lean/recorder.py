@@ -133,11 +133,11 @@ class LeanRecorder:
         self.instrumentation_info = getattr(tracer, "instrumentation_info", None)
         self.instrumentation_scope = tracer._instrumentation_scope
         self.processor = tracer.span_processor
-        self._seen_processors: object = None
+        self.seen_processors: object = None
         self._quiet = False
         #: The only processor's ``on_end_lean`` (``_export.processor.GymSpanProcessor``)
         #: when it is the only one: ``ended`` calls it directly.
-        self._direct: Any = None
+        self.direct_end: Any = None
         self.max_attributes = MAX_ATTRIBUTES
         #: The span record's registry prefix of this (resource, scope) pair, set by the
         #: encoder on first use (``span_encoding.encode_lean_record``).
@@ -173,13 +173,13 @@ class LeanRecorder:
         processors = getattr(self.processor, "_span_processors", None)
         if processors is None:
             return False
-        if processors is not self._seen_processors:
+        if processors is not self.seen_processors:
             self._quiet = all(_is_quiet(p) for p in processors)
             direct = None
             if self._quiet and self.fast and len(processors) == 1:
                 direct = getattr(processors[0], "on_end_lean", None)
-            self._direct = direct if callable(direct) else None
-            self._seen_processors = processors
+            self.direct_end = direct if callable(direct) else None
+            self.seen_processors = processors
         return self._quiet
 
     def start(
@@ -237,7 +237,7 @@ class LeanRecorder:
                 ),
             )
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
-        if self.processor._span_processors is not self._seen_processors:
+        if self.processor._span_processors is not self.seen_processors:
             self._processors_quiet()
         if not self._quiet:
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
@@ -291,7 +291,7 @@ class LeanRecorder:
                 ),
             )
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
-        if self.processor._span_processors is not self._seen_processors:
+        if self.processor._span_processors is not self.seen_processors:
             self._processors_quiet()
         if not self._quiet:
             self.processor.on_start(lean, parent_context=_parent_context(parent))  # type: ignore[arg-type]
@@ -347,13 +347,15 @@ class LeanRecorder:
         return lean, _attach(_with_span(lean, ctx))
 
     def ended(self, span: LeanSpan) -> None:
-        """Hand an ended span to the processors (only sampled spans are ``LeanSpan``s)."""
+        """Hand an ended span to the processors (only sampled spans are ``LeanSpan``s).
+        ``direct_end`` (the only processor's ``on_end_lean``) while the processors are
+        still ``seen_processors``: a span checks that and calls it itself."""
         processor = self.processor
         if (
-            self._direct is not None
-            and getattr(processor, "_span_processors", None) is self._seen_processors
+            self.direct_end is not None
+            and getattr(processor, "_span_processors", None) is self.seen_processors
         ):
-            self._direct(span)
+            self.direct_end(span)
             return
         if not self._processors_quiet():
             on_ending = getattr(processor, "_on_ending", None)

@@ -516,7 +516,18 @@ def encode_lean_record(span: Any) -> bytes | None:
         return head + encode_span(span)
     name = span._name
     attributes: list[bytes] = []
-    _append_attributes(span._attributes, attributes.append)
+    append = attributes.append
+    memos = _memos
+    for key, value in span._attributes.items():  # _append_attributes, inlined
+        per_class = memos.get(value.__class__)
+        if per_class is not None:
+            per_key = per_class.get(key)
+            if per_key is not None:
+                field = per_key.get(value)
+                if field is not None:
+                    append(field)
+                    continue
+        append(_attribute_field(key, value))
     parent = span._parent
     if parent is None:
         ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)

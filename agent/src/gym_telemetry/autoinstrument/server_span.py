@@ -418,7 +418,7 @@ def _finish(
     route = scope.get("route")
     template = getattr(route, "path", None)
     if isinstance(template, str):
-        name = _span_name(method, template)
+        name = _SPAN_NAMES.get((method, template)) or _span_name(method, template)
         attributes[HTTP_ROUTE] = template
     elif scope["path"].startswith(ROLLOUT_PATH_PREFIX):
         # Gym's RolloutContextMiddleware routes a copy of the scope with the
