@@ -120,27 +120,28 @@ _TAIL_REMOTE: Final = _EMPTY_STATUS + _FLAGS_REMOTE
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-#: Bounds of the memo of encoded attribute fields: keys per value class (a full memo is
-#: cleared) and values per key (a key's values are cleared when they reach it, so a
-#: high-cardinality key such as a rollout id keeps its latest values only, and cannot
-#: push the other keys' values out).
-MAX_MEMO_KEYS: Final = 1024
+#: Bounds of the memo of encoded attribute fields: values memoized per key (past it a
+#: key's new values are not memoized: a high-cardinality key such as a rollout id cannot
+#: push the others out, and the memo stops growing) and keys (a full memo is cleared).
 MAX_MEMO_VALUES_PER_KEY: Final = 64
+MAX_MEMO_KEYS: Final = 1024
 #: Longest string value memoized (characters).
 MAX_MEMO_TEXT: Final = 256
+_MEMO_TYPES: Final = (str, int, bool)
 
-# value class -> key -> value -> the encoded field: str, int and bool apart (True, 1 and
-# 1.0 are equal dict keys, encoded differently). No tuple keys: a memoized value adds
-# no object the cyclic GC tracks.
-_memos: Final[dict[type, dict[str, dict[Any, bytes]]]] = {str: {}, int: {}, bool: {}}
+# (key, value, value's class) -> the encoded field (the class keeps True, 1 and 1.0
+# apart: equal dict keys, encoded differently); the memoized values per key; and per
+# key the last value not memoized with its field (the next span of the same request
+# or rollout carries it: a rollout id). The last-value slot replaces its tuple, so a
+# new value leaves no object behind for the cyclic GC.
+_fields: dict[tuple[str, Any, type], bytes] = {}
+_memoized: dict[str, int] = {}
+_last: dict[str, tuple[Any, type, bytes]] = {}
 
 
-def _attribute_field(key: str, value: Any) -> bytes:
-    """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute,
-    remembered for str (up to ``MAX_MEMO_TEXT``), int and bool values."""
-    kind = value.__class__
+def _encode_attribute(key: str, value: Any, kind: type) -> bytes:
+    """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute."""
     prefix = KEY_PREFIXES.get(key)
-    field = None
     if kind is str and prefix is not None and len(value) < 40 and value.isascii():
         # A short ASCII string (a rollout id) under a known key: one join, every length
         # one varint byte.
@@ -148,7 +149,7 @@ def _attribute_field(key: str, value: Any) -> bytes:
         size = len(data)
         kv_size = len(prefix) + size + 4
         if kv_size < 128:
-            field = b"".join(
+            return b"".join(
                 (
                     _T_ATTRIBUTE,
                     VARINT_1[kv_size],
@@ -160,35 +161,43 @@ def _attribute_field(key: str, value: Any) -> bytes:
                     data,
                 )
             )
-    if field is None:
-        field = len_prefixed(_T_ATTRIBUTE, key_value(key, value))
-    per_class = _memos.get(kind)
-    if per_class is not None and (kind is not str or len(value) <= MAX_MEMO_TEXT):
-        per_key = per_class.get(key)
-        if per_key is None:
-            if len(per_class) >= MAX_MEMO_KEYS:
-                per_class.clear()
-            per_key = per_class[key] = {}
-        elif len(per_key) >= MAX_MEMO_VALUES_PER_KEY:
-            per_key.clear()
-        per_key[value] = field
+    return len_prefixed(_T_ATTRIBUTE, key_value(key, value))
+
+
+def _attribute_field(key: str, value: Any) -> bytes:
+    """The field of one attribute that missed the memo (``_fields``): memoized for str
+    (up to ``MAX_MEMO_TEXT`` characters), int and bool values while its key has fewer
+    than ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
+    kind = value.__class__
+    last = _last.get(key)
+    if last is not None and last[1] is kind and last[0] == value:
+        return last[2]
+    field = _encode_attribute(key, value, kind)
+    if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
+        count = _memoized.get(key, 0)
+        if count < MAX_MEMO_VALUES_PER_KEY:
+            if len(_memoized) >= MAX_MEMO_KEYS:
+                _fields.clear()
+                _memoized.clear()
+                _last.clear()
+                count = 0
+            _fields[(key, value, kind)] = field
+            _memoized[key] = count + 1
+        else:
+            _last[key] = (value, kind, field)
     return field
 
 
 def _append_attributes(attributes: Mapping[str, Any], append: Any) -> None:
     """Append the ``Span.attributes`` fields of ``attributes`` with ``append`` (the hot
-    loop: a memo hit is three dict lookups, no allocation)."""
-    memos = _memos
+    loop: a memo hit is one dict lookup)."""
+    fields = _fields
     for key, value in attributes.items():
-        per_class = memos.get(value.__class__)
-        if per_class is not None:
-            per_key = per_class.get(key)
-            if per_key is not None:
-                field = per_key.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        append(_attribute_field(key, value))
+        try:
+            field = fields.get((key, value, value.__class__))
+        except TypeError:  # an unhashable value (a map): never memoized
+            field = None
+        append(field if field is not None else _attribute_field(key, value))
 
 
 def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
@@ -515,19 +524,14 @@ def encode_lean_record(span: Any) -> bytes | None:
     ):
         return head + encode_span(span)
     name = span._name
-    attributes: list[bytes] = []
-    append = attributes.append
-    memos = _memos
-    for key, value in span._attributes.items():  # _append_attributes, inlined
-        per_class = memos.get(value.__class__)
-        if per_class is not None:
-            per_key = per_class.get(key)
-            if per_key is not None:
-                field = per_key.get(value)
-                if field is not None:
-                    append(field)
-                    continue
-        append(_attribute_field(key, value))
+    fields = _fields
+    try:
+        attributes = [
+            fields.get((key, value, value.__class__)) or _attribute_field(key, value)
+            for key, value in span._attributes.items()
+        ]
+    except TypeError:  # an unhashable value (a map): the general encoder
+        return head + encode_span(span)
     parent = span._parent
     if parent is None:
         ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)
