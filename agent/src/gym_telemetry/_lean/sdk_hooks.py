@@ -50,6 +50,11 @@ def batch_emit(processor: BatchSpanProcessor) -> Any:
     return emit if callable(emit) else None
 
 
+#: Set in a forked child (``batch_append``'s step then leaves every item to ``emit``).
+_FORKED = [False]
+os.register_at_fork(after_in_child=lambda: _FORKED.__setitem__(0, True))
+
+
 def batch_append(processor: BatchSpanProcessor) -> Any:
     """A step that appends one item to ``processor``'s queue as its ``emit`` does, or None.
 
@@ -74,11 +79,13 @@ def batch_append(processor: BatchSpanProcessor) -> Any:
         or not hasattr(getattr(inner, "_worker_awaken", None), "is_set")
     ):
         return emit
-    getpid = os.getpid
+    pid = os.getpid()
 
     def append(item: object) -> None:
-        if inner._shutdown or inner._pid != getpid():
-            emit(item)  # refused after shutdown; re-initialized in a forked child
+        if inner._shutdown or inner._pid != pid or _FORKED[0]:
+            # Refused after shutdown; in a forked child every item goes through emit,
+            # which re-initializes the processor there (its worker thread is gone).
+            emit(item)
             return
         queue.appendleft(item)
         if len(queue) >= batch_size:
