@@ -147,51 +147,56 @@ def _from_response(body: Any) -> Failure | None:
 
 
 # How failure_of reads a result, per type (remembered, ``MAX_TYPES``): not at all (None and
-# the scalar types), as a dict, as an object whose fields are its ``__dict__`` read without
-# a custom ``__getattribute__`` (a pydantic model, whose ``__getattr__`` hook every plain
-# ``getattr`` pays for), or through ``_view``.
-_SKIP, _DICT, _PLAIN, _OTHER = range(4)
-_kinds: dict[type, int] = {}
+# the scalar types), as a dict, as a model whose only possible markers are some of its
+# declared fields (a pydantic model that keeps no extra fields: its ``__dict__`` is
+# exactly its fields, so one lookup per such field tells "no marker"), or through
+# ``_view``.
+_SKIP, _DICT, _FIELDS, _OTHER = range(4)
+_MARKER_FIELDS: Final = ("failure", "mask_sample", "_ng_failure_class", "result", "status_code")
+_plans: dict[type, tuple[int, tuple[str, ...]]] = {}
 #: Bound of the per-type memo (entries; cleared when full).
 MAX_TYPES: Final = 256
-_object_getattr = object.__getattribute__
 
 
-def _kind_of(cls: type) -> int:
+def _plan_of(cls: type) -> tuple[int, tuple[str, ...]]:
+    plan: tuple[int, tuple[str, ...]] = (_OTHER, ())
     if cls is type(None) or issubclass(cls, _SCALARS):
-        kind = _SKIP
+        plan = (_SKIP, ())
     elif cls is dict:
-        kind = _DICT
-    elif cls.__getattribute__ is _object_getattr:
-        kind = _PLAIN
+        plan = (_DICT, ())
     else:
-        kind = _OTHER
-    if len(_kinds) >= MAX_TYPES:
-        _kinds.clear()
-    _kinds[cls] = kind
-    return kind
+        fields = getattr(cls, "model_fields", None)
+        config = getattr(cls, "model_config", None)
+        if (
+            isinstance(fields, Mapping)
+            and isinstance(config, Mapping)
+            and config.get("extra") != "allow"
+            and cls.__getattribute__ is object.__getattribute__
+        ):
+            plan = (_FIELDS, tuple(name for name in _MARKER_FIELDS if name in fields))
+    if len(_plans) >= MAX_TYPES:
+        _plans.clear()
+    _plans[cls] = plan
+    return plan
 
 
 def failure_of(result: Any) -> Failure | None:
     """The Gym failure ``result`` reports in-band, or None (module doc). Never raises."""
     try:
-        cls = type(result)
-        kind = _kinds.get(cls)
-        if kind is None:
-            kind = _kind_of(cls)
+        plan = _plans.get(type(result)) or _plan_of(type(result))
+        kind = plan[0]
         if kind == _SKIP:
             return None
-        if kind == _DICT:
-            view: Mapping[str, Any] | None = result
-        elif kind == _PLAIN:
-            try:
-                view = _object_getattr(result, "__dict__")
-            except AttributeError:  # slotted: no fields to read this way
-                view = None
-            if type(view) is not dict:
-                view = _view(result)
-        else:
-            view = _view(result)
+        if kind == _FIELDS:
+            fields = result.__dict__
+            if type(fields) is dict:
+                for name in plan[1]:  # usually just mask_sample
+                    value = fields.get(name)
+                    if value is True if name == "mask_sample" else value is not None:
+                        break
+                else:
+                    return None  # none of the fields that could carry a marker does
+        view = _view(result)
         if view is None:
             return None
         if view is not result:  # an object: a Starlette-style response has status_code
@@ -205,10 +210,7 @@ def failure_of(result: Any) -> Failure | None:
         if get("failure") is None and get("mask_sample") is not True:
             failure_class = get("_ng_failure_class")
             if failure_class is None and view is not result:
-                try:
-                    extra = _object_getattr(result, "__pydantic_extra__")
-                except AttributeError:
-                    extra = None
+                extra = getattr(result, "__pydantic_extra__", None)
                 if type(extra) is dict:
                     failure_class = extra.get("_ng_failure_class")
             nested = get("result")

@@ -444,7 +444,7 @@ def _group(key: Any, ids: dict[int, int], keys: list[Any]) -> int:
 # the schedule delay): on a server whose cyclic GC is its main cost (a NeMo Gym server),
 # every GC-tracked object among them is promoted to the old generation and adds to what
 # triggers, and is traversed by, the next full collection. A record is a plain ``bytes``,
-# which the GC never tracks: a 2-byte index of the span's (resource, scope) pair in a
+# which the GC never tracks: the index of the span's (resource, scope) pair in a
 # registry, then the span's ``Span`` message exactly as ``encode_request`` writes it
 # (``encode_request`` adds the field's tag and length when it places it).
 
@@ -491,6 +491,10 @@ _NAME_FIELDS: dict[str, bytes] = {}
 #: Bound of the memo of encoded span names (entries; cleared when full).
 MAX_MEMO_NAMES: Final = 1024
 _KIND_FIELDS: Final[dict[int, bytes]] = {id(kind): field for kind, field in _KIND.items()}
+_SERVER: Final = SpanKind.SERVER
+_KIND_SERVER: Final = _KIND[SpanKind.SERVER]
+_INTERNAL: Final = SpanKind.INTERNAL
+_KIND_INTERNAL: Final = _KIND[SpanKind.INTERNAL]
 _TIMES: Final = struct.Struct("<BQBQ").pack
 _T_START_BYTE: Final = _T_START[0]
 _T_END_BYTE: Final = _T_END[0]
@@ -533,6 +537,7 @@ def encode_lean_record(span: Any) -> bytes | None:
     except TypeError:  # an unhashable value (a map): the general encoder
         return head + encode_span(span)
     parent = span._parent
+    kind = span._kind
     if parent is None:
         ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)
         tail = _TAIL_LOCAL
@@ -552,7 +557,9 @@ def encode_lean_record(span: Any) -> bytes | None:
             head,
             ids,
             _NAME_FIELDS.get(name) or _name_field(name),
-            _KIND_FIELDS[id(span._kind)],
+            _KIND_SERVER
+            if kind is _SERVER
+            else (_KIND_INTERNAL if kind is _INTERNAL else _KIND_FIELDS[id(kind)]),
             _TIMES(_T_START_BYTE, start, _T_END_BYTE, end),
             *attributes,
             tail,
@@ -577,8 +584,19 @@ _IDS: Final = struct.Struct(">2sQQ2sQ").pack
 _IDS_PARENT: Final = struct.Struct(">2sQQ2sQ2sQ").pack
 
 
-_pack_index = struct.Struct("<H").pack
-_unpack_index = struct.Struct("<H").unpack_from
+_pack_wide_index = struct.Struct("<BH").pack
+_unpack_wide_index = struct.Struct("<H").unpack_from
+#: Registry indexes below this one take one byte in a record; the others three (this
+#: byte, then the index as two bytes, little-endian).
+_WIDE: Final = 255
+
+
+def _pack_index(index: int) -> bytes:
+    """A record's head: the registry index in one byte, or ``_WIDE`` and two."""
+    return _ONE_BYTE[index] if index < _WIDE else _pack_wide_index(_WIDE, index)
+
+
+_ONE_BYTE: Final = [bytes((i,)) for i in range(_WIDE)]
 
 
 def is_record(item: object) -> bool:
@@ -626,14 +644,18 @@ def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
     prefixes = _SPANS_FIELD_PREFIXES
     for span in spans:
         if span.__class__ is bytes:
-            index = _unpack_index(span)[0]
+            index = span[0]
+            start = 1
+            if index == _WIDE:
+                index = _unpack_wide_index(span, 1)[0]
+                start = 3
             slot = slots.get(index)
             if slot is None:
                 resource, scope = _sources[index]
                 slot = slots[index] = _slot(resource, scope, resource_ids, resources, groups)
-            size = len(span) - 2
+            size = len(span) - start
             slot.append(prefixes[size] if size < _PREFIXED_SIZES else _T_SS_SPANS + varint(size))
-            slot.append(span[2:])
+            slot.append(span[start:])
             continue
         resource = span.resource  # type: ignore[union-attr]
         scope = span.instrumentation_scope or None  # type: ignore[union-attr]
