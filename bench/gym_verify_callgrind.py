@@ -9,7 +9,8 @@
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
 serves the real ``example_single_tool_call`` ``/verify`` in process through ASGI, bare or
 with the agent activated with a span-group spec (``default``: the SERVER span and
-``gym.verify`` in ``metrics`` mode; ``all``; ``none``: activated, nothing recorded).
+``gym.verify`` in ``metrics`` mode; ``all``; ``none``: activated, nothing recorded), or
+``fastapi-builtin`` (no agent, a global SDK provider set: FastAPI's own telemetry on).
 
 Which agent runs: this tree's ``agent/src`` and ``semconv/src``, first on the child's
 ``PYTHONPATH`` (the Gym env is shared and is not reinstalled). ``--before SRC`` adds, for
@@ -104,6 +105,7 @@ def _opts(args: argparse.Namespace, v: Variant, requests: int, profile: bool = F
             "traceparent": TRACEPARENT,
             "baggage": BAGGAGE,
             "profile": profile,
+            "vary_ids": not args.fixed_ids,
         }
     )
 
@@ -191,6 +193,9 @@ def build_variants(args: argparse.Namespace, sink: str | None) -> list[Variant]:
     if args.before:
         trees.append(("@before", str(args.before.resolve())))
     out = [Variant("bare", "bare", None, "queue")]
+    if "fastapi-builtin" in specs:  # no agent: one variant, whatever the trees and exports
+        specs.remove("fastapi-builtin")
+        out.append(Variant("fastapi-builtin", "fastapi-builtin", None, "queue"))
     for spec in specs:
         for suffix, src in trees:
             for export in exports:
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="bare,default,all")
     p.add_argument("--requests", type=int, default=200, help="requests under callgrind")
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--gc", choices=["on", "off", "freeze"], default="on")
+    p.add_argument("--gc", choices=["on", "pending", "off", "freeze"], default="on")
     p.add_argument("--cpu-rounds", type=int, default=5)
     p.add_argument("--cpu-requests", type=int, default=1500)
     p.add_argument("--core", type=int, default=1)
@@ -213,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cpu", action="store_true")
     p.add_argument("--export", choices=["queue", "sink", "both"], default="sink")
     p.add_argument("--before", type=Path, help="another agent source tree (module doc)")
+    p.add_argument(
+        "--fixed-ids",
+        action="store_true",
+        help="the same traceparent and rollout baggage on every request (the child's vary_ids)",
+    )
     p.add_argument("--profile", action="store_true", help="bytecodes per function (module doc)")
     p.add_argument("--profile-top", type=int, default=40)
     p.add_argument("--json", type=Path, help="write every figure here")

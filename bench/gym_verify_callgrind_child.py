@@ -13,9 +13,13 @@ so the dump holds exactly the loop (every thread). Natively the child reports pr
 CPU (all threads), main-thread CPU and wall time of the loop, and the cyclic GC's
 collections during it. Prints one JSON line.
 
-Options in the JSON: ``variant`` (``bare``, or a span-group spec such as ``default``,
-``all``, ``none``), ``requests``, ``warmup``, ``gc`` (``on``, ``off``: disabled for the
-loop, ``freeze``: ``gc.freeze()`` after warm-up), ``body``, ``traceparent``,
+Options in the JSON: ``variant`` (``bare``; ``fastapi-builtin``: no agent, a global SDK
+provider with no processor, so FastAPI's own telemetry records its spans; or a
+span-group spec such as ``default``, ``all``, ``none``), ``requests``, ``warmup``,
+``gc`` (``on``: ``gc.collect()`` before the loop, so none is pending; ``pending``: no
+such collect, so a collection the warm-up left pending may fall inside the loop;
+``off``: disabled for the loop; ``freeze``: ``gc.freeze()`` after warm-up), ``body``,
+``traceparent``,
 ``baggage`` (``vary_ids``, default true: each request gets its own random trace and
 parent ids and rollout id instead, as each ``/verify`` of a real server belongs to
 another rollout), ``export`` (``queue``: spans are queued, never exported, as
@@ -87,7 +91,14 @@ def main() -> None:
         host="127.0.0.1", port=8080, entrypoint="", name="weather"
     )
     server = SimpleWeatherResourcesServer(config=config, server_client=MagicMock(spec=ServerClient))
-    if variant != "bare":
+    if variant == "fastapi-builtin":
+        # No agent, but a global SDK provider set by something else: FastAPI's built-in
+        # telemetry (fastapi >= 0.165) then records its own spans for every request.
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+    elif variant != "bare":
         from gym_telemetry.autoinstrument.identity import start_server_telemetry
         from gym_telemetry.autoinstrument.install import install
 
@@ -147,8 +158,9 @@ def main() -> None:
     flush = variant != "bare" and export != "queue"
     if flush:
         _flush()  # the warm-up's spans leave before the window opens
-    gc.collect()
     mode = opts.get("gc", "on")
+    if mode != "pending":
+        gc.collect()  # the window starts with no collection pending ("pending": it may)
     if mode == "freeze":
         gc.freeze()
     if mode == "off":
