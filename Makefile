@@ -15,12 +15,12 @@ screenshots:
 	bash scripts/bootstrap.sh && uv run --frozen python scripts/ui_screenshots.py
 
 bench:
-	bash scripts/bootstrap.sh && uv run --frozen python -m bench
+	bash scripts/bootstrap.sh && uv sync --frozen --quiet --group native && uv run --frozen python -m bench
 
 # Performance round 3 (docs/benchmarks.md): callgrind, the three loads, the same-job
 # Collector, memory and the 30-minute soak, in one run.
 bench-round3:
-	bash scripts/bootstrap.sh && uv run --frozen python -m bench --round3
+	bash scripts/bootstrap.sh && uv sync --frozen --quiet --group native && uv run --frozen python -m bench --round3
 
 # Mutation testing of the data-critical modules (slow; not part of make test): see
 # docs/testing.md#mutation-testing. `make mutate MODULES="disk_queue sender" WORKERS=2`.
@@ -30,4 +30,4 @@ mutate:
 	bash scripts/bootstrap.sh && uv run --frozen --group mutate python scripts/mutate.py $(MODULES) --max-children $(WORKERS)
 
 lint:
-	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar demo tests testkit bench deploy scripts examples && uv run --frozen mypy
+	bash scripts/bootstrap.sh && uv run --frozen ruff check semconv agent sidecar sidecar-native demo tests testkit bench deploy scripts examples && uv run --frozen mypy

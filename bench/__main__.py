@@ -96,9 +96,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ROUND3_PATHS = ",".join(
-    f"{c}:{e}"
-    for e in ("grpc/gzip", "http/gzip", "grpc/none")
-    for c in ("sidecar", "rotel", "otelcol")
+    [
+        *(
+            f"{c}:{e}"
+            for e in ("grpc/gzip", "http/gzip", "grpc/none")
+            for c in ("sidecar", "rotel", "otelcol")
+        ),
+        # without their derive step, for what deriving costs each per derived span
+        "sidecar-noderive:grpc/none",
+        "otelcol-noderive:grpc/none",
+    ]
 )
 
 

@@ -4,16 +4,26 @@
     uv run --frozen python -m bench.derive_callgrind [--loads rollouts,derive-heavy]
         [--repeats 3] [--no-callgrind]
 
-The requests are ``bench.loadgen``'s (512-span Gym-shaped requests, 56 distinct, parsed
-once): ``rollouts`` (2 of 18 spans derived from), ``derive-heavy`` (half). For each
-load the child runs the derive step the sidecar runs per trace request,
-``SpanDeriver.extract`` (read the rollout/verify spans) and ``SpanDeriver.record``
-(add the points to the store), over every request, after one warm-up pass:
+The requests are ``bench.loadgen``'s (512-span Gym-shaped requests, 56 distinct):
+``rollouts`` (2 of 18 spans derived from), ``derive-heavy`` (half). For each load the
+child runs the derive step the sidecar runs per trace request over every request, after
+one warm-up pass. Since the pipeline works on a request's wire view
+(``gym_sidecar.core.traces``), the step has three parts:
+
+- ``scan``: the share of the receiver's scan that the derive stage causes, i.e. the
+  pure-Python scanner (``receiver.wire.scan_python``) asked for the derive stage's
+  ``SCAN_SPEC`` minus the same scan asked for nothing (it then reads the rollout/verify
+  spans' fields from the parsed request);
+- ``extract``: ``SpanDeriver.extract`` (the points, from those fields);
+- ``record``: ``SpanDeriver.record`` (add the points to the store).
+
+A sidecar from before the wire view (``--sidecar-src`` of an older tree) has no scan:
+its ``extract`` reads the parsed upb request itself, so the sums compare. Measured:
 
 - under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``; start-up uninstrumented,
-  instrumentation switched on by ``callgrind_control`` before the step): counters zeroed before
-  each step (``os.getpgrp()``) and dumped after it (``os.getsid(0)``); instructions per
-  derived span for extract and for record;
+  instrumentation switched on by ``callgrind_control`` before the steps): counters
+  zeroed before each step (``os.getpgrp()``) and dumped after it (``os.getsid(0)``);
+  instructions per derived span for each part;
 - natively: best of ``--repeats`` passes, µs per derived span (wall clock; on a loaded
   machine only the instruction counts are comparable between runs).
 """
@@ -29,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.callgrind_support import TOTALS, instrument_on, valgrind_command
 
@@ -53,52 +64,88 @@ def _read_bodies(path: Path) -> list[bytes]:
 
 
 def child(bodies: Path, repeats: int) -> None:
+    from gym_sidecar.metrics import spans as derive_spans
     from gym_sidecar.metrics.config import MetricsConfig
     from gym_sidecar.metrics.derived import DerivedMetrics
-    from gym_sidecar.metrics.spans import SpanDeriver
     from gym_sidecar.selfmetrics import SelfMetrics
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
-    reqs = [ExportTraceServiceRequest.FromString(b) for b in _read_bodies(bodies)]
+    raw = _read_bodies(bodies)
+    parsed = [ExportTraceServiceRequest.FromString(b) for b in raw]
     derived = sum(
         len(ss.spans)
-        for r in reqs
+        for r in parsed
         for rs in r.resource_spans
         for ss in rs.scope_spans
         if ss.scope.name.endswith((".rollout", ".verify"))
     )
-    total = sum(len(ss.spans) for r in reqs for rs in r.resource_spans for ss in rs.scope_spans)
-    deriver = SpanDeriver(DerivedMetrics(MetricsConfig(), SelfMetrics()))
-    for r in reqs:  # warm-up: every series exists afterwards
+    total = sum(len(ss.spans) for r in parsed for rs in r.resource_spans for ss in rs.scope_spans)
+    spec = getattr(derive_spans, "SCAN_SPEC", None)
+
+    def scan(derive: bool) -> list[Any]:
+        if spec is None:  # before the wire view: extract reads the parsed request
+            return parsed if derive else []
+        from gym_sidecar.receiver.wire import scan_python
+
+        return [
+            scan_python(
+                b,
+                max_depth=100,
+                max_messages=1_000_000,
+                derive_scopes=spec.derive_scopes if derive else frozenset(),
+                attr_keys=spec.attr_keys if derive else (),
+            )
+            for b in raw
+        ]
+
+    deriver = derive_spans.SpanDeriver(DerivedMetrics(MetricsConfig(), SelfMetrics()))
+    for r in scan(True):  # warm-up: every series exists afterwards
         p = deriver.extract(r)
         if p is not None:
             deriver.record(p)
-    best_extract = best_record = float("inf")
+    best = {"scan_plain": float("inf"), "scan": float("inf"), "extract": float("inf")}
+    best["record"] = float("inf")
     instrument_on()
     for _ in range(repeats):
         os.getpgrp()
         t0 = time.perf_counter()
-        pending = [deriver.extract(r) for r in reqs]
+        scan(False)
         t1 = time.perf_counter()
         os.getsid(0)
         os.getpgrp()
         t2 = time.perf_counter()
+        views = scan(True)
+        t3 = time.perf_counter()
+        os.getsid(0)
+        os.getpgrp()
+        t4 = time.perf_counter()
+        pending = [deriver.extract(r) for r in views]
+        t5 = time.perf_counter()
+        os.getsid(0)
+        os.getpgrp()
+        t6 = time.perf_counter()
         for p in pending:
             if p is not None:
                 deriver.record(p)
-        t3 = time.perf_counter()
+        t7 = time.perf_counter()
         os.getsid(0)
-        best_extract = min(best_extract, t1 - t0)
-        best_record = min(best_record, t3 - t2)
+        for key, seconds in (
+            ("scan_plain", t1 - t0),
+            ("scan", t3 - t2),
+            ("extract", t5 - t4),
+            ("record", t7 - t6),
+        ):
+            best[key] = min(best[key], seconds)
     print(
         json.dumps(
             {
                 "derived": derived,
                 "spans": total,
-                "extract_us": 1e6 * best_extract / derived,
-                "record_us": 1e6 * best_record / derived,
+                "scan_us": 1e6 * max(0.0, best["scan"] - best["scan_plain"]) / derived,
+                "extract_us": 1e6 * best["extract"] / derived,
+                "record_us": 1e6 * best["record"] / derived,
             }
         ),
         flush=True,
@@ -131,8 +178,9 @@ def _run(
         dumps = sorted(out_dir.glob("cg.*.[0-9]*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
         counts = [int(m.group(1)) for f in dumps if (m := TOTALS.search(f.read_text()))]
         shutil.rmtree(out_dir, ignore_errors=True)
-        res["extract_instr"] = counts[0] / res["derived"]
-        res["record_instr"] = counts[1] / res["derived"]
+        res["scan_instr"] = (counts[1] - counts[0]) / res["derived"]
+        res["extract_instr"] = counts[2] / res["derived"]
+        res["record_instr"] = counts[3] / res["derived"]
     return res
 
 
@@ -158,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         _write_bodies(load, bodies)
         native = _run(bodies, False, args.repeats, args.sidecar_src)
         line = (
-            f"  {load:>12}: {native['derived']}/{native['spans']} spans derived; extract "
-            f"{native['extract_us']:.2f} us, record {native['record_us']:.2f} us per derived span"
+            f"  {load:>12}: {native['derived']}/{native['spans']} spans derived; scan "
+            f"{native['scan_us']:.2f} us, extract {native['extract_us']:.2f} us, record "
+            f"{native['record_us']:.2f} us per derived span"
         )
         if not args.no_callgrind:
             cg = _run(bodies, True, 1, args.sidecar_src)
-            both = cg["extract_instr"] + cg["record_instr"]
+            parts = ("scan_instr", "extract_instr", "record_instr")
             line += (
-                f"; instructions per derived span: extract {cg['extract_instr']:,.0f}, record "
-                f"{cg['record_instr']:,.0f}, together {both:,.0f}"
+                f"; instructions per derived span: scan {cg['scan_instr']:,.0f}, extract "
+                f"{cg['extract_instr']:,.0f}, record {cg['record_instr']:,.0f}, together "
+                f"{sum(cg[k] for k in parts):,.0f}"
             )
         print(line, flush=True)
     shutil.rmtree(tmp, ignore_errors=True)

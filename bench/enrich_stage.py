@@ -6,14 +6,14 @@ Requests are shaped like Gym traffic: one ResourceSpans per request (a Gym serve
 resource as the agent sends it: service.name, nemo.gym.server.*, container.id,
 telemetry.sdk.*, process.pid) with four ScopeSpans (span groups) of 64 spans each,
 and a variant with four ResourceSpans (a sidecar batching several servers). Every
-request is a fresh copy parsed from the wire bytes, as the receiver hands it over, so
-the stage sees an unenriched resource each time; parsing is done before timing.
+request is a fresh wire view scanned from the bytes, as the receiver hands it over, so
+the stage sees an unenriched resource each time; scanning is done before timing.
 
 The stage runs with static attributes, OTEL_RESOURCE_ATTRIBUTES, host, Gym and
 Kubernetes sources on, Docker off (its results are cached the same way; the lookup
 itself runs in a thread). Printed: median microseconds per request over repeats, for
 the stage, for a pass-through stage, the cold cost of one cache miss, and for
-scale the cost of parsing the same request from bytes.
+scale the cost of scanning the same request from bytes (the receiver's).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from gym_sidecar.enrich.stage import EnrichStage
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from testkit.otlp_samples import trace_view
 
 GROUPS = ("server", "http_client", "rollout", "model_call")
 
@@ -84,10 +86,7 @@ def make_stage(metrics: SelfMetrics, tail: Stage) -> EnrichStage:
 
 
 async def time_stage(stage: Stage, wire: bytes, requests: int, spans: int) -> float:
-    batches = [
-        Batch(Signal.TRACES, ExportTraceServiceRequest.FromString(wire), spans, "10.0.0.2:1")
-        for _ in range(requests)
-    ]
+    batches = [Batch(Signal.TRACES, trace_view(wire), spans, "10.0.0.2:1") for _ in range(requests)]
     start = time.perf_counter()
     for batch in batches:
         await stage.consume(batch)
@@ -101,7 +100,7 @@ async def run(requests: int, repeats: int) -> None:
         metrics = SelfMetrics()
         sink = PassThrough("sink", None, metrics)
         stage = make_stage(metrics, sink)
-        cold_batch = Batch(Signal.TRACES, ExportTraceServiceRequest.FromString(wire), spans)
+        cold_batch = Batch(Signal.TRACES, trace_view(wire), spans)
         t0 = time.perf_counter()
         await stage.consume(cold_batch)
         cold_us = (time.perf_counter() - t0) * 1e6
@@ -112,7 +111,7 @@ async def run(requests: int, repeats: int) -> None:
         added = [w - b for w, b in zip(warm, base, strict=True)]
         t0 = time.perf_counter()
         for _ in range(requests):
-            ExportTraceServiceRequest.FromString(wire)
+            trace_view(wire)
         parse_us = (time.perf_counter() - t0) / requests * 1e6
         print(
             f"resource_spans={servers} spans={spans} bytes={len(wire)}: "
@@ -120,7 +119,7 @@ async def run(requests: int, repeats: int) -> None:
             f"(pass-through {statistics.median(base):.1f}, added "
             f"{statistics.median(added):.1f} = {statistics.median(added) / servers:.1f} "
             f"us per ResourceSpans); first request (cache miss) {cold_us:.0f} us; "
-            f"computed={stage.enricher.computed}; for scale, parsing the request "
+            f"computed={stage.enricher.computed}; for scale, scanning the request "
             f"{parse_us:.1f} us"
         )
 

@@ -350,6 +350,24 @@ def build_requests(
     ]
 
 
+DERIVED_SPAN_NAMES = frozenset({semconv.SPAN_ROLLOUT, semconv.SPAN_VERIFY})
+"""The spans the sidecar's derive stage and the same-job Collector's ``span_metrics``
+derive from."""
+
+
+def derived_share(bodies: list[tuple[bytes, int]]) -> float:
+    """The share of the spans in ``bodies`` that are derived from (``gym.rollout`` and
+    ``gym.verify`` in their scopes), read back from the encoded requests."""
+    derived = total = 0
+    for body, _ in bodies:
+        req = ExportTraceServiceRequest.FromString(body)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                total += len(ss.spans)
+                derived += sum(span.name in DERIVED_SPAN_NAMES for span in ss.spans)
+    return derived / total if total else 0.0
+
+
 def spread(bodies: list[tuple[bytes, int]]) -> dict[str, object]:
     """The load's spread (module doc): min/median/max per request, and its compressibility."""
     import statistics
@@ -368,6 +386,7 @@ def spread(bodies: list[tuple[bytes, int]]) -> dict[str, object]:
         "bytes_per_span": stats([b / n for b, n in zip(sizes, spans, strict=True)]),
         "zlib6_ratio": stats(gz),
         "mean_bytes_per_span": sum(sizes) / sum(spans),
+        "derived_share": derived_share(bodies),
         "mean_zlib6_bytes_per_span": sum(g * b for g, b in zip(gz, sizes, strict=True))
         / sum(spans),
     }

@@ -25,8 +25,8 @@ import statistics
 import time
 
 from gym_sidecar.core.stage import Batch, PassThrough, ProcessorStage, Signal, Stage
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.selfmetrics import SelfMetrics
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
 class HandWritten(Stage):
@@ -84,7 +84,7 @@ async def run(batches: int, repeats: int) -> None:
         "hand-written": HandWritten(sink, metrics),
         "helper": Helper(sink, metrics),
     }
-    batch = Batch(Signal.TRACES, ExportTraceServiceRequest(), items=8)
+    batch = Batch(Signal.TRACES, TraceRequest(b"", [], []), items=8)
     times: dict[str, list[float]] = {name: [] for name in stages}
     for _ in range(repeats):
         for name, stage in stages.items():

@@ -1,13 +1,14 @@
 """Small OTLP requests (for the receiver tests and the receive/gate benchmarks), the
-plain clients that send them, and the attribute and resource builders other request
-builders share."""
+plain clients that send them, the attribute and resource builders other request
+builders share, and trace requests as the sidecar's pipeline carries them (their wire
+view: :func:`trace_view`, :func:`trace_batch`, :func:`parsed`)."""
 
 from __future__ import annotations
 
 import gzip
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import gym_telemetry_semconv as semconv
@@ -22,6 +23,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+
+if TYPE_CHECKING:  # the sidecar is imported only by the helpers that need it
+    from gym_sidecar.core.stage import Batch
+    from gym_sidecar.core.traces import ScanSpec, TraceRequest
 
 SERVICES = {
     "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -38,6 +43,41 @@ def kv(key: str, value: Any) -> KeyValue:
     if isinstance(value, float):
         return KeyValue(key=key, value=AnyValue(double_value=value))
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def trace_view(
+    request: ExportTraceServiceRequest | bytes, scan: ScanSpec | None = None
+) -> TraceRequest:
+    """``request`` as the receivers hand it to the pipeline: its wire view (bytes plus
+    index), with the spans the derive stage reads extracted (``scan``: something else)."""
+    from gym_sidecar.metrics.spans import SCAN_SPEC
+    from gym_sidecar.receiver.wire import scan_traces
+
+    data = request if isinstance(request, bytes) else request.SerializeToString()
+    spec = SCAN_SPEC if scan is None else scan
+    return scan_traces(
+        data,
+        max_depth=100,
+        max_messages=1_000_000,
+        derive_scopes=spec.derive_scopes,
+        attr_keys=spec.attr_keys,
+    )
+
+
+def trace_batch(request: ExportTraceServiceRequest | bytes, peer: str | None = None) -> Batch:
+    """A traces :class:`Batch` of ``request``'s wire view, counting its spans."""
+    from gym_sidecar.core.stage import Batch, Signal
+
+    view = trace_view(request)
+    return Batch(Signal.TRACES, view, view.span_count(), peer=peer)
+
+
+def parsed(message: object) -> ExportTraceServiceRequest:
+    """A trace batch's message as it stands now, parsed (what the exporter would send)."""
+    from gym_sidecar.core.traces import TraceRequest
+
+    assert isinstance(message, TraceRequest), type(message)
+    return ExportTraceServiceRequest.FromString(message.SerializeToString())
 
 
 def trace_request(tag: str, spans: int = 3, service: str = "test-svc") -> ExportTraceServiceRequest:

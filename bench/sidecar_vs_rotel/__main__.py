@@ -50,7 +50,16 @@ from testkit.http_sink import HttpSink
 from testkit.rotel import ROTEL_VERSION
 from testkit.sink import RecordingSink
 
-COLLECTORS = ("sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "jaeger", "otelcol")
+COLLECTORS = (
+    "sidecar",
+    "sidecar-h2",
+    "sidecar-grpcio",
+    "sidecar-noderive",
+    "rotel",
+    "jaeger",
+    "otelcol",
+    "otelcol-noderive",
+)
 EXPORTS = ("grpc/none", "grpc/gzip", "http/gzip", "http/none")
 DEFAULT_PATHS = (
     "direct",
@@ -90,8 +99,20 @@ def make(
         return Rotel(sink, workdir, export=protocol, compression=compression)
     if collector == "jaeger":
         return Jaeger(sink, workdir, export=protocol, compression=compression)
-    if collector == "otelcol":
-        return OtelCol(sink, workdir, export=protocol, compression=compression, groups=groups)
+    if collector in ("otelcol", "otelcol-noderive"):
+        derive = collector == "otelcol"
+        return OtelCol(sink, workdir, protocol, compression, groups, derive=derive)
+    if collector == "sidecar-noderive":
+        return Sidecar(
+            sink,
+            compression,
+            workdir,
+            protocol,
+            gzip_level,
+            env=env or None,
+            groups=groups,
+            derive=False,
+        )
     client = collector.partition("-")[2] or "auto"
     return Sidecar(sink, compression, workdir, protocol, gzip_level, client, env or None, groups)
 
@@ -257,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(report.table(f"fixed rate {args.rate:,.0f} spans/s", paced, paced=True))
     rat = report.ratios(results["throughput"])
     console.print(report.ratio_table(rat))
+    costs = report.derive_costs(results["throughput"])
+    if costs:
+        console.print(report.derive_table(costs))
     if args.profile is not None:
         print_profiles(console, args.profile)
     console.print(f"machine at end: {end_machine}")
@@ -268,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": thr,
         "fixed_rate": paced,
         "ratios": rat,
+        "derive_costs": costs,
     }
     name = args.name + ("_quick" if args.quick else "")
     report.write_json(args.out / f"{name}.json", doc, results)

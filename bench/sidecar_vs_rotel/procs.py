@@ -127,8 +127,11 @@ class Sidecar:
         grpc_client: str = "auto",
         env: dict[str, str] | None = None,
         groups: str = "all",
+        derive: bool = True,
     ) -> None:
         kind = "sidecar" if grpc_client == "auto" else f"sidecar-{grpc_client}"
+        if not derive:
+            kind = "sidecar-noderive"
         self.name = f"{kind}:{export}/{compression}"
         protocol = "grpc" if export == "grpc" else "http/protobuf"
         self.proc = SidecarProcess(
@@ -144,7 +147,7 @@ class Sidecar:
             config={
                 "span_groups": {"spec": groups},
                 "enrich": {"attributes": dict(BENCH_RESOURCE)},
-                "metrics": {"enabled": True},
+                "metrics": {"enabled": derive},
                 "backend": {
                     "grpc_client": grpc_client,
                     **({"compression_level": gzip_level} if gzip_level else {}),
@@ -386,8 +389,9 @@ class OtelCol(_ChildCollector):
         export: str = "grpc",
         compression: str = "gzip",
         groups: str = "all",
+        derive: bool = True,
     ) -> None:
-        self.name = f"otelcol:{export}/{compression}"
+        self.name = f"otelcol{'' if derive else '-noderive'}:{export}/{compression}"
         self.binary = otelcol_binary()
         self.grpc_port, self.http_port = free_port(), free_port()
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
@@ -399,6 +403,9 @@ class OtelCol(_ChildCollector):
         if not drop:
             pipelines["traces/export"]["processors"].remove("filter/groups")
             del config["processors"]["filter/groups"]
+        if not derive:  # the export pipeline alone: what deriving costs is the difference
+            del pipelines["traces/derive"], pipelines["metrics/derived"]
+            del config["connectors"], config["processors"]["filter/derived"]
         if export == "http":
             grpc_exp = config["exporters"].pop("otlp_grpc")
             config["exporters"]["otlp_http"] = {

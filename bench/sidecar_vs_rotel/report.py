@@ -50,7 +50,17 @@ def _key(r: RunResult) -> tuple[str, str, str, bool]:
 
 def _order(path: str) -> tuple[str, int]:
     collector, _, export = path.partition(":")
-    rank = ("direct", "sidecar", "sidecar-h2", "sidecar-grpcio", "rotel", "otelcol", "jaeger")
+    rank = (
+        "direct",
+        "sidecar",
+        "sidecar-h2",
+        "sidecar-grpcio",
+        "sidecar-noderive",
+        "rotel",
+        "otelcol",
+        "otelcol-noderive",
+        "jaeger",
+    )
     return (export, rank.index(collector) if collector in rank else 9)
 
 
@@ -95,7 +105,7 @@ def ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     pairs: dict[tuple[str, str, str, str, bool], list[float]] = {}
     for (path, protocol, load, pinned, rnd), ours in by.items():
         collector, _, export = path.partition(":")
-        if not collector.startswith("sidecar"):
+        if not collector.startswith("sidecar") or collector.endswith("-noderive"):
             continue
         for peer in PEERS:
             theirs = by.get((f"{peer}:{export}", protocol, load, pinned, rnd))
@@ -116,6 +126,63 @@ def ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             pairs.items(), key=lambda kv: (kv[0][4], kv[0][3], kv[0][2], kv[0][1], kv[0][0])
         )
     ]
+
+
+DERIVING = ("sidecar", "otelcol")
+"""Collectors run with and without their derive step (``<collector>-noderive``)."""
+
+
+def derive_costs(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """What deriving costs each collector per derived span, from same-round pairs.
+
+    Per round: CPU µs per received span with the derive step minus without it (the
+    ``-noderive`` run of the same export, load, protocol and pinning), divided by the
+    load's share of derived spans (the generator's ``spread.derived_share``); median,
+    min and max over the rounds. The sidecar's is its derive stage; the Collector's is
+    its ``filter`` + ``span_metrics`` pipeline (the connector and its metrics export).
+    """
+    by: dict[tuple[str, str, str, bool, int], RunResult] = {}
+    for r in results:
+        if r.cpu_s and r.spans_sent:
+            by[(*_key(r), r.repeat)] = r
+    found: dict[tuple[str, str, str, bool], list[float]] = {}
+    for (path, protocol, load, pinned, rnd), run in by.items():
+        collector, _, export = path.partition(":")
+        if collector not in DERIVING:
+            continue
+        bare = by.get((f"{collector}-noderive:{export}", protocol, load, pinned, rnd))
+        share = (run.extra.get("spread") or {}).get("derived_share")
+        if bare is None or not share or bare.cpu_s is None or run.cpu_s is None:
+            continue
+        per_span = run.cpu_s / run.spans_sent - bare.cpu_s / bare.spans_sent
+        found.setdefault((path, protocol, load, pinned), []).append(per_span / share * 1e6)
+    return [
+        {
+            "path": path,
+            "protocol": protocol,
+            "load": load,
+            "pinned": pinned,
+            "rounds": len(values),
+            "us_per_derived_span": _stats(values),
+        }
+        for (path, protocol, load, pinned), values in sorted(found.items())
+    ]
+
+
+def derive_table(rows: Sequence[dict[str, Any]]) -> Table:
+    t = Table(title="CPU µs per derived span: with the derive step minus without (per round)")
+    for col in ("path", "proto", "load", "pinned", "rounds", "µs per derived span"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            r["path"],
+            r["protocol"],
+            r["load"],
+            "yes" if r["pinned"] else "no",
+            str(r["rounds"]),
+            _fmt(r["us_per_derived_span"], 1, 2),
+        )
+    return t
 
 
 def ratio_table(rows: Sequence[dict[str, Any]]) -> Table:
@@ -269,4 +336,15 @@ def markdown(doc: dict[str, Any]) -> str:
             f"| {r['rounds']} "
             f"| {_md(r['spans_per_cpu_s_ratio'], 1, 2)} |"
         )
+    if doc.get("derive_costs"):
+        lines += [
+            "",
+            "| path | load | pinned | rounds | CPU µs per derived span (with - without derive) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for r in doc["derive_costs"]:
+            lines.append(
+                f"| {r['path']} | {r['load']} | {'yes' if r['pinned'] else 'no'} "
+                f"| {r['rounds']} | {_md(r['us_per_derived_span'], 1, 2)} |"
+            )
     return "\n".join(lines) + "\n"

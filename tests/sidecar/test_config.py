@@ -72,6 +72,14 @@ def test_backend_flag_env_twins() -> None:
     assert load_config(None, env).backend.url == "http://nested:4317"
 
 
+def test_variables_that_are_not_config_keys_are_not_errors() -> None:
+    """The webhook's podinfo directory and the trace scanner switch (docs/sidecar.md)."""
+    env = {"GYM_SIDECAR_PODINFO_DIR": "/podinfo", "GYM_SIDECAR_NATIVE": "0"}
+    assert load_config(None, env).model_dump() == load_config(None, {}).model_dump()
+    with pytest.raises(ConfigError, match="natives: Extra inputs are not permitted"):
+        load_config(None, {"GYM_SIDECAR_NATIVES": "0"})
+
+
 def test_all_errors_reported_at_once_with_key_paths(tmp_path: Path) -> None:
     path = write(
         tmp_path,

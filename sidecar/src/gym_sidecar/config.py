@@ -39,7 +39,7 @@ from gym_sidecar.configload import (
     load_layers,
     read_yaml_file,
 )
-from gym_sidecar.core import downward_api
+from gym_sidecar.core import downward_api, traces
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
@@ -53,8 +53,11 @@ ENV_PREFIX = "GYM_SIDECAR_"
 ENV_CONFIG_FILE = "GYM_SIDECAR_CONFIG"
 """Env twin of ``--config`` (a path, not a config key)."""
 # GYM_SIDECAR_PODINFO_DIR is set by the injection webhook for the enrich stage's
-# Kubernetes source (core/downward_api.py); it is not a config override.
-_NOT_CONFIG_ENV = frozenset({ENV_PREFIX, ENV_CONFIG_FILE, downward_api.PODINFO_DIR_ENV})
+# Kubernetes source (core/downward_api.py), GYM_SIDECAR_NATIVE picks the trace scanner
+# (core/traces.py); neither is a config override.
+_NOT_CONFIG_ENV = frozenset(
+    {ENV_PREFIX, ENV_CONFIG_FILE, downward_api.PODINFO_DIR_ENV, traces.NATIVE_ENV}
+)
 
 MiB = 1024 * 1024
 

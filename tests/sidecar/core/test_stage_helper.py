@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, ProcessorStage, Signal, Stage
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.support.collect_stage import CollectStage
 
@@ -46,7 +46,7 @@ def count(metrics: SelfMetrics, signal: str, outcome: str) -> float:
 
 
 def traces(items: int) -> Batch:
-    return Batch(Signal.TRACES, ExportTraceServiceRequest(), items=items)
+    return Batch(Signal.TRACES, TraceRequest(b"", [], []), items=items)
 
 
 def test_counts_received_dropped_passed_and_forwards() -> None:

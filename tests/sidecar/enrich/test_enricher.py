@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from gym_sidecar.core.stage import Batch, Signal
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.enrich.enricher import Enricher, resource_blocks
 from gym_sidecar.enrich.stage import build_enrich_stage
@@ -20,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from testkit.otlp_samples import parsed, trace_view
 from testkit.sink import attrs
 from testkit.wait import wait_for_async as wait_for
 from tests.support.collect_stage import CollectStage
@@ -28,7 +30,8 @@ from tests.support.docker_engine import EngineContractServer, FakeContainer
 CID = "c0ffee00" * 8
 
 
-def traces(*resources: dict[str, str]) -> ExportTraceServiceRequest:
+def traces(*resources: dict[str, str]) -> TraceRequest:
+    """A trace request with one ResourceSpans per resource, as the receivers hand it on."""
     req = ExportTraceServiceRequest()
     for resource in resources:
         rs = req.resource_spans.add()
@@ -37,7 +40,7 @@ def traces(*resources: dict[str, str]) -> ExportTraceServiceRequest:
             kv.key = k
             kv.value.string_value = v
         rs.scope_spans.add().spans.add(name="s")
-    return req
+    return trace_view(req)
 
 
 def enricher(cfg: dict[str, Any], environ: dict[str, str] | None = None) -> Enricher:
@@ -47,6 +50,8 @@ def enricher(cfg: dict[str, Any], environ: dict[str, str] | None = None) -> Enri
 
 
 def resource_of(req: Any, index: int = 0) -> dict[str, Any]:
+    if isinstance(req, TraceRequest):
+        return attrs(parsed(req).resource_spans[index].resource.attributes)
     return attrs(resource_blocks(req)[index].resource.attributes)
 
 
@@ -239,6 +244,7 @@ def test_stage_counts_and_passes_on() -> None:
     cfg = EnrichConfig.model_validate({"attributes": {"a": "1"}, "docker": {"enabled": False}})
     stage = build_enrich_stage(cfg, tail, metrics)
     batch = Batch(Signal.TRACES, traces({"service.name": "s"}), items=1, peer="10.0.0.1:1")
+    assert isinstance(batch.message, TraceRequest)
 
     async def run() -> None:
         await stage.start()

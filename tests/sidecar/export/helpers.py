@@ -11,6 +11,7 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from testkit.otlp_samples import trace_view
 from testkit.wait import wait_for  # noqa: F401  (re-exported for the export tests)
 from testkit.wait import wait_for_async as wait_until  # noqa: F401  (re-exported)
 
@@ -35,7 +36,8 @@ def trace_request(tag: str, spans: int = 3) -> ExportTraceServiceRequest:
 
 
 def trace_batch(tag: str, spans: int = 3) -> Batch:
-    return Batch(Signal.TRACES, trace_request(tag, spans), spans)
+    """A traces batch as the pipeline carries it (the request's wire view)."""
+    return Batch(Signal.TRACES, trace_view(trace_request(tag, spans)), spans)
 
 
 def sample(metrics: SelfMetrics, name: str, **labels: str) -> float:

@@ -74,6 +74,27 @@ def test_concurrent_calls_share_one_connection_and_all_arrive() -> None:
     run(body())
 
 
+def test_a_long_lived_connection_remembers_a_bounded_number_of_closed_streams() -> None:
+    """Every call is a stream, and one connection carries them all for days: h2's own
+    memory of closed streams (65,536 by default, ~7 MiB) is capped at 1,024."""
+
+    async def body() -> None:
+        with RecordingSink(record=False) as sink:
+            exporter = GrpcH2Exporter(BackendConfig(url=f"http://{sink.endpoint}"))
+            payload = trace_request("many", 1).SerializeToString()
+            for _ in range(1200):
+                result = await exporter.export(Signal.TRACES, payload, 1)
+                assert result.outcome is Outcome.SUCCESS, result.message
+            conn = exporter._conn
+            assert conn is not None and conn.h2.highest_outbound_stream_id == 2 * 1200 - 1
+            remembered = len(conn.h2._closed_streams)
+            await exporter.close()
+            assert sink.span_count == 1200
+            assert remembered == 1024
+
+    run(body())
+
+
 def test_refused_connection_is_retryable_unavailable() -> None:
     async def body() -> None:
         exporter = GrpcH2Exporter(BackendConfig(url=f"http://127.0.0.1:{free_port()}"))

@@ -1,4 +1,5 @@
-"""The gate stage on real OTLP messages: whole ScopeSpans blocks dropped and counted."""
+"""The gate stage on real OTLP requests (their wire view, as the receivers hand them on):
+whole ScopeSpans blocks dropped and counted."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from testkit.otlp_samples import add_resource
+from testkit.otlp_samples import add_resource, parsed, trace_batch
 from tests.sidecar.gating.helpers import scope_counts
 from tests.support.collect_stage import CollectStage
 
@@ -46,18 +47,20 @@ def test_drops_off_and_metrics_groups_per_service() -> None:
     add_resource(req, "res-2", {VERIFY: 5, SANDBOX: 1})
     add_resource(req, "res-3", {SANDBOX: 2})  # becomes empty: removed
     add_resource(req, None, {"fastapi": 2, "opentelemetry.instrumentation.aiohttp_client": 1})
-    batch = Batch(Signal.TRACES, req, items=24)
+    batch = trace_batch(req)
+    assert batch.items == 21
     run(stage, batch)
 
-    assert scope_counts(req) == {
+    out = parsed(batch.message)
+    assert scope_counts(out) == {
         ("res-1", ROLLOUT): 2,
         ("res-1", "my.lib"): 1,  # unknown scopes are never gated
         ("res-2", VERIFY): 5,
         (None, "fastapi"): 2,
         (None, "opentelemetry.instrumentation.aiohttp_client"): 1,
     }
-    assert len(req.resource_spans) == 3
-    assert batch.items == 24 - 3 - 4 - 1 - 2
+    assert len(out.resource_spans) == 3
+    assert batch.items == 21 - 3 - 4 - 1 - 2
     assert sink.batches == [batch]
     counter = "gym_sidecar_span_group_dropped_spans_total"
     assert sample(metrics, counter, group="verify", service="res-1", mode="metrics") == 3
@@ -89,8 +92,9 @@ def test_third_party_scopes_map_to_server_and_http_client() -> None:
         ROLLOUT: 1,
     }
     add_resource(req, "agent", scopes)
-    run(stage, Batch(Signal.TRACES, req, items=11))
-    assert scope_counts(req) == {("agent", ROLLOUT): 1}
+    batch = trace_batch(req)
+    run(stage, batch)
+    assert scope_counts(parsed(batch.message)) == {("agent", ROLLOUT): 1}
     counter = "gym_sidecar_span_group_dropped_spans_total"
     assert sample(metrics, counter, group="server", service="agent", mode="off") == 7
     assert sample(metrics, counter, group="http_client", service="agent", mode="off") == 3
@@ -102,7 +106,7 @@ def test_all_dropped_batch_is_not_forwarded_and_other_signals_pass() -> None:
     stage = build_gate_stage(SpanGroupsConfig(spec="none"), sink, metrics)
     req = ExportTraceServiceRequest()
     add_resource(req, "svc", {VERIFY: 2})
-    batch = Batch(Signal.TRACES, req, items=2)
+    batch = trace_batch(req)
     run(stage, batch)
     assert batch.items == 0 and sink.batches == []
     other = Batch(Signal.METRICS, ExportMetricsServiceRequest(), items=5)
@@ -116,15 +120,19 @@ def test_policy_swap_takes_effect_on_next_batch_and_services_past_the_cap() -> N
     stage = build_gate_stage(SpanGroupsConfig(spec="all", max_services=1), sink, metrics)
     req = ExportTraceServiceRequest()
     add_resource(req, "a", {VERIFY: 1})
-    run(stage, Batch(Signal.TRACES, req, items=1))
-    assert scope_counts(req) == {("a", VERIFY): 1}
+    batch = trace_batch(req)
+    run(stage, batch)
+    assert scope_counts(parsed(batch.message)) == {("a", VERIFY): 1}
+    assert batch.message.SerializeToString() is batch.message.raw  # nothing dropped
 
     stage.state.replace_policy(SpanGroupsConfig(spec="default,-verify").policy())
     req = ExportTraceServiceRequest()
     add_resource(req, "a", {VERIFY: 1})
     add_resource(req, "b", {VERIFY: 2})
-    run(stage, Batch(Signal.TRACES, req, items=3))
-    assert scope_counts(req) == {}
+    batch = trace_batch(req)
+    run(stage, batch)
+    assert batch.items == 0 and len(sink.batches) == 1  # the first batch only
+    assert scope_counts(parsed(batch.message)) == {}
     counter = "gym_sidecar_span_group_dropped_spans_total"
     assert sample(metrics, counter, group="verify", service="a", mode="off") == 1
     assert sample(metrics, counter, group="verify", service="_other", mode="off") == 2
@@ -139,5 +147,25 @@ def test_configured_scope_groups_extend_the_table() -> None:
     stage = build_gate_stage(cfg, sink, metrics)
     req = ExportTraceServiceRequest()
     add_resource(req, "svc", {"my.sandbox.client": 2, "my.other.lib": 1, ROLLOUT: 1})
-    run(stage, Batch(Signal.TRACES, req, items=4))
-    assert scope_counts(req) == {("svc", "my.other.lib"): 1, ("svc", ROLLOUT): 1}
+    batch = trace_batch(req)
+    run(stage, batch)
+    assert scope_counts(parsed(batch.message)) == {("svc", "my.other.lib"): 1, ("svc", ROLLOUT): 1}
+
+
+def test_service_names_are_cached_per_resource_bytes_and_bounded() -> None:
+    from gym_sidecar.gating.stage import ServiceNames
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    def resource(*attrs: tuple[str, AnyValue]) -> bytes:
+        return Resource(attributes=[KeyValue(key=k, value=v) for k, v in attrs]).SerializeToString()
+
+    names = ServiceNames(max_entries=2, max_resource_bytes=64)
+    svc = AnyValue(string_value="svc")
+    assert names(resource(("k", svc), ("service.name", svc))) == "svc"
+    assert names(resource(("service.name", AnyValue(int_value=3)))) is None  # not a string
+    assert names(resource(("service.name", svc), ("service.name", AnyValue()))) == "svc"  # first
+    assert names(b"") is None
+    assert len(names._cache) == 2  # emptied when full, then refilled
+    big = resource(("service.name", svc), ("pad", AnyValue(string_value="x" * 100)))
+    assert names(big) == "svc" and big not in names._cache

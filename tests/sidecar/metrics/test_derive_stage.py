@@ -17,6 +17,7 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
+from testkit.otlp_samples import parsed, trace_batch
 from testkit.wait import wait_for_async
 from tests.sidecar.metrics.collect import points
 from tests.sidecar.metrics.traces import (
@@ -46,11 +47,8 @@ def make(**cfg: Any) -> tuple[DeriveStage, CollectStage, SelfMetrics]:
 
 
 def traces(req: Any) -> Batch:
-    return Batch(
-        Signal.TRACES,
-        req,
-        items=sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans),
-    )
+    """``req`` as the receivers hand it on: a batch of its wire view."""
+    return trace_batch(req)
 
 
 def run(coro: Any) -> Any:
@@ -519,7 +517,7 @@ def derived_and_forwarded(stage: DeriveStage, tail: CollectStage) -> tuple[set[s
         ss.scope.name
         for b in tail.batches
         if b.signal is Signal.TRACES
-        for rs in b.message.resource_spans  # type: ignore[union-attr]
+        for rs in parsed(b.message).resource_spans
         for ss in rs.scope_spans
     }
     return derived, forwarded

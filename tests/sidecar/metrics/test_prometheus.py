@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import gym_telemetry_semconv as semconv
-from gym_sidecar.core.stage import Batch, Signal
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.prometheus import resource_labels, sanitize_name
 from gym_sidecar.metrics.stage import build_derive_stage
@@ -14,6 +13,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.otlp_samples import trace_batch
 from tests.sidecar.metrics.traces import (
     ROLLOUT_SCOPE,
     VERIFY_SCOPE,
@@ -60,9 +60,9 @@ def test_histograms_counters_and_rate_render_with_resource_labels() -> None:
     )
 
     async def go() -> None:
-        await stage.consume(Batch(Signal.TRACES, req, items=7))
+        await stage.consume(trace_batch(req))
         await stage.flush()  # closes the success-rate window; Prometheus stays cumulative
-        await stage.consume(Batch(Signal.TRACES, request({ROLLOUT_SCOPE: [rollout(900)]}), items=1))
+        await stage.consume(trace_batch(request({ROLLOUT_SCOPE: [rollout(900)]})))
 
     asyncio.run(go())
     got = samples(metrics.render().decode())

@@ -72,3 +72,28 @@ def test_json_value_bound() -> None:
     assert "JSON values" in str(info.value)
     decoded = decode_json(spec, flood, max_messages=300_000)
     assert len(decoded.resource_spans) == 100_001  # type: ignore[attr-defined]
+
+
+def test_an_unknown_group_does_not_end_the_count() -> None:
+    """upb keeps an unknown group (wire type 3) and parses on; the count skips the group
+    and goes on too, so a group in front of a span flood does not hide the flood."""
+    group = b"\x13" + field(1, b"") + b"\x1b\x1c\x14"  # field 2 { field 1 {} field 3 {} }
+    body = group + field(1, field(2, b"\x12\x00" * 50_000))
+    spec = SPECS[Signal.TRACES]
+    assert count_messages(body, spec.request_type.DESCRIPTOR, 10**9) == 50_003
+    with pytest.raises(BadRequest) as info:
+        decode_protobuf(spec, body, max_messages=10_000)
+    assert info.value.reason == "too_many_messages"
+    decoded = decode_protobuf(spec, body, max_messages=60_000)
+    assert spec.count(decoded) == 50_000
+
+
+def test_a_malformed_group_ends_the_count_for_the_parser_to_refuse() -> None:
+    spec = SPECS[Signal.TRACES]
+    unclosed = field(1, b"") + b"\x13" + field(1, b"")
+    assert count_messages(unclosed, spec.request_type.DESCRIPTOR, 10) == 2
+    mismatched = b"\x13\x1c" + field(1, b"")
+    assert count_messages(mismatched, spec.request_type.DESCRIPTOR, 10) == 1
+    with pytest.raises(BadRequest) as info:
+        decode_protobuf(spec, mismatched)
+    assert info.value.reason == "bad_request"

@@ -68,7 +68,8 @@ class SignalSpec:
     http_path: str
     """The OTLP/HTTP path, e.g. ``/v1/traces``."""
     count: Callable[[Any], int]
-    """Items in a request of this signal (spans, data points, log records)."""
+    """Items in a decoded request of this signal (spans, data points, log records); a
+    trace batch carries its wire view, which counts itself (``span_count``)."""
     rejected_field: str
     """The ``partial_success`` field that counts rejected items of this signal."""
 

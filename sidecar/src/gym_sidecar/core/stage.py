@@ -1,14 +1,16 @@
 """The one interface every pipeline stage obeys.
 
-A stage receives a :class:`Batch` (one OTLP export request, still a protobuf message),
-does its one job on whole ResourceSpans / ScopeSpans blocks, and hands the batch to the
-stage it holds as ``next``. Stages never convert data into SDK objects.
+A stage receives a :class:`Batch` (one OTLP export request: a trace request as its wire
+view, :class:`~gym_sidecar.core.traces.TraceRequest`; metrics and logs as protobuf
+messages), does its one job on whole ResourceSpans / ScopeSpans blocks, and hands the
+batch to the stage it holds as ``next``. Stages never convert data into SDK objects.
 
 Contract of :meth:`Stage.consume`:
 - It runs on the sidecar's event loop; it must not block on I/O (offload to a thread
   if it must touch disk).
 - It may mutate the batch's message in place (enrich adds resource attributes, gate
-  removes ScopeSpans blocks) and must keep ``batch.items`` equal to what is left.
+  removes ScopeSpans blocks; on a trace request both edit its index, see
+  :mod:`gym_sidecar.core.traces`) and must keep ``batch.items`` equal to what is left.
 - It raises :class:`Backpressure` when the data cannot be accepted now (queue full);
   the receiver turns that into RESOURCE_EXHAUSTED / HTTP 429 for the client.
 - It never raises anything else for data-dependent reasons: bad data is dropped and
@@ -32,11 +34,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gym_sidecar.core.traces import ScanSpec, TraceRequest
 from gym_sidecar.selfmetrics import SelfMetrics
 
 T = TypeVar("T")
 
-ExportRequest = ExportTraceServiceRequest | ExportMetricsServiceRequest | ExportLogsServiceRequest
+ProtoRequest = ExportTraceServiceRequest | ExportMetricsServiceRequest | ExportLogsServiceRequest
+"""An OTLP export request as a protobuf message (what the decoders return)."""
+ExportRequest = TraceRequest | ExportMetricsServiceRequest | ExportLogsServiceRequest
+"""What a :class:`Batch` carries: traces as their wire view, metrics and logs decoded."""
 
 
 class Signal(enum.Enum):
@@ -51,6 +57,7 @@ class Batch:
 
     signal: Signal
     message: ExportRequest
+    """A :class:`TraceRequest` for ``Signal.TRACES``, else the decoded message."""
     items: int
     """Spans, metric data points or log records still in ``message``."""
     peer: str | None = None
@@ -79,6 +86,10 @@ class Stage(abc.ABC):
     """A pipeline stage that holds the next stage (None only for the last one)."""
 
     name: str = "stage"
+    trace_scan: ScanSpec | None = None
+    """What the stage reads of trace requests beyond their index (the derive stage:
+    the spans of its scopes); the receivers ask the scanner for it
+    (:func:`pipeline_trace_scan`)."""
 
     def __init__(self, next_stage: Stage | None, metrics: SelfMetrics) -> None:
         self.next = next_stage
@@ -93,6 +104,22 @@ class Stage(abc.ABC):
 
     async def shutdown(self, deadline_s: float) -> None:
         """Drain and stop within ``deadline_s`` seconds. Safe to call twice or unstarted."""
+
+
+def pipeline_trace_scan(head: Stage | None) -> ScanSpec:
+    """The :class:`ScanSpec` the stages from ``head`` on declare (``trace_scan``), or an
+    empty one. One stage at most may declare one (the derive stage): the values of a
+    :data:`~gym_sidecar.core.traces.DerivedSpan` are positional, so two readers would
+    need one key order; ValueError otherwise."""
+    found: list[ScanSpec] = []
+    stage = head
+    while stage is not None:
+        if stage.trace_scan is not None:
+            found.append(stage.trace_scan)
+        stage = stage.next
+    if len(found) > 1:
+        raise ValueError(f"more than one stage declares a trace scan: {found}")
+    return found[0] if found else ScanSpec()
 
 
 class PassThrough(Stage):

@@ -6,10 +6,12 @@ span count, and, for the scopes the derive stage reads, the few fields of each s
 needs. Nothing else of a span is ever turned into a Python object.
 
 Stages edit the index, never the bytes: enrich sets a block's ``resource_out``, the gate
-removes :class:`ScopeBlock` s (and :class:`ResourceBlock` s left empty) and marks the
-request changed. :meth:`TraceRequest.SerializeToString` then writes the request out by
-splicing: each kept block is copied as it arrived, behind a new length prefix where its
-resource changed, and a request no stage changed is sent as the very bytes received.
+removes :class:`ScopeBlock` s (marking their block ``edited``) and :class:`ResourceBlock`
+s left empty (marking the request ``changed``). :meth:`TraceRequest.SerializeToString`
+then writes the request out by splicing: each block no stage touched is copied as it
+arrived, a touched one is rebuilt from its resource and the byte ranges of its kept
+ScopeSpans and other fields behind a new length prefix, and a request no stage changed
+is sent as the very bytes received.
 
 Why not a protobuf message: parsing a whole request into upb objects and serializing it
 again cost 64 % of the sidecar's instructions per span (callgrind, whole sidecar, the
@@ -32,6 +34,7 @@ InstrumentationScope.name = 1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeAlias
 
 AttrValue: TypeAlias = bool | str | int | float | bytes | None
@@ -49,6 +52,10 @@ that key (None if it has none). Absent fields read as protobuf defaults: ``""``,
 ByteRange: TypeAlias = tuple[int, int]
 """``(start, end)`` offsets into :attr:`TraceRequest.raw`, a field's tag included."""
 
+NATIVE_ENV = "GYM_SIDECAR_NATIVE"
+"""``0`` keeps the sidecar on the pure-Python scanner even where the native one imports
+(``gym_sidecar.receiver.wire``); not a configuration key."""
+
 RESOURCE_SPANS_TAG = b"\x0a"
 """ExportTraceServiceRequest field 1 (resource_spans), wire type 2."""
 RESOURCE_TAG = b"\x0a"
@@ -63,6 +70,16 @@ def varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanSpec:
+    """What a scan reads beyond the index: the spans of the scopes named here, and of
+    their attributes the keys named here (see :data:`DerivedSpan`). The derive stage
+    says what it needs (empty when it is off); the receivers pass it to the scanner."""
+
+    derive_scopes: frozenset[str] = frozenset()
+    attr_keys: tuple[str, ...] = ()
 
 
 class ScopeBlock:
@@ -92,7 +109,7 @@ class ScopeBlock:
 class ResourceBlock:
     """One ResourceSpans block of a request."""
 
-    __slots__ = ("end", "other", "resource", "resource_out", "scopes", "start")
+    __slots__ = ("edited", "end", "other", "resource", "resource_out", "scopes", "start")
 
     def __init__(
         self,
@@ -116,10 +133,21 @@ class ResourceBlock:
         """The block's other fields (``schema_url``, unknown ones), kept verbatim."""
         self.resource_out: bytes | None = None
         """Set by enrichment: the serialized Resource to write instead of ``resource``."""
+        self.edited = False
+        """Set by a stage that removed ScopeSpans from ``scopes``: the block is rebuilt."""
 
     @property
     def span_count(self) -> int:
         return sum(scope.spans for scope in self.scopes)
+
+    @property
+    def current_resource(self) -> bytes:
+        """The serialized Resource as it now stands: ``resource_out`` once enrichment
+        changed it, else as received (``b""`` for a block without one, which is how an
+        absent Resource serializes too)."""
+        if self.resource_out is not None:
+            return self.resource_out
+        return self.resource if self.resource is not None else b""
 
     def __repr__(self) -> str:
         return f"ResourceBlock({self.start}, {self.end}, scopes={self.scopes!r})"
@@ -141,7 +169,8 @@ class TraceRequest:
         self.other = other
         """The request's fields other than ``resource_spans``, kept verbatim."""
         self.changed = False
-        """Whether a stage removed a block (enrichment is seen in ``resource_out``)."""
+        """Whether a stage removed a block (enrichment is seen in ``resource_out``, a
+        removed ScopeSpans in the block's ``edited``)."""
 
     def span_count(self) -> int:
         """Spans still in the request."""
@@ -151,27 +180,29 @@ class TraceRequest:
         """The request as it now stands, in protobuf wire format.
 
         ``raw`` itself when no stage changed anything. Otherwise each kept ResourceSpans
-        is written as its resource (``resource_out`` or the received one), its kept
-        ScopeSpans blocks and its other fields, copied byte for byte, behind a new tag
-        and length; the request's own other fields follow verbatim. Protobuf gives
-        fields no order but a repeated field's, which is kept.
+        no stage touched is copied as received; a touched one (``resource_out`` set, or
+        ``edited``) is written as its resource (``resource_out`` or the received one),
+        its kept ScopeSpans blocks and its other fields, each copied byte for byte,
+        behind a new tag and length; the request's own other fields follow verbatim.
+        Protobuf gives fields no order but a repeated field's, which is kept. Every
+        byte of the result is copied once.
         """
         blocks = self.blocks
-        if not self.changed and all(b.resource_out is None for b in blocks):
+        if not self.changed and all(b.resource_out is None and not b.edited for b in blocks):
             return self.raw
-        raw = self.raw
-        out: list[bytes] = []
+        raw = memoryview(self.raw)  # slices of a view copy nothing; join copies once
+        out: list[bytes | memoryview] = []
         for block in blocks:
-            if block.resource_out is None and not self.changed:
+            if block.resource_out is None and not block.edited:
                 out.append(raw[block.start : block.end])
                 continue
-            parts: list[bytes] = []
+            parts: list[bytes | memoryview] = []
             resource = block.resource_out if block.resource_out is not None else block.resource
             if resource is not None:
                 parts += (RESOURCE_TAG, varint(len(resource)), resource)
             parts += [raw[s.start : s.end] for s in block.scopes]
             parts += [raw[start:end] for start, end in block.other]
-            body = b"".join(parts)
-            out += (RESOURCE_SPANS_TAG, varint(len(body)), body)
+            out += (RESOURCE_SPANS_TAG, varint(sum(map(len, parts))))
+            out += parts
         out += [raw[start:end] for start, end in self.other]
         return b"".join(out)

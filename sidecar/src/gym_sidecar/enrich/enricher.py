@@ -6,12 +6,15 @@ sources both give): ``attributes`` (static config) > ``environment``
 ``docker`` > ``host``. A key the agent already set is kept unless ``overwrite.keys``
 names it or ``overwrite.sources`` names the source whose value won.
 
-Cost: the enriched form of each distinct resource (its serialized bytes, plus the
-client's IP when Docker peer lookups are on) is computed once and kept in a bounded LRU;
-per request each ResourceSpans / ResourceMetrics / ResourceLogs block costs one
-serialization, one cache lookup and one copy of the cached Resource. Docker data that is
-not cached yet is fetched in the background (see ``docker_lookup``); the entry is
-recomputed when it arrives or expires. Event-loop thread only; not thread-safe.
+Cost: the enriched form of each distinct resource (keyed by its serialized bytes, plus
+the client's IP when Docker peer lookups are on) is computed once and kept in a bounded
+LRU. Per request, a ResourceSpans block of a trace request (its wire view,
+:mod:`gym_sidecar.core.traces`) costs one cache lookup keyed by the resource bytes as
+received, and sets the block's ``resource_out`` to the cached enriched bytes when they
+differ; a ResourceMetrics / ResourceLogs block costs one serialization, one cache lookup
+and one copy of the cached Resource. Docker data that is not cached yet is fetched in
+the background (see ``docker_lookup``); the entry is recomputed when it arrives or
+expires. Event-loop thread only; not thread-safe.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gym_sidecar.core.stage import ExportRequest
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.enrich.attributes import AttributeValue, to_any_value
 from gym_sidecar.enrich.config import EnrichConfig, SourceName
 from gym_sidecar.enrich.docker_lookup import (
@@ -69,14 +73,20 @@ class _Entry:
     docker_attrs: DockerAttributes | None
     recheck_at: float
     """When to look at the Docker cache again (inf: never; 0: every time, pending)."""
+    serialized: bytes | None = None
+    """``resource`` serialized, made when a trace block first needs it."""
+
+    def resource_bytes(self) -> bytes:
+        if self.serialized is None:
+            self.serialized = self.resource.SerializeToString()
+        return self.serialized
 
 
 def resource_blocks(message: ExportRequest) -> Sequence[Any]:
-    """The ResourceSpans / ResourceMetrics / ResourceLogs blocks of an export request."""
-    kind = message.DESCRIPTOR.name
-    if kind == "ExportTraceServiceRequest":
-        return message.resource_spans  # type: ignore[union-attr]
-    if kind == "ExportMetricsServiceRequest":
+    """The ResourceMetrics / ResourceLogs blocks of a metrics or logs request."""
+    if isinstance(message, TraceRequest):
+        raise TypeError("a trace request's blocks are its wire view's (TraceRequest.blocks)")
+    if message.DESCRIPTOR.name == "ExportMetricsServiceRequest":
         return message.resource_metrics  # type: ignore[union-attr]
     return message.resource_logs  # type: ignore[union-attr]
 
@@ -141,25 +151,35 @@ class Enricher:
         docker = self.docker
         by_peer = docker is not None and self.cfg.docker.by_peer_address
         ip = peer_ip(peer) if by_peer and peer else None
-        max_bytes = self.cfg.max_resource_bytes
+        if isinstance(message, TraceRequest):
+            for block in message.blocks:
+                entry = self._entry(block.current_resource, None, ip, by_peer)
+                if not entry.unchanged:
+                    block.resource_out = entry.resource_bytes()
+            return
         for block in resource_blocks(message):
             resource = block.resource
-            raw = resource.SerializeToString()
-            if len(raw) > max_bytes:
-                self._oversize.inc()
-                entry = self._compute(resource, ip)
-            else:
-                key: CacheKey = (raw, ip) if by_peer else raw
-                cached = self._cache.get(key)
-                if cached is None:
-                    entry = self._compute(resource, ip)
-                    self._cache[key] = entry
-                else:
-                    entry = cached
-                    if entry.docker_key is not None and entry.recheck_at <= time.monotonic():
-                        entry = self._recheck(key, entry)
+            entry = self._entry(resource.SerializeToString(), resource, ip, by_peer)
             if not entry.unchanged:
                 resource.CopyFrom(entry.resource)
+
+    def _entry(
+        self, raw: bytes, resource: Resource | None, ip: str | None, by_peer: bool
+    ) -> _Entry:
+        """The enriched form of the resource serialized as ``raw`` (``resource``: the
+        same, parsed, if at hand), from the cache or computed."""
+        if len(raw) > self.cfg.max_resource_bytes:
+            self._oversize.inc()
+            return self._compute(resource if resource is not None else Resource.FromString(raw), ip)
+        key: CacheKey = (raw, ip) if by_peer else raw
+        entry = self._cache.get(key)
+        if entry is None:
+            source = resource if resource is not None else Resource.FromString(raw)
+            entry = self._compute(source, ip)
+            self._cache[key] = entry
+        elif entry.docker_key is not None and entry.recheck_at <= time.monotonic():
+            entry = self._recheck(key, entry)
+        return entry
 
     # -- computing -----------------------------------------------------------------
     def _docker_state(self, key: LookupKey | None) -> tuple[DockerAttributes | None, float]:

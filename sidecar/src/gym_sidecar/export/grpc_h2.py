@@ -116,6 +116,14 @@ def _text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("latin-1")
 
 
+class _ClientConnection(h2.connection.H2Connection):
+    MAX_CLOSED_STREAMS = 1024
+    """Closed streams ``h2`` remembers, to tell a late frame on a reset stream from a
+    protocol error. Its default, 65,536, is held in an OrderedDict that grew ~7 MiB on
+    one long-lived connection before it plateaued (an export call is a stream, and the
+    connection lives for days); frames on a stream 1,024 calls old do not happen."""
+
+
 class _Connection:
     """One HTTP/2 connection: a reader task dispatches frames to the calls on it."""
 
@@ -126,7 +134,7 @@ class _Connection:
         self._reader = reader
         self._writer = writer
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = h2.connection.H2Connection(config=config)
+        self.h2 = _ClientConnection(config=config)
         self.h2.initiate_connection()
         self.calls: dict[int, _Call] = {}
         self.closed: _CallFailed | None = None

@@ -1,10 +1,12 @@
 """The gate stage: drops the ScopeSpans blocks of span groups that are not ``on``.
 
-For each ResourceSpans it reads ``service.name`` once, asks the current policy which
-groups that service drops (a cached answer), and removes whole ScopeSpans blocks whose
-instrumentation scope maps to one of them -- counting their spans with
-``len(scope_spans.spans)``, never walking them. ResourceSpans left empty are removed
-and ``batch.items`` is reduced by what was dropped. Metrics and logs pass unchanged.
+It works on a trace request's wire view (:mod:`gym_sidecar.core.traces`). For each
+ResourceSpans block it finds ``service.name`` in the block's resource bytes (parsed once
+per distinct resource, then cached: :class:`ServiceNames`), asks the current policy
+which groups that service drops (a cached answer), and removes whole ScopeSpans blocks
+whose instrumentation scope maps to one of them from the index -- counting their spans
+from the index, never walking them. ResourceSpans blocks left empty are removed and
+``batch.items`` is reduced by what was dropped. Metrics and logs pass unchanged.
 
 Runs after the derive stage, so groups in ``metrics`` mode have already been counted
 into the derived metrics when their spans are dropped here.
@@ -21,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.span_groups import Mode
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gym_sidecar.core.stage import Batch, ProcessorStage, Signal, Stage
+from gym_sidecar.core.traces import ScopeBlock, TraceRequest
 from gym_sidecar.gating.api import build_router
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
@@ -51,6 +53,33 @@ def _service_name(resource_attributes: Iterable[KeyValue]) -> str | None:
     return None
 
 
+class ServiceNames:
+    """``service.name`` of a serialized Resource (None: absent, or not a string).
+
+    Answers are cached per resource bytes: the same few resources arrive in every
+    request (one per agent process, as enriched). Bounded: at ``max_entries`` the cache
+    is emptied and refills with the resources in use; a resource larger than
+    ``max_resource_bytes`` is parsed each time instead of being kept.
+    """
+
+    def __init__(self, max_entries: int = 1024, max_resource_bytes: int = 16 * 1024) -> None:
+        self._cache: dict[bytes, str | None] = {}
+        self._max_entries = max_entries
+        self._max_resource_bytes = max_resource_bytes
+
+    def __call__(self, resource: bytes) -> str | None:
+        try:
+            return self._cache[resource]
+        except KeyError:
+            pass
+        name = _service_name(Resource.FromString(resource).attributes)
+        if len(resource) <= self._max_resource_bytes:
+            if len(self._cache) >= self._max_entries:
+                self._cache.clear()
+            self._cache[resource] = name
+        return name
+
+
 class GateStage(ProcessorStage[None]):
     """Enforces the span-group policy held by ``state`` (see module docstring).
 
@@ -69,6 +98,8 @@ class GateStage(ProcessorStage[None]):
         """service.name values counted under their own name (at most max_services)."""
         self._children: dict[tuple[str, str, Mode], Any] = {}
         """Labelled counter children, cached: ``labels()`` costs more than the drop."""
+        self.service_name = ServiceNames()
+        """service.name per resource bytes (shared with :meth:`enabled_groups`)."""
         self.reloader: ConfigReloader | None = None
         """Set by :func:`live_reconfiguration`: watched while the stage runs."""
         self._watch: asyncio.Task[None] | None = None
@@ -99,45 +130,46 @@ class GateStage(ProcessorStage[None]):
         return OTHER_SERVICE
 
     def process(self, batch: Batch) -> None:
-        assert isinstance(batch.message, ExportTraceServiceRequest)
+        assert isinstance(batch.message, TraceRequest)
         dropped = self.gate(batch.message)
         if dropped:
             batch.items -= dropped
             self._dropped_total.inc(dropped)
 
     def nothing_left(self, batch: Batch) -> bool:
-        return not batch.message.resource_spans  # type: ignore[union-attr]
+        return not batch.message.blocks  # type: ignore[union-attr]
 
-    def enabled_groups(self, resource: Resource) -> frozenset[str]:
-        """The groups not ``off`` for ``resource``'s service under the current policy.
+    def enabled_groups(self, resource: bytes) -> frozenset[str]:
+        """The groups not ``off`` for the service of ``resource`` (serialized) under the
+        current policy.
 
         The derive stage asks this so that an ``off`` group's spans are not counted.
         """
-        return self.state.policy.for_service(_service_name(resource.attributes)).enabled
+        return self.state.policy.for_service(self.service_name(resource)).enabled
 
-    def gate(self, message: ExportTraceServiceRequest) -> int:
-        """Remove the dropped groups' ScopeSpans from ``message``; return spans dropped."""
+    def gate(self, request: TraceRequest) -> int:
+        """Remove the dropped groups' ScopeSpans from ``request``'s index; return the
+        spans dropped."""
         policy = self.state.policy
         scopes = self.state.scopes
         counter = self.state.counters.dropped_spans
         children = self._children
+        service_name = self.service_name
         dropped_total = 0
-        resource_spans = message.resource_spans
         empty: list[int] = []
-        for ri, rs in enumerate(resource_spans):
-            service = _service_name(rs.resource.attributes)
+        for bi, block in enumerate(request.blocks):
+            service = service_name(block.current_resource)
             groups = policy.for_service(service)
             if not groups.drop:
                 continue  # fast path: this service drops nothing
             label: str | None = None
-            scope_spans = rs.scope_spans
-            doomed: list[int] = []
-            for si, ss in enumerate(scope_spans):
-                group = scopes.group(ss.scope.name)
+            kept: list[ScopeBlock] = []
+            for scope in block.scopes:
+                group = scopes.group(scope.name)
                 if group is None or group not in groups.drop:
+                    kept.append(scope)
                     continue
-                n = len(ss.spans)
-                doomed.append(si)
+                n = scope.spans
                 dropped_total += n
                 if label is None:
                     label = self._label(service)
@@ -147,12 +179,16 @@ class GateStage(ProcessorStage[None]):
                     child = counter.labels(group, label, mode.value)
                     children[(group, label, mode)] = child
                 child.inc(n)
-            for si in reversed(doomed):
-                del scope_spans[si]
-            if not scope_spans:
-                empty.append(ri)
-        for ri in reversed(empty):
-            del resource_spans[ri]
+            if len(kept) != len(block.scopes):
+                block.scopes = kept
+                block.edited = True
+            if not kept:
+                empty.append(bi)
+        if empty:
+            blocks = request.blocks
+            for bi in reversed(empty):
+                del blocks[bi]
+            request.changed = True
         return dropped_total
 
 

@@ -1,9 +1,10 @@
 """In-memory aggregation of derived metrics: histogram series and success-rate windows.
 
 A *series* is one (resource, point attributes) pair of one metric. The resource is keyed
-by its serialized OTLP bytes, so identifying it costs one serialization per ResourceSpans
-block and no attribute parsing; point attributes are a small tuple of ``(key, value)``
-pairs sorted by key.
+by its serialized OTLP bytes as the trace request's wire view holds them (as received,
+or as enriched), so identifying it costs no serialization and no attribute parsing (two
+encodings of one resource, which one SDK process never produces, would be two series);
+point attributes are a small tuple of ``(key, value)`` pairs sorted by key.
 
 Storage is always cumulative: a series holds totals since it was created. Each series
 also remembers what the last *successful* export carried (``prev_*``), so a delta export

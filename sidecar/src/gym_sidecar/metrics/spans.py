@@ -7,11 +7,13 @@ is not counted twice:
    points, touching no shared state;
 2. :meth:`SpanDeriver.record` adds them to the store once the request was accepted.
 
-Only ScopeSpans blocks whose scope is the rollout or the verify group's scope
-(``semconv.scope_name``) are walked span by span; every other block costs one scope-name
-lookup. The resource of a block that is walked is identified by its serialized bytes
-(one serialization per ResourceSpans, and only if it holds such a block); those bytes
-are all a pending point keeps of it.
+The request is a trace request's wire view (:mod:`gym_sidecar.core.traces`). Only
+ScopeSpans blocks whose scope is the rollout or the verify group's scope
+(``semconv.scope_name``) are read span by span, from the fields the scanner extracted
+for them (:data:`SCAN_SPEC`: each span's name, times, ids, status code and the values
+of the three attributes read here); every other block costs one scope-name lookup. The
+resource of a block that is read is identified by its serialized bytes as they now
+stand (as received, or as enriched): those bytes are all a pending point keeps of it.
 
 Per span:
 
@@ -20,9 +22,10 @@ Per span:
   rollout, e.g. by ``legacy_agent``) is skipped and counted in ``nested``: each rollout
   gives one point, from its outermost span.
 - ``gym.verify`` (verify scope): duration, and ``succeeded`` from the span's boolean
-  attribute; without it, from the status (ERROR: False). A failed verification also
-  carries ``error.type`` (the span's attribute, else ``_OTHER``), truncated to
-  ``max_error_type_chars``.
+  attribute; without it (or when it is not a boolean), from the status (ERROR: False).
+  A failed verification also carries ``error.type`` (the span's string attribute, else
+  ``_OTHER``), truncated to ``max_error_type_chars``. A span holding one of these keys
+  twice (the OpenTelemetry spec forbids it) is read by its last occurrence.
 - ``gym.env.step`` (verify scope; a gymnasium-style ``/step``): the same as
   ``gym.verify``, into the ``gym.env.step.*`` series.
 - Spans with another name in those scopes are ignored. Spans whose end precedes their
@@ -34,13 +37,9 @@ Per span:
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
 
-Cost per derived span (``bench.derive_callgrind``): every field read from a upb message
-creates a Python object, so the walk reads as few as it can. A rollout block is tested
-for the ``nemo.gym.rollout.nested`` key once, in its serialized bytes, and the spans'
-attributes are read only when the key is there. Exemplar ids (trace and span id) are
-read only for the spans that end up as a bucket's exemplar: per block and series, the
-last span of each bucket (the series keeps the latest exemplar per bucket, so the
-result is the same as reading every span's ids).
+Exemplar ids (trace and span id) go with the spans that end up as a bucket's exemplar:
+per block and series, the last span of each bucket (the series keeps the latest
+exemplar per bucket).
 """
 
 from __future__ import annotations
@@ -51,10 +50,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import gym_telemetry_semconv as semconv
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from gym_sidecar.core.traces import AttrValue, DerivedSpan, ScanSpec, TraceRequest
 from gym_sidecar.metrics.derived import NESTED_ROLLOUT_SPANS, DerivedMetrics
 from gym_sidecar.metrics.series import OVERFLOW_ATTRS, VERIFY_OK_ATTRS, Attrs, HistogramTable
 
@@ -67,18 +65,22 @@ _NS_PER_MS: Final = 1_000_000.0
 
 _ROLLOUT: Final = 1
 _VERIFY: Final = 2
-_NESTED_KEY: Final = semconv.ROLLOUT_NESTED.encode()
 
-EnabledGroups = Callable[[Resource], frozenset[str]]
-"""The span groups not ``off`` for a resource (the gate's policy answer for its service)."""
+SCAN_SPEC: Final = ScanSpec(
+    derive_scopes=frozenset(
+        {semconv.scope_name(semconv.GROUP_ROLLOUT), semconv.scope_name(semconv.GROUP_VERIFY)}
+    ),
+    attr_keys=(semconv.ROLLOUT_NESTED, semconv.VERIFY_SUCCEEDED, semconv.ERROR_TYPE),
+)
+"""What the derive stage reads of a trace request beyond its index: the spans of the
+rollout and verify scopes, with these three attributes (indexes below)."""
+_NESTED: Final = 0
+_SUCCEEDED: Final = 1
+_ERROR_TYPE: Final = 2
 
-
-def _is_nested(span: Span) -> bool:
-    """Whether a rollout span carries ``nemo.gym.rollout.nested=true``."""
-    for kv in span.attributes:
-        if kv.key == semconv.ROLLOUT_NESTED:
-            return kv.value.bool_value
-    return False
+EnabledGroups = Callable[[bytes], frozenset[str]]
+"""The span groups not ``off`` for a serialized resource (the gate's policy answer for
+its service)."""
 
 
 PendingPoint = tuple[bytes, Attrs, float, int, bytes | None, bytes | None]
@@ -102,11 +104,13 @@ def _record_points(table: HistogramTable, points: list[PendingPoint]) -> None:
         series.record(bounds, value, end, trace_id, span_id)
 
 
-def _add_exemplar_ids(points: list[PendingPoint], candidates: Iterable[tuple[int, Span]]) -> None:
+def _add_exemplar_ids(
+    points: list[PendingPoint], candidates: Iterable[tuple[int, DerivedSpan]]
+) -> None:
     """Give the points at these positions their span's trace and span id."""
     for pos, span in candidates:
         key, attrs, value, end, _, _ = points[pos]
-        points[pos] = (key, attrs, value, end, span.trace_id, span.span_id)
+        points[pos] = (key, attrs, value, end, span[3], span[4])
 
 
 @dataclass(slots=True)
@@ -137,7 +141,7 @@ class SpanDeriver:
         self._verify_bounds = store.verify.bounds
         self._step_bounds = store.env_step.bounds
 
-    def extract(self, request: ExportTraceServiceRequest) -> Pending | None:
+    def extract(self, request: TraceRequest) -> Pending | None:
         """The derivable points of ``request`` (None: it has no rollout/verify scope).
 
         Pure: reads ``request`` only. Safe from any thread.
@@ -145,48 +149,45 @@ class SpanDeriver:
         scopes = self._scopes
         enabled_of = self._enabled_groups
         pending: Pending | None = None
-        for rs in request.resource_spans:
+        for block in request.blocks:
             resource_key: bytes | None = None
             enabled: frozenset[str] | None = None
-            for ss in rs.scope_spans:
-                kind = scopes.get(ss.scope.name)
+            for scope in block.scopes:
+                spans = scope.derived
+                if spans is None:
+                    continue  # not a scope the scan read (SCAN_SPEC)
+                kind = scopes.get(scope.name)
                 if kind is None:
                     continue
+                if resource_key is None:
+                    resource_key = block.current_resource
                 if enabled_of is not None:
                     if enabled is None:
-                        enabled = enabled_of(rs.resource)
+                        enabled = enabled_of(resource_key)
                     if self._groups[kind] not in enabled:
                         continue  # an off group: not derived (the gate drops it)
-                if resource_key is None:
-                    resource_key = rs.resource.SerializeToString()
                 if pending is None:
                     pending = Pending()
                 if kind == _ROLLOUT:
-                    # One scan of the block's bytes instead of every span's attributes:
-                    # nested spans are rare, and a span without the key is not nested.
-                    nested = _NESTED_KEY in ss.SerializeToString()
-                    self._rollouts(resource_key, ss.spans, pending, nested)
+                    self._rollouts(resource_key, spans, pending)
                 else:
-                    self._verifications(resource_key, ss.spans, pending)
+                    self._verifications(resource_key, spans, pending)
         return pending
 
-    def _rollouts(
-        self, resource_key: bytes, spans: Sequence[Span], out: Pending, nested: bool
-    ) -> None:
+    def _rollouts(self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending) -> None:
         exemplars = self._exemplars
         bounds = self._rollout_bounds
         points = out.rollouts
         append = points.append
         # bucket -> (position in points, span): the exemplar candidates of this block
-        last: dict[int, tuple[int, Span]] = {}
+        last: dict[int, tuple[int, DerivedSpan]] = {}
         for span in spans:
-            if span.name != semconv.SPAN_ROLLOUT:
+            name, start, end, _, _, _, values = span
+            if name != semconv.SPAN_ROLLOUT:
                 continue
-            if nested and _is_nested(span):
+            if values[_NESTED] is True:
                 out.nested += 1
                 continue
-            start = span.start_time_unix_nano
-            end = span.end_time_unix_nano
             if start == 0 or end < start:
                 out.invalid += 1
                 continue
@@ -196,27 +197,32 @@ class SpanDeriver:
             append((resource_key, (), value, end, None, None))
         _add_exemplar_ids(points, last.values())
 
-    def _verifications(self, resource_key: bytes, spans: Iterable[Span], out: Pending) -> None:
+    def _verifications(
+        self, resource_key: bytes, spans: Sequence[DerivedSpan], out: Pending
+    ) -> None:
         exemplars = self._exemplars
         verifications = out.verifications
         steps = out.steps
         # (list, bucket, attrs) -> (position, span): exemplar candidates per series
-        last: dict[tuple[int, int, Attrs], tuple[int, Span]] = {}
+        last: dict[tuple[int, int, Attrs], tuple[int, DerivedSpan]] = {}
         for span in spans:
-            name = span.name
+            name, start, end, _, _, status, values = span
             if name == semconv.SPAN_VERIFY:
                 points, bounds, which = verifications, self._verify_bounds, 0
             elif name == semconv.SPAN_ENV_STEP:
                 points, bounds, which = steps, self._step_bounds, 1
             else:
                 continue
-            start = span.start_time_unix_nano
-            end = span.end_time_unix_nano
             if start == 0 or end < start:
                 out.invalid += 1
                 continue
             value = (end - start) / _NS_PER_MS
-            attrs = self._verify_attrs(span)
+            succeeded = values[_SUCCEEDED]
+            # Inline the common case (succeeded); a failure's attributes are built apart.
+            if succeeded is True or (succeeded is not False and status != _STATUS_ERROR):
+                attrs = VERIFY_OK_ATTRS
+            else:
+                attrs = self._failed_attrs(values)
             if exemplars:
                 last[(which, bisect_left(bounds, value), attrs)] = (len(points), span)
             points.append((resource_key, attrs, value, end, None, None))
@@ -224,20 +230,12 @@ class SpanDeriver:
             for (which, _, _), candidate in last.items():
                 _add_exemplar_ids(steps if which else verifications, (candidate,))
 
-    def _verify_attrs(self, span: Span) -> Attrs:
-        succeeded: bool | None = None
-        error_type = ""
-        for kv in span.attributes:
-            key = kv.key
-            if key == semconv.VERIFY_SUCCEEDED:
-                if kv.value.WhichOneof("value") == "bool_value":
-                    succeeded = kv.value.bool_value
-            elif key == semconv.ERROR_TYPE:
-                error_type = kv.value.string_value
-        if succeeded is None:
-            succeeded = span.status.code != _STATUS_ERROR
-        if succeeded:
-            return VERIFY_OK_ATTRS
+    def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
+        """The attributes of a failed verification: its ``error.type`` (a string
+        attribute, truncated; else ``_OTHER``) and ``succeeded=False``."""
+        error_type = values[_ERROR_TYPE]
+        if not isinstance(error_type, str):
+            error_type = ""
         return (
             (semconv.ERROR_TYPE, error_type[: self._max_error_chars] or ERROR_TYPE_OTHER),
             (semconv.VERIFY_SUCCEEDED, False),

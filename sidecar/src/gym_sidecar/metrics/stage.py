@@ -8,8 +8,9 @@ derived: it asks the gate's policy (``enabled_groups``).
 
 ``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
 batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` / ``gym.env.step`` spans
-of the rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`), the batch goes
-on unchanged, and ``accepted`` records the points once ``next`` accepted it.
+of the rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`; the stage's
+``trace_scan`` tells the receivers' scanner to extract them), the batch goes on
+unchanged, and ``accepted`` records the points once ``next`` accepted it.
 Backpressure (or any error)
 from downstream propagates to the receiver and nothing is recorded, so the client's
 retry of the same request is counted once. Other signals pass straight through.
@@ -37,11 +38,12 @@ import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.ratelimit import rate_limit
 
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
+from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.metrics.otlp import build_request
 from gym_sidecar.metrics.prometheus import DerivedCollector
-from gym_sidecar.metrics.spans import EnabledGroups, Pending, SpanDeriver
+from gym_sidecar.metrics.spans import SCAN_SPEC, EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
 
 _log = logging.getLogger(__name__)
@@ -65,6 +67,7 @@ class DeriveStage(ProcessorStage["Pending | None"]):
     """
 
     name = "derive"
+    trace_scan = SCAN_SPEC
 
     def __init__(
         self,
@@ -92,8 +95,8 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         # Read before passing on (the gate removes metrics-mode blocks), record in
         # ``accepted``: a batch refused downstream is retried by its client and must
         # count once.
-        if batch.signal is Signal.TRACES:
-            return self._deriver.extract(batch.message)  # type: ignore[arg-type]
+        if isinstance(batch.message, TraceRequest):
+            return self._deriver.extract(batch.message)
         return None
 
     def accepted(self, batch: Batch, token: Pending | None) -> None:

@@ -2,7 +2,9 @@
 
 Handlers are registered generically with identity (bytes) (de)serialisers, so the
 receiver itself enforces ``limits.grpc_max_message_bytes`` (counted in
-``limit_hits{limit="grpc_max_message_bytes"}``) and parses with the upb protobuf.
+``limit_hits{limit="grpc_max_message_bytes"}``) and decodes the message bytes itself
+(``receiver.otlp.decode_batch``: a trace request's wire view, metrics and logs with the
+upb protobuf).
 grpc core handles client-side per-message compression (gzip), bounded by
 ``limits.grpc_transport_max_bytes``, and the connection-level limits (idle timeout,
 connection cap, streams per connection, metadata size), which it enforces without
@@ -43,14 +45,9 @@ from grpc_status import rpc_status  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.otlp import SPECS, SignalSpec
-from gym_sidecar.core.stage import Batch, Stage
+from gym_sidecar.core.stage import Stage, pipeline_trace_scan
 from gym_sidecar.hostport import bound_address
-from gym_sidecar.receiver.otlp import (
-    BadRequest,
-    build_response,
-    decode_protobuf,
-    submit,
-)
+from gym_sidecar.receiver.otlp import BadRequest, build_response, decode_batch, submit
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -122,6 +119,7 @@ class GrpcReceiver:
         self.head = head
         self.limits = limits
         self.metrics = metrics
+        self.trace_scan = pipeline_trace_scan(head)
         self.bound_port: int | None = None
         self._server: Any = None
         self._in_flight = 0
@@ -253,16 +251,20 @@ class GrpcReceiver:
                     f"message of {len(request)} bytes exceeds the limit of {max_bytes} bytes",
                 )
             try:
-                message = decode_protobuf(
-                    spec, request, self.limits.max_message_depth, self.limits.max_request_messages
+                batch = decode_batch(
+                    spec,
+                    request,
+                    json=False,
+                    max_depth=self.limits.max_message_depth,
+                    max_messages=self.limits.max_request_messages,
+                    scan=self.trace_scan,
+                    peer=_peer_address(context.peer()),
                 )
             except BadRequest as exc:
                 if exc.limit is not None:
                     metrics.limit_hits.labels(exc.limit).inc()
                 metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
                 return refuse(context, str(exc))
-            peer = _peer_address(context.peer())
-            batch = Batch(spec.signal, message, spec.count(message), peer=peer)
             backpressure = await submit(self.head, batch, TRANSPORT, metrics)
             if backpressure is not None:
                 status = retry_info_status(

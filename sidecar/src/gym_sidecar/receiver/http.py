@@ -36,15 +36,9 @@ from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.otlp import JSON, PROTOBUF, SPECS, SignalSpec
-from gym_sidecar.core.stage import Batch, ExportRequest, Stage
+from gym_sidecar.core.stage import Stage, pipeline_trace_scan
 from gym_sidecar.receiver.limits import TOO_MANY_MESSAGES
-from gym_sidecar.receiver.otlp import (
-    BadRequest,
-    build_response,
-    decode_json,
-    decode_protobuf,
-    submit,
-)
+from gym_sidecar.receiver.otlp import BadRequest, build_response, decode_batch, submit
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -100,6 +94,7 @@ class OtlpHttpApp:
         self.head = head
         self.limits = limits
         self.metrics = metrics
+        self.trace_scan = pipeline_trace_scan(head)
         self._in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,13 +155,16 @@ class OtlpHttpApp:
                 ) from None
             if encoding == "gzip":
                 body = self._gunzip(body)
+            client = scope.get("client")
             try:
-                depth = self.limits.max_message_depth
-                most = self.limits.max_request_messages
-                message: ExportRequest = (
-                    decode_json(spec, body, depth, most)
-                    if content_type == JSON
-                    else decode_protobuf(spec, body, depth, most)
+                batch = decode_batch(
+                    spec,
+                    body,
+                    json=content_type == JSON,
+                    max_depth=self.limits.max_message_depth,
+                    max_messages=self.limits.max_request_messages,
+                    scan=self.trace_scan,
+                    peer=f"{client[0]}:{client[1]}" if client else None,
                 )
             except BadRequest as exc:
                 status = 413 if exc.reason == TOO_MANY_MESSAGES else 400
@@ -175,9 +173,6 @@ class OtlpHttpApp:
             await self._refuse(send, refusal, reply_type)
             return
 
-        client = scope.get("client")
-        peer = f"{client[0]}:{client[1]}" if client else None
-        batch = Batch(spec.signal, message, spec.count(message), peer=peer)
         backpressure = await submit(self.head, batch, TRANSPORT, self.metrics)
         if backpressure is not None:
             retry_after = max(1, math.ceil(backpressure.retry_after_s))

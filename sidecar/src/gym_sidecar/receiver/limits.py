@@ -176,11 +176,41 @@ def count_messages(data: bytes, descriptor: Descriptor, limit: int) -> int:
                             return count
                         stack.append((pos, pos + length, child))
                     pos += length
-                else:  # groups (unused by OTLP) or garbage: leave it to the parser
+                elif wire_type == 3:
+                    # A group: no OTLP field is one, but the parser keeps an unknown group
+                    # and reads on, so the count must go on past it too.
+                    pos = _skip_group(data, pos, tag >> 3)
+                else:  # an end-group tag outside its group, or garbage: the parser refuses it
                     return count
     except IndexError:
         pass
     return count
+
+
+def _skip_group(data: bytes, pos: int, number: int) -> int:
+    """The offset after the end-group tag that closes group ``number``, whose start tag
+    ends at ``pos``: nested groups included, nothing in them counted (a group's contents
+    are unknown fields). IndexError when it is malformed, which ends the count."""
+    open_groups = [number]
+    while open_groups:
+        tag, pos = _varint(data, pos)
+        wire_type = tag & 7
+        if wire_type == 0:
+            _, pos = _varint(data, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, pos = _varint(data, pos)
+            pos += length
+        elif wire_type == 3:
+            open_groups.append(tag >> 3)
+        elif wire_type == 4 and tag >> 3 == open_groups[-1]:
+            open_groups.pop()
+        else:
+            raise IndexError("malformed group")
+    return pos
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -1,6 +1,9 @@
-"""What both receivers share: decoding, responses, and handing a decoded request to the
+"""What both receivers share, whatever the transport: a request body in, a
+:class:`Batch` out (:func:`decode_batch`), the response, and handing the batch to the
 pipeline. The per-signal OTLP table (message types, names, item counting) is
-:mod:`gym_sidecar.core.otlp`.
+:mod:`gym_sidecar.core.otlp`; decoding into protobuf messages is
+:mod:`gym_sidecar.receiver.decode`, and a trace request's wire view
+:mod:`gym_sidecar.receiver.wire`.
 
 Decoding never raises anything but :class:`BadRequest`, whose message is safe to send
 back to the client. Item counts walk ResourceX/ScopeX blocks only (plus the metric list
@@ -9,130 +12,58 @@ for data points), never individual spans' contents.
 
 from __future__ import annotations
 
-import binascii
-import json
 import logging
-from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gym_sidecar.core.otlp import SignalSpec
-from gym_sidecar.core.stage import Backpressure, Batch, ExportRequest, Stage
-from gym_sidecar.receiver.limits import (
-    DEPTH_LIMIT,
-    MESSAGES_LIMIT,
-    PARSER_MAX_DEPTH,
-    TOO_DEEP,
-    TOO_MANY_MESSAGES,
-    BadHexId,
-    TooDeep,
-    count_messages,
-    json_values_exceed,
-    message_depth_exceeds,
-    rewrite_json_ids,
-    too_deep_message,
-    too_many_messages_message,
-)
+from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
+from gym_sidecar.core.traces import ScanSpec
+from gym_sidecar.receiver.decode import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.receiver.wire import scan_traces
 from gym_sidecar.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
 
-
-class BadRequest(Exception):
-    """The client sent something that is not a valid OTLP request (permanent error)."""
-
-    def __init__(self, message: str, reason: str = "bad_request", limit: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.limit = limit
-        """The ``limits.`` key that refused the request, counted in ``limit_hits``."""
+__all__ = ["BadRequest", "build_response", "decode_batch", "submit"]
 
 
-def _too_deep(max_depth: int) -> BadRequest:
-    return BadRequest(too_deep_message(max_depth), TOO_DEEP, DEPTH_LIMIT)
-
-
-DEFAULT_MAX_MESSAGES = 1_000_000
-
-
-def _too_many(max_messages: int, what: str = "protobuf messages") -> BadRequest:
-    message = too_many_messages_message(max_messages, what)
-    return BadRequest(message, TOO_MANY_MESSAGES, MESSAGES_LIMIT)
-
-
-def decode_protobuf(
+def decode_batch(
     spec: SignalSpec,
-    data: bytes,
-    max_depth: int = PARSER_MAX_DEPTH,
-    max_messages: int = DEFAULT_MAX_MESSAGES,
-) -> ExportRequest:
-    """Parse binary protobuf with the upb backend; BadRequest when it is not one.
+    body: bytes,
+    *,
+    json: bool,
+    max_depth: int,
+    max_messages: int,
+    scan: ScanSpec,
+    peer: str | None,
+) -> Batch:
+    """The batch a request body (protobuf, or OTLP/JSON when ``json``) makes, or
+    :class:`BadRequest`.
 
-    Nesting beyond ``max_depth`` message levels is refused (see receiver/limits.py):
-    upb itself stops at 100; a lower limit costs an extra walk of the decoded request.
-    So is a request of more than ``max_messages`` messages, counted on the wire before
-    decoding when it is large enough to hold that many.
+    Traces become their wire view (:func:`~gym_sidecar.receiver.wire.scan_traces`,
+    reading what ``scan`` asks for); OTLP/JSON traces are decoded as JSON, serialized,
+    then scanned (JSON is the rare, slow path anyway). Metrics and logs are decoded
+    into protobuf messages. ``max_depth`` and ``max_messages`` are the
+    ``limits.max_message_depth`` and ``limits.max_request_messages`` bounds; ``peer``
+    (``ip:port``) is kept for enrichment.
     """
-    descriptor: Any = spec.request_type.DESCRIPTOR
-    if (
-        len(data) > 2 * max_messages
-        and count_messages(data, descriptor, max_messages) > max_messages
-    ):
-        raise _too_many(max_messages)
-    msg = spec.request_type()
-    try:
-        msg.ParseFromString(data)
-    except DecodeError as exc:
-        if "MaxDepth" in str(exc):  # upb: "Exceeded upb_DecodeOptions_MaxDepth"
-            raise _too_deep(min(max_depth, PARSER_MAX_DEPTH)) from None
-        raise BadRequest(f"body is not a valid {spec.request_type.__name__}: {exc}") from None
-    if max_depth < PARSER_MAX_DEPTH and message_depth_exceeds(msg, max_depth):
-        raise _too_deep(max_depth)
-    return msg  # type: ignore[return-value]
-
-
-def decode_json(
-    spec: SignalSpec,
-    data: bytes,
-    max_depth: int = PARSER_MAX_DEPTH,
-    max_messages: int = DEFAULT_MAX_MESSAGES,
-) -> ExportRequest:
-    """Parse OTLP/JSON: hex ids, camelCase or snake_case names, enums as ints or names.
-
-    Unknown fields are ignored, as the OTLP spec asks of receivers. Nesting beyond
-    ``max_depth`` message levels is refused before any conversion, and a body that may
-    hold more than ``max_messages`` JSON values (objects, arrays, members, elements)
-    before it is parsed
-    (receiver/limits.py).
-    """
-    if json_values_exceed(data, max_messages):
-        raise _too_many(max_messages, "JSON values")
-    try:
-        doc = json.loads(data)
-    except RecursionError:
-        # json's C scanner guards its own recursion (~1000 levels): far past any limit.
-        raise _too_deep(max_depth) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body must be a JSON object")
-    try:
-        rewrite_json_ids(doc, max_depth)
-    except TooDeep:
-        raise _too_deep(max_depth) from None
-    except BadHexId as exc:
-        raise BadRequest(str(exc)) from None
-    msg = spec.request_type()
-    try:
-        json_format.ParseDict(
-            doc, msg, ignore_unknown_fields=True, max_recursion_depth=PARSER_MAX_DEPTH
+    if spec.signal is Signal.TRACES:
+        if json:
+            body = decode_json(spec, body, max_depth, max_messages).SerializeToString()
+        request = scan_traces(
+            body,
+            max_depth=max_depth,
+            max_messages=max_messages,
+            derive_scopes=scan.derive_scopes,
+            attr_keys=scan.attr_keys,
         )
-    except (json_format.ParseError, binascii.Error, ValueError, TypeError) as exc:
-        raise BadRequest(
-            f"body is not a valid OTLP/JSON {spec.signal.value} request: {exc}"
-        ) from None
-    return msg  # type: ignore[return-value]
+        return Batch(spec.signal, request, request.span_count(), peer=peer)
+    decode = decode_json if json else decode_protobuf
+    message = decode(spec, body, max_depth, max_messages)
+    assert not isinstance(message, ExportTraceServiceRequest)  # traces were scanned above
+    return Batch(spec.signal, message, spec.count(message), peer=peer)
 
 
 def build_response(spec: SignalSpec, batch: Batch) -> Message:

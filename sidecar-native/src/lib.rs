@@ -1,0 +1,441 @@
+//! `gym_sidecar_native`: the native scanner of the sidecar's trace pipeline.
+//!
+//! `scan_traces` validates an OTLP ExportTraceServiceRequest exactly as upb's parser
+//! (the `protobuf` package's backend) accepts or refuses it, applies the receiver's
+//! nesting and message-count limits, and returns the index the pipeline works on
+//! (`gym_sidecar.core.traces`): the ResourceSpans and ScopeSpans blocks of the request,
+//! and for the scopes the derive stage reads, the few fields of each span it needs.
+//! Nothing else of a span becomes a Python object, and no span is copied: only the few
+//! fields of the derive tuples.
+//!
+//! The contract, and the pure-Python scanner it must agree with, are described in
+//! `gym_sidecar_native.pyi` and docs/native.md.
+
+mod count;
+mod derive;
+mod scan;
+mod schema;
+mod wire;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFrozenSet, PyInt, PyList, PyString, PyTuple};
+
+use crate::derive::{Keys, Value};
+use crate::scan::{Index, Range, Refusal, Scan};
+
+/// `limits.PARSER_MAX_DEPTH`: the receiver checks a configured depth only below it, and
+/// leaves deeper requests to upb, which allows one level more (`scan::PARSER_LEVELS`).
+const MAX_DEPTH_CAP: i64 = 100;
+
+pyo3::create_exception!(
+    gym_sidecar_native,
+    DecodeError,
+    PyValueError,
+    "The bytes are not a valid ExportTraceServiceRequest (upb would refuse them). The \
+     message is upb's own; `detail` says what is wrong and where, `offset` is that byte."
+);
+pyo3::create_exception!(
+    gym_sidecar_native,
+    TooDeep,
+    PyValueError,
+    "The request nests messages deeper than allowed: max_depth levels when it is below \
+     100, else upb's own 101 (the request being level 1)."
+);
+pyo3::create_exception!(
+    gym_sidecar_native,
+    TooManyMessages,
+    PyValueError,
+    "The request holds more than max_messages protobuf messages (itself included)."
+);
+
+/// An int argument clamped into i64 (Python ints are unbounded).
+fn clamp_int(value: &Bound<'_, PyInt>) -> i64 {
+    match value.extract::<i64>() {
+        Ok(v) => v,
+        Err(_) => {
+            if value.lt(0).unwrap_or(false) {
+                i64::MIN
+            } else {
+                i64::MAX
+            }
+        }
+    }
+}
+
+/// Validates `data` and applies the limits: the index, or why the request is refused.
+///
+/// Exactly the receiver's `decode_protobuf`, in its order: the message count first (as
+/// `count_messages` counts, and only for bodies longer than 2 x `max_messages`), then
+/// what upb refuses, in wire order, then, below 100, the configured depth on the parsed
+/// tree.
+fn validate<'a>(
+    data: &'a [u8],
+    max_depth: i64,
+    max_messages: i64,
+    derive_scopes: &'a [&'a [u8]],
+    keys: &'a Keys<'a>,
+) -> Result<Index, Refusal> {
+    // decode_protobuf counts only bodies of more than 2 x the limit (a smaller one holds
+    // at most limit + 1 messages: the index of such a body is bounded anyway).
+    let counted = data.len() as i128 > 2 * i128::from(max_messages);
+    let record_limit = if counted { max_messages } else { i64::MAX };
+    let mut scan = Scan::new(data, record_limit, derive_scopes, keys);
+    match scan.request() {
+        Ok(deepest) => {
+            // Accepted by upb: the pass counted what count_messages counts.
+            if counted && i128::from(scan.count) > i128::from(max_messages) {
+                return Err(Refusal::TooManyMessages);
+            }
+            // The configured depth, checked (as message_depth_exceeds) only below
+            // upb's: at 100 and above, upb's own 101 levels are the limit.
+            if max_depth < MAX_DEPTH_CAP {
+                let limit = max_depth.max(1) as u32;
+                if deepest > limit {
+                    return Err(Refusal::TooDeep { levels: limit });
+                }
+            }
+            Ok(scan.index)
+        }
+        Err(refusal) => {
+            if counted && count::count_messages(data, max_messages) > max_messages {
+                return Err(Refusal::TooManyMessages);
+            }
+            Err(refusal)
+        }
+    }
+}
+
+/// upb's own message for a refused request (what `ParseFromString` raises), so that the
+/// receiver answers with the same text whichever scanner ran.
+fn upb_message(status: &str) -> String {
+    let request = schema::full_name(schema::Msg::Request);
+    format!("Error parsing message with type '{request}': {status}")
+}
+
+/// A `DecodeError` whose message is upb's and whose `detail` and `offset` say what is
+/// wrong and where.
+fn decode_error(py: Python<'_>, status: &str, detail: String, offset: usize) -> PyErr {
+    let err = DecodeError::new_err(upb_message(status));
+    let value = err.value(py);
+    if let Err(e) = value
+        .setattr("detail", detail)
+        .and_then(|()| value.setattr("offset", offset))
+    {
+        return e;
+    }
+    err
+}
+
+fn refusal_error(py: Python<'_>, refusal: Refusal, max_depth: i64, max_messages: i64) -> PyErr {
+    let limit = max_depth.clamp(1, MAX_DEPTH_CAP);
+    match refusal {
+        Refusal::Corrupt { what, msg, at } => decode_error(
+            py,
+            "Wire format was corrupt",
+            format!("{what} (in {}) at byte {at}", schema::short_name(msg)),
+            at,
+        ),
+        Refusal::BadUtf8 { msg, field, at } => decode_error(
+            py,
+            "String field had bad UTF-8",
+            format!(
+                "string field {}.{} is not valid UTF-8, at byte {at}",
+                schema::short_name(msg),
+                schema::field_name(msg, field)
+            ),
+            at,
+        ),
+        Refusal::ParserTooDeep { at } => TooDeep::new_err(format!(
+            "request nests deeper than {limit} message levels (the message at byte {at} is \
+             past the parser's own limit)"
+        )),
+        Refusal::TooDeep { levels } => {
+            TooDeep::new_err(format!("request nests deeper than {levels} message levels"))
+        }
+        Refusal::TooManyMessages => TooManyMessages::new_err(format!(
+            "request holds more than {max_messages} protobuf messages"
+        )),
+    }
+}
+
+/// A new reference from the C API as a `Bound`, or the Python error it set.
+///
+/// # Safety
+/// `ptr` must be a new (owned) reference or null with a Python error set.
+unsafe fn owned<'py>(py: Python<'py>, ptr: *mut ffi::PyObject) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: as the caller promises.
+    unsafe { Bound::from_owned_ptr_or_err(py, ptr) }
+}
+
+/// A tuple of `items`, each reference moved into it (`items` is left empty).
+fn tuple<'py>(py: Python<'py>, items: &mut Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyTuple_New returns a new reference (or null with an error); PyTuple_SetItem
+    // steals the item's reference (`into_ptr`) and cannot fail on a fresh tuple's slot.
+    unsafe {
+        let out = owned(py, ffi::PyTuple_New(items.len() as ffi::Py_ssize_t))?;
+        for (i, item) in items.drain(..).enumerate() {
+            ffi::PyTuple_SetItem(out.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr());
+        }
+        Ok(out)
+    }
+}
+
+fn bytes_object<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyBytes_FromStringAndSize copies `bytes` and returns a new reference.
+    unsafe {
+        owned(
+            py,
+            ffi::PyBytes_FromStringAndSize(bytes.as_ptr().cast(), bytes.len() as ffi::Py_ssize_t),
+        )
+    }
+}
+
+/// Converts one derive value.
+fn value_object<'py>(py: Python<'py>, data: &[u8], value: Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::None => py.None().into_bound(py),
+        Value::Str((s, e)) => PyString::new(py, utf8(&data[s..e])).into_any(),
+        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::Double(f) => f.into_pyobject(py)?.into_any(),
+        Value::Bytes((s, e)) => bytes_object(py, &data[s..e])?,
+    })
+}
+
+/// A string field the validating pass already checked.
+fn utf8(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
+}
+
+/// The derive tuples of one block's spans.
+///
+/// Spans of a block mostly repeat their name and their values tuple (`(None, True,
+/// None)`): equal ones share one object, as interned strings would.
+fn derive_block<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    index: &Index,
+    first_span: usize,
+    count: usize,
+    keys: &Keys<'_>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: PyList_New returns a new reference (or null with an error); PyList_SetItem
+    // steals the item's reference and fills each slot of the fresh list exactly once.
+    let list = unsafe { owned(py, ffi::PyList_New(count as ffi::Py_ssize_t))? };
+    let mut read = vec![Value::None; keys.len()];
+    let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
+    let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
+    let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len().max(7));
+    let mut records = index.records[index.records.partition_point(|r| r.span < first_span)..]
+        .iter()
+        .peekable();
+    for i in 0..count {
+        let span = first_span + i;
+        let record = records.next_if(|r| r.span == span);
+        // The pass's record when it has a complete one, else read the span again.
+        let fields_read;
+        let (f, values) = match record {
+            Some(r) if r.complete => (&r.fields, &index.values[r.values..r.values + keys.len()]),
+            _ => {
+                fields_read = derive::span(data, index.spans[span], keys, &mut read);
+                (&fields_read, &read[..])
+            }
+        };
+        let name_bytes = &data[f.name.0..f.name.1];
+        let name = match &last_name {
+            Some((range, object)) if &data[range.0..range.1] == name_bytes => object.clone(),
+            _ => {
+                let object = PyString::new(py, utf8(name_bytes)).into_any();
+                last_name = Some((f.name, object.clone()));
+                object
+            }
+        };
+        let values_object = match &last_values {
+            Some((previous, object))
+                if previous
+                    .iter()
+                    .zip(values)
+                    .all(|(a, b)| derive::same(data, *a, *b)) =>
+            {
+                object.clone()
+            }
+            _ => {
+                for &v in values {
+                    items.push(value_object(py, data, v)?);
+                }
+                let object = tuple(py, &mut items)?;
+                last_values = Some((values.to_vec(), object.clone()));
+                object
+            }
+        };
+        items.extend([
+            name,
+            f.start_time.into_pyobject(py)?.into_any(),
+            f.end_time.into_pyobject(py)?.into_any(),
+            bytes_object(py, &data[f.trace_id.0..f.trace_id.1])?,
+            bytes_object(py, &data[f.span_id.0..f.span_id.1])?,
+            f.status_code.into_pyobject(py)?.into_any(),
+            values_object,
+        ]);
+        let item = tuple(py, &mut items)?;
+        // SAFETY: see above; `i` < the list's length.
+        unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) };
+    }
+    Ok(list)
+}
+
+fn ranges<'py>(py: Python<'py>, ranges: &[Range]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, ranges.iter().map(|&(s, e)| (s, e)))
+}
+
+/// Validates an OTLP trace export request and returns its index.
+///
+/// See gym_sidecar_native.pyi for the contract.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn scan_traces<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    max_depth: &Bound<'py, PyInt>,
+    max_messages: &Bound<'py, PyInt>,
+    derive_scopes: &Bound<'py, PyFrozenSet>,
+    attr_keys: &Bound<'py, PyTuple>,
+    resource_block: &Bound<'py, PyAny>,
+    scope_block: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+    let max_depth = clamp_int(max_depth);
+    let max_messages = clamp_int(max_messages);
+    let bytes = data.as_bytes();
+    let keys_owned: Vec<Bound<'py, PyString>> = attr_keys
+        .iter()
+        .map(|k| k.cast_into::<PyString>().map_err(PyErr::from))
+        .collect::<PyResult<_>>()?;
+    let key_bytes: Vec<&[u8]> = keys_owned
+        .iter()
+        .map(|k| k.to_str().map(str::as_bytes))
+        .collect::<PyResult<_>>()?;
+    let keys = Keys::new(&key_bytes);
+    // The names to derive from, for the pass to record derive fields as it reads (only str
+    // members can equal a scope name; the final test is `name in derive_scopes`).
+    let scopes_owned: Vec<Bound<'py, PyString>> = derive_scopes
+        .iter()
+        .filter_map(|name| name.cast_into::<PyString>().ok())
+        .collect();
+    let scope_bytes: Vec<&[u8]> = scopes_owned
+        .iter()
+        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
+        .collect();
+
+    let index = validate(bytes, max_depth, max_messages, &scope_bytes, &keys)
+        .map_err(|r| refusal_error(py, r, max_depth, max_messages))?;
+
+    let blocks = PyList::empty(py);
+    for block in &index.blocks {
+        let resources = &index.resources[block.resources.0..block.resources.1];
+        let resource = match resources {
+            [] => None,
+            [(s, e)] => Some(PyBytes::new(py, &bytes[*s..*e])),
+            many => {
+                let total = many.iter().map(|(s, e)| e - s).sum();
+                let mut joined = Vec::with_capacity(total);
+                for (s, e) in many {
+                    joined.extend_from_slice(&bytes[*s..*e]);
+                }
+                Some(PyBytes::new(py, &joined))
+            }
+        };
+        let scopes = PyList::empty(py);
+        for scope in &index.scopes[block.scopes.0..block.scopes.1] {
+            let name = match scope.name {
+                Some((s, e)) => PyString::new(py, utf8(&bytes[s..e])),
+                None => PyString::new(py, ""),
+            };
+            let derived = if derive_scopes.contains(&name)? {
+                Some(derive_block(
+                    py,
+                    bytes,
+                    &index,
+                    scope.first_span,
+                    scope.spans,
+                    &keys,
+                )?)
+            } else {
+                None
+            };
+            scopes.append(scope_block.call1((
+                scope.range.0,
+                scope.range.1,
+                name,
+                scope.spans,
+                derived,
+            ))?)?;
+        }
+        let others = ranges(py, &index.others[block.others.0..block.others.1])?;
+        blocks.append(resource_block.call1((
+            block.range.0,
+            block.range.1,
+            resource,
+            scopes,
+            others,
+        ))?)?;
+    }
+    Ok((blocks, ranges(py, &index.top_other)?))
+}
+
+/// The schema compiled in: `(message full name, field number, field name, kind, message
+/// type or None)` for every field, kind one of varint, fixed64, fixed32, bytes, string,
+/// message. A test compares it with the installed opentelemetry-proto's descriptors.
+#[pyfunction(name = "schema")]
+fn schema_table() -> Vec<(
+    &'static str,
+    u32,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+)> {
+    let mut out = Vec::new();
+    for msg in schema::ALL {
+        for number in 1..=schema::MAX_FIELD {
+            let Some(kind) = schema::field(msg, number) else {
+                continue;
+            };
+            let (kind_name, child) = match kind {
+                schema::Kind::Varint => ("varint", None),
+                schema::Kind::Fixed64 => ("fixed64", None),
+                schema::Kind::Fixed32 => ("fixed32", None),
+                schema::Kind::Bytes => ("bytes", None),
+                schema::Kind::Str => ("string", None),
+                schema::Kind::Message(m) => ("message", Some(schema::full_name(m))),
+            };
+            out.push((
+                schema::full_name(msg),
+                number,
+                schema::field_name(msg, number),
+                kind_name,
+                child,
+            ));
+        }
+    }
+    out
+}
+
+/// How many messages `gym_sidecar.receiver.limits.count_messages` counts in a trace
+/// request (stopping past `limit`): its port, exposed so the tests compare the two.
+#[pyfunction(name = "count_messages")]
+fn count_messages_py(data: &Bound<'_, PyBytes>, limit: &Bound<'_, PyInt>) -> i64 {
+    count::count_messages(data.as_bytes(), clamp_int(limit))
+}
+
+#[pymodule]
+fn gym_sidecar_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(scan_traces, m)?)?;
+    m.add_function(wrap_pyfunction!(schema_table, m)?)?;
+    m.add_function(wrap_pyfunction!(count_messages_py, m)?)?;
+    m.add("DecodeError", py.get_type::<DecodeError>())?;
+    m.add("TooDeep", py.get_type::<TooDeep>())?;
+    m.add("TooManyMessages", py.get_type::<TooManyMessages>())?;
+    Ok(())
+}
