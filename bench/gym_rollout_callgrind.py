@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                         src,
                         args,
                         sink,
-                        under_callgrind=False,
+                        mode="cpu",
                         rollouts=args.cpu_rollouts,
                     )
                     runs[name].append(sum(s["process_cpu_us"] for s in r["servers"].values()))
