@@ -83,6 +83,8 @@ from testkit.gym_stack import (  # noqa: E402
 )
 
 SERVERS = (MODEL, RESOURCES, AGENT)
+#: Column labels of the servers (their config names share a long prefix).
+LABELS = {MODEL: "model", RESOURCES: "resources", AGENT: "agent"}
 
 #: The servers' ``sitecustomize``: the window's signal handlers (module doc).
 PROBE = r"""
@@ -332,7 +334,7 @@ def print_callgrind(results: list[dict[str, Any]]) -> None:
     base = results[0]
     bare_total = sum(s["instructions"] for s in base["servers"].values())
     print("callgrind, instructions per rollout (window: measured rollouts + their export):")
-    header = "".join(f"{n[:24]:>26}" for n in SERVERS)
+    header = "".join(f"{LABELS[n]:>26}" for n in SERVERS)
     print(f"  {'variant':>16}{header}{'sum':>12}  vs bare")
     for r in results:
         cells = ""
@@ -343,7 +345,7 @@ def print_callgrind(results: list[dict[str, Any]]) -> None:
         total = sum(s["instructions"] for s in r["servers"].values())
         print(f"  {r['variant']:>16}{cells}{_fmt(total)}  x{total / bare_total:.3f}", flush=True)
     for r in results:
-        gcs = {n: r["servers"][n]["gc_collections"] for n in SERVERS}
+        gcs = {LABELS[n]: r["servers"][n]["gc_collections"] for n in SERVERS}
         print(f"  {r['variant']:>16}: gc collections in the window {gcs}")
 
 
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "bare":
                     continue
                 for server in SERVERS:
-                    print(f"  {name}, {server}:")
+                    print(f"  {name}, {LABELS[server]}:")
                     print_profile_diff(
                         profiled["bare"]["servers"][server]["profile"],
                         r["servers"][server]["profile"],

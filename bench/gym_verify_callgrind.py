@@ -4,7 +4,7 @@
     uv run --frozen python -m bench.gym_verify_callgrind [--variants bare,default,all]
         [--requests 200] [--warmup 200] [--gc on|off|freeze] [--cpu-rounds 5]
         [--cpu-requests 1500] [--core 1] [--no-callgrind] [--no-cpu]
-        [--export queue|sink|both] [--before AGENT_SRC] [--profile]
+        [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--keep-dumps DIR]
 
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
 serves the real ``example_single_tool_call`` ``/verify`` in process through ASGI, bare or
@@ -145,7 +145,11 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         raise SystemExit(f"callgrind {v.name}: {done.stderr.strip()[-1500:]}")
     child = _last_json(done.stdout)
     threads = window_threads(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    if args.keep_dumps is not None:  # for callgrind_annotate: the window is cg.<pid>.1-01
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(out_dir), args.keep_dumps / v.name.replace("@", "-"))
+    else:
+        shutil.rmtree(out_dir, ignore_errors=True)
     if not threads:
         raise SystemExit(f"callgrind {v.name}: no dump of the measured loop")
     return {
@@ -225,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile", action="store_true", help="bytecodes per function (module doc)")
     p.add_argument("--profile-top", type=int, default=40)
+    p.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="keep each variant's callgrind files in DIR/<variant> (the function view: "
+        "callgrind_annotate DIR/<variant>/cg.<pid>.1-01)",
+    )
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     python = str(gym_env_python())
@@ -236,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         target = f"sink:127.0.0.1:{port}"
     variants = build_variants(args, target)
     load0 = os.getloadavg()
-    doc: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}, "load_start": load0}
+    doc: dict[str, Any] = {
+        "args": vars(args) | {"json": str(args.json), "keep_dumps": str(args.keep_dumps)},
+        "load_start": load0,
+    }
     doc["args"]["before"] = str(args.before) if args.before else None
     print(
         f"Gym /verify in process (example_single_tool_call), gc {args.gc}, export "
