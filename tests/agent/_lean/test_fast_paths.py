@@ -33,6 +33,16 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
+
+@pytest.fixture(autouse=True)
+def _context_restored() -> Iterator[None]:
+    """Every test leaves the current context as it found it (a span left current would
+    leak into the tests after it)."""
+    before = context_api.get_current()
+    yield
+    assert context_api.get_current() is before
+
+
 # --- the runtime context and span contexts ------------------------------------------------
 
 
@@ -407,13 +417,13 @@ def test_a_root_span_from_the_fast_path_is_the_general_paths(
 ) -> None:
     provider, _switch = lean
     recorder = _recorder(provider, "verify")
-    made = [
-        recorder.start("s", {}, SpanKind.SERVER),
-        recorder.start_under("s", {}, SpanKind.SERVER, None),
-        recorder._start("s", {}, SpanKind.SERVER, context_api.Context()),
-    ]
     identities = []
-    for span, token in made:
+    for start in (
+        lambda: recorder.start("s", {}, SpanKind.SERVER),
+        lambda: recorder.start_under("s", {}, SpanKind.SERVER, None),
+        lambda: recorder._start("s", {}, SpanKind.SERVER, context_api.Context()),
+    ):
+        span, token = start()
         lean_context.detach(token)
         span.end()
         identity = _identity(span)

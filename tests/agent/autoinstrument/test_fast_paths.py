@@ -37,6 +37,15 @@ from tests.agent.conftest import Spans
 BASE = "http://127.0.0.1:8000"
 
 
+@pytest.fixture(autouse=True)
+def _context_restored() -> Iterator[None]:
+    """Every test leaves the current context as it found it (a span left current would
+    leak into the tests after it)."""
+    before = context_api.get_current()
+    yield
+    assert context_api.get_current() is before
+
+
 @pytest.fixture
 def both_paths(spans: Spans, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Run a block once on the lean path and once on the SDK's (``GYM_TELEMETRY_RECORDER=sdk``)
