@@ -39,9 +39,48 @@ _EXIT_DUMP = re.compile(r"cg\.\d+-(\d+)$")
 _WINDOW_DUMP = re.compile(r"cg\.\d+\.1-01$")
 
 
+_EVENTS = re.compile(r"^events:\s*(.+)$", re.MULTILINE)
+_SUMMARY = re.compile(r"^(?:summary|totals):\s*(.+)$", re.MULTILINE)
+
+
 def _total(path: Path) -> int:
     m = TOTALS.search(path.read_text(errors="replace"))
     return int(m.group(1)) if m else 0
+
+
+def _events(path: Path) -> dict[str, int]:
+    """Every event's total in one callgrind file (``Ir``; with ``--cache-sim=yes`` also
+    ``Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw``)."""
+    text = path.read_text(errors="replace")
+    names, summary = _EVENTS.search(text), _SUMMARY.search(text)
+    if names is None or summary is None:
+        return {}
+    values = [int(v) for v in summary.group(1).split()]
+    return {
+        name: (values[i] if i < len(values) else 0) for i, name in enumerate(names.group(1).split())
+    }
+
+
+def window_events(out_dir: Path) -> list[dict[str, int]]:
+    """``window_threads`` for every event callgrind recorded: one dict per thread."""
+    window = [f for f in out_dir.iterdir() if _WINDOW_DUMP.search(f.name)]
+    if not window:
+        return []
+    others = []
+    for f in sorted(out_dir.iterdir()):
+        m = _EXIT_DUMP.search(f.name)
+        if m and int(m.group(1)) >= 2:
+            others.append(_events(f))
+    return [_events(window[0]), *others]
+
+
+def estimated_cycles(events: dict[str, int]) -> float:
+    """Cycles estimated from simulated cache misses, as KCachegrind's ``CEst`` without
+    branch simulation: ``Ir + 10 x L1 misses + 100 x last-level misses`` (a model, not a
+    measurement: what the misses an instruction count cannot see would add)."""
+    l1 = events.get("I1mr", 0) + events.get("D1mr", 0) + events.get("D1mw", 0)
+    ll = events.get("ILmr", 0) + events.get("DLmr", 0) + events.get("DLmw", 0)
+    return events.get("Ir", 0) + 10 * l1 + 100 * ll
 
 
 def window_threads(out_dir: Path) -> list[int]:

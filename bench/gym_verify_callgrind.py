@@ -2,9 +2,10 @@
 (pinned, interleaved), from the same child (a benchmark harness; it asserts nothing).
 
     uv run --frozen python -m bench.gym_verify_callgrind [--variants bare,default,all]
-        [--requests 200] [--warmup 200] [--gc on|off|freeze] [--cpu-rounds 5]
+        [--requests 200] [--warmup 200] [--gc on|pending|off|freeze] [--cpu-rounds 5]
         [--cpu-requests 1500] [--core 1] [--no-callgrind] [--no-cpu]
-        [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--keep-dumps DIR]
+        [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--cache-sim]
+        [--keep-dumps DIR] [--fixed-ids] [--json FILE]
 
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
 serves the real ``example_single_tool_call`` ``/verify`` in process through ASGI, bare or
@@ -24,7 +25,7 @@ every agent variant ``V``, a variant ``V@before`` running the agent source tree 
   OK), counters zeroed right before the measured loop and dumped right
   after it (``--zero-before=getpgrp --dump-before=getsid``; the child calls those two
   libc functions around the loop), every thread counted (``--separate-threads=yes``;
-  ``callgrind_support.window_threads``: a function-triggered dump holds the calling
+  ``callgrind_support.window_events``: a function-triggered dump holds the calling
   thread only, so the other threads are read from the dump at exit, which covers them
   from the moment instrumentation was switched on, right before the window, to the
   exit right after it). Instructions per request and the ratio to
@@ -35,6 +36,11 @@ every agent variant ``V``, a variant ``V@before`` running the agent source tree 
   spans *inside* the measured window (the batch thread's encoding and the gRPC export
   are counted, on their own threads): what the agent costs the process. ``both`` runs
   every agent variant both ways (``V`` and ``V+export``).
+- **Caches** (``--cache-sim``): the same runs with callgrind's cache simulation: L1 and
+  last-level misses per request and cycles estimated from them
+  (``callgrind_support.estimated_cycles``): what a larger heap, the cyclic GC's
+  traversals and allocation add in cycles that an instruction count does not show, as a
+  model free of the machine's noise.
 - **Process CPU**: ``--cpu-rounds`` rounds, each running every variant once in a fresh
   process pinned to ``--core`` with ``taskset`` (order rotated per round), process CPU
   (all threads) and main-thread CPU per request over ``--cpu-requests`` after the
@@ -69,10 +75,11 @@ from gym_telemetry_demo.ports import wait_listening  # noqa: E402
 
 from bench.callgrind_support import (  # noqa: E402
     agent_path,
+    estimated_cycles,
     gym_env_python,
     print_profile_diff,
     valgrind_command,
-    window_threads,
+    window_events,
 )
 from bench.gym_verify_throughput import (  # noqa: E402
     BAGGAGE,
@@ -126,7 +133,9 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
     """Instructions of the measured loop, per thread, for one variant."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"cg-{v.name.replace('@', '-')}-"))
     cmd = [
-        *valgrind_command(out_dir, "--separate-threads=yes"),
+        *valgrind_command(
+            out_dir, "--separate-threads=yes", *(["--cache-sim=yes"] if args.cache_sim else [])
+        ),
         python,
         str(CHILD),
         _opts(args, v, args.requests),
@@ -144,7 +153,8 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
     if done.returncode:
         raise SystemExit(f"callgrind {v.name}: {done.stderr.strip()[-1500:]}")
     child = _last_json(done.stdout)
-    threads = window_threads(out_dir)
+    events = window_events(out_dir)
+    threads = [e.get("Ir", 0) for e in events]
     if args.keep_dumps is not None:  # for callgrind_annotate: the window is cg.<pid>.1-01
         args.keep_dumps.mkdir(parents=True, exist_ok=True)
         shutil.move(str(out_dir), args.keep_dumps / v.name.replace("@", "-"))
@@ -156,6 +166,10 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         "variant": v.name,
         "agent": child.get("agent"),
         "instructions_per_request": sum(threads) / args.requests,
+        # every event summed over the threads, per request (cache misses with --cache-sim)
+        "events_per_request": {
+            name: sum(e.get(name, 0) for e in events) / args.requests for name in events[0]
+        },
         "main_thread_per_request": threads[0] / args.requests,
         "threads": [t / args.requests for t in threads],
         "gc_collections": child["gc_collections"],
@@ -230,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="bytecodes per function (module doc)")
     p.add_argument("--profile-top", type=int, default=40)
     p.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="simulate the caches too (--cache-sim=yes): L1 and last-level misses and "
+        "estimated cycles per request (module doc)",
+    )
+    p.add_argument(
         "--keep-dumps",
         type=Path,
         help="keep each variant's callgrind files in DIR/<variant> (the function view: "
@@ -285,6 +305,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"{other / 1e6:.3f}M, gc collections {r['gc_collections']}, lean {r['lean']}",
                     flush=True,
                 )
+            if args.cache_sim:
+                print("simulated caches, per request (all threads):")
+                base_cycles = estimated_cycles(cg[0]["events_per_request"])
+                for r in cg:
+                    ev = r["events_per_request"]
+                    l1 = ev.get("I1mr", 0) + ev.get("D1mr", 0) + ev.get("D1mw", 0)
+                    ll = ev.get("ILmr", 0) + ev.get("DLmr", 0) + ev.get("DLmw", 0)
+                    cycles = estimated_cycles(ev)
+                    print(
+                        f"  {r['variant']:>16}: L1 misses {l1 / 1e3:8.1f}k, last-level misses "
+                        f"{ll / 1e3:7.2f}k, estimated cycles {cycles / 1e6:8.3f}M "
+                        f"(x{cycles / base_cycles:.3f} bare)",
+                        flush=True,
+                    )
         if not args.no_cpu:
             runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
             for rnd in range(args.cpu_rounds):
