@@ -3,7 +3,7 @@ over the three real server processes a rollout crosses (a benchmark harness; it 
 nothing).
 
     uv run --frozen python -m bench.gym_rollout_callgrind [--variants bare,default,all]
-        [--rollouts 50] [--warmup 10] [--before AGENT_SRC] [--cpu-rounds 0]
+        [--rollouts 50] [--warmup 10] [--before AGENT_SRC] [--agent AGENT_SRC] [--cpu-rounds 0]
         [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--json FILE]
 
 What runs: the stub model (``examples/gym_stack``), the shipped
@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollouts", type=int, default=50, help="measured rollouts under callgrind")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--before", type=Path, help="another agent source tree: adds V@before")
+    p.add_argument("--agent", type=Path, help="the agent source tree of the other variants")
     p.add_argument("--cpu-rounds", type=int, default=0)
     p.add_argument("--cpu-rollouts", type=int, default=200)
     p.add_argument("--core", type=int, default=1)
@@ -367,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     python = str(gym_env_python())
     specs = [v for v in args.variants.split(",") if v and v != "bare"]
     variants: list[tuple[str, str | None]] = [("bare", None)]
+    agent_src = str(args.agent.resolve()) if args.agent else None
     for spec in specs:
-        variants.append((spec, None))
+        variants.append((spec, agent_src))
         if args.before:
             variants.append((f"{spec}@before", str(args.before.resolve())))
     sink_proc, port = start_sink()

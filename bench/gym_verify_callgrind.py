@@ -5,7 +5,7 @@
         [--requests 200] [--warmup 200] [--gc on|pending|off|freeze] [--cpu-rounds 5]
         [--cpu-requests 1500] [--core 1] [--no-callgrind] [--no-cpu]
         [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--cache-sim]
-        [--keep-dumps DIR] [--fixed-ids] [--json FILE]
+        [--keep-dumps DIR] [--fixed-ids] [--agent AGENT_SRC] [--json FILE]
 
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
 serves the real ``example_single_tool_call`` ``/verify`` in process through ASGI, bare or
@@ -17,7 +17,9 @@ Which agent runs: this tree's ``agent/src`` and ``semconv/src``, first on the ch
 ``PYTHONPATH`` (the Gym env is shared and is not reinstalled). ``--before SRC`` adds, for
 every agent variant ``V``, a variant ``V@before`` running the agent source tree ``SRC``
 (e.g. ``git archive <commit> agent/src | tar -x -C /tmp/before`` and
-``--before /tmp/before/agent/src``) in the same run.
+``--before /tmp/before/agent/src``) in the same run; ``--agent SRC`` runs the other
+variants from the source tree ``SRC`` instead of this tree's (a snapshot, so that the tree
+can change while a run is under way).
 
 - **Instructions**: each variant once under ``valgrind --tool=callgrind`` with
   ``PYTHONHASHSEED=0``, start-up and warm-up uninstrumented (``--instr-atstart=no``; the
@@ -207,7 +209,7 @@ def _range(values: list[float]) -> str:
 def build_variants(args: argparse.Namespace, sink: str | None) -> list[Variant]:
     specs = [v for v in args.variants.split(",") if v and v != "bare"]
     exports = {"queue": ["queue"], "sink": ["sink"], "both": ["queue", "sink"]}[args.export]
-    trees: list[tuple[str, str | None]] = [("", None)]
+    trees: list[tuple[str, str | None]] = [("", str(args.agent.resolve()) if args.agent else None)]
     if args.before:
         trees.append(("@before", str(args.before.resolve())))
     out = [Variant("bare", "bare", None, "queue")]
@@ -236,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cpu", action="store_true")
     p.add_argument("--export", choices=["queue", "sink", "both"], default="sink")
     p.add_argument("--before", type=Path, help="another agent source tree (module doc)")
+    p.add_argument(
+        "--agent",
+        type=Path,
+        help="the agent source tree of the other variants (default: this tree's)",
+    )
     p.add_argument(
         "--fixed-ids",
         action="store_true",
