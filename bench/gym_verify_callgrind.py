@@ -274,10 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = build_variants(args, target)
     load0 = os.getloadavg()
     doc: dict[str, Any] = {
-        "args": vars(args) | {"json": str(args.json), "keep_dumps": str(args.keep_dumps)},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "load_start": load0,
     }
-    doc["args"]["before"] = str(args.before) if args.before else None
     print(
         f"Gym /verify in process (example_single_tool_call), gc {args.gc}, export "
         f"{args.export}; load average {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}",
