@@ -173,7 +173,19 @@ def _spans_of_every_shape(provider: TracerProvider) -> list[LeanSpan]:
     assert isinstance(odd, LeanSpan)
     odd.set_status(Status(StatusCode.ERROR, "broken"))
     odd.end()
-    return [*out, odd]
+    evented, token = verify.start("evented", {"k": "v"})  # an event alone, then ended
+    lean_context.detach(token)
+    evented.add_event("only", {"n": 2}, timestamp=5)
+    evented.end_with({"done": True})
+    linked, token = verify.start("linked", {})  # a link alone
+    lean_context.detach(token)
+    linked.add_link(SpanContext(7, 8, True, TraceFlags(1)), {"why": "x"})
+    linked.end()
+    ok, token = verify.start("ok", {})  # an OK status alone
+    lean_context.detach(token)
+    ok.set_status(Status(StatusCode.OK))
+    ok.end_with(None, None, error=True)
+    return [*out, odd, evented, linked, ok]
 
 
 def test_lean_records_are_the_general_records(

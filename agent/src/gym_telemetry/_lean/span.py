@@ -76,9 +76,13 @@ class LeanSpan(trace_api.Span, ReadableSpan):
 
     # ReadableSpan fields every new span starts with (see __init__).
     _end_time: int | None = None
-    _events: tuple[Event, ...] | list[Event] = ()
+    _events: tuple[Event, ...] = ()
     _links: tuple[trace_api.Link, ...] = ()
     _status: Status = UNSET_STATUS
+    #: No status, event or link was ever set: the span's record can be written in the
+    #: encoder's one-expression form (``span_encoding.encode_lean_record``). Cleared by
+    #: ``set_status`` (a status other than unset), ``add_event`` and ``add_link``.
+    _plain: bool = True
 
     def __init__(
         self,
@@ -94,15 +98,26 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._name = name
         self._context = context
         self._kind = kind
-        self._instrumentation_info = recorder.instrumentation_info
-        self._instrumentation_scope = recorder.instrumentation_scope
         self._parent = parent
         self._start_time = _time_ns()
         self._attributes: dict[str, Any] = attributes
-        self._resource = recorder.resource
         self._recorder = recorder
-        # _end_time, _events, _links and _status start as the class's defaults below
-        # (fewer stores per span); a write makes them the instance's own.
+        # _end_time, _events, _links and _status start as the class's defaults above
+        # (fewer stores per span); a write makes them the instance's own. _resource,
+        # _instrumentation_scope and _instrumentation_info are the recorder's, read
+        # through it (below): the same for every span of a recorder.
+
+    @property
+    def _resource(self) -> Resource:  # type: ignore[override]
+        return self._recorder.resource
+
+    @property
+    def _instrumentation_scope(self) -> Any:  # type: ignore[override]
+        return self._recorder.instrumentation_scope
+
+    @property
+    def _instrumentation_info(self) -> Any:  # type: ignore[override]
+        return self._recorder.instrumentation_info
 
     # --- trace_api.Span -------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -156,8 +171,6 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         events = self._events
-        if not isinstance(events, list):
-            events = self._events = list(events)
         if len(events) >= MAX_EVENTS:
             return
         clean = {}
@@ -165,12 +178,16 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             cleaned = clean_value(value)
             if cleaned is not None:
                 clean[key] = cleaned
-        events.append(Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+        # A new tuple per event (events are rare; at most MAX_EVENTS): the span ends
+        # without converting a list.
+        self._events = (*events, Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+        self._plain = False
 
     def add_link(self, context: SpanContext, attributes: otel_types.Attributes = None) -> None:
         if self._end_time is not None or not context.is_valid:
             return
         self._links = (*self._links, trace_api.Link(context, attributes))
+        self._plain = False
 
     def update_name(self, name: str) -> None:
         if self._end_time is None:
@@ -184,6 +201,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._status.status_code is StatusCode.OK or new.status_code is StatusCode.UNSET:
             return
         self._status = new
+        self._plain = False
 
     def record_exception(
         self,
@@ -211,8 +229,6 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         self._end_time = end_time if end_time is not None else _time_ns()
-        if self._events.__class__ is list:
-            self._events = tuple(self._events)
         self._recorder.ended(self)
 
     def set_if_absent(self, key: str, value: Callable[[], Any], kind: SpanKind) -> None:
@@ -246,8 +262,6 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if error:
             self.set_status(_ERROR_STATUS)
         self._end_time = _time_ns()
-        if self._events.__class__ is list:
-            self._events = tuple(self._events)
         recorder = self._recorder
         direct = recorder.direct_end
         if direct is not None and recorder.processor._span_processors is recorder.seen_processors:

@@ -59,7 +59,6 @@ from gym_telemetry._lean.otlp_wire import (
     string_field,
     varint,
 )
-from gym_telemetry._lean.span import UNSET_STATUS
 
 #: Bound of the resource/scope block cache (entries); a full cache is cleared.
 MAX_CACHED_BLOCKS: Final = 64
@@ -518,14 +517,8 @@ def encode_lean_record(span: Any) -> bytes | None:
     trace_id, span_id, _remote, _flags, state, _valid = span._context
     start = span._start_time
     end = span._end_time
-    if (
-        span._status is not UNSET_STATUS
-        or span._events
-        or span._links
-        or not start
-        or not end
-        or (state is not DEFAULT_TRACE_STATE and state)
-    ):
+    # _plain: no status, event or link was set (span.LeanSpan)
+    if not span._plain or not start or not end or (state is not DEFAULT_TRACE_STATE and state):
         return head + encode_span(span)
     name = span._name
     fields = _fields
@@ -662,16 +655,22 @@ def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
         _slot(resource, scope, resource_ids, resources, groups).append(
             len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
         )
-    out = []
+    # One flat list of pieces and one join: each block's length is the sum of its
+    # pieces' lengths, so no block is built (copied) on its own before the request is.
+    out: list[bytes] = []
     for resource, (scopes, _ids, scope_spans) in zip(resources, groups, strict=True):
-        body = [_cached_block(resource, _resource_block)]
+        body: list[bytes] = [_cached_block(resource, _resource_block)]
         for scope, encoded_spans in zip(scopes, scope_spans, strict=True):
-            scope_payload = (
-                (_cached_block(scope, _scope_block) if scope is not None else _scope_block(None))
-                + b"".join(encoded_spans)
-                + _scope_schema(scope)
+            scope_block = (
+                _cached_block(scope, _scope_block) if scope is not None else _scope_block(None)
             )
-            body.append(len_prefixed(_T_RS_SCOPE_SPANS, scope_payload))
+            scope_schema = _scope_schema(scope)
+            size = len(scope_block) + sum(map(len, encoded_spans)) + len(scope_schema)
+            body.append(_T_RS_SCOPE_SPANS + varint(size))
+            body.append(scope_block)
+            body += encoded_spans
+            body.append(scope_schema)
         body.append(_resource_schema(resource))
-        out.append(len_prefixed(_T_RESOURCE_SPANS, b"".join(body)))
+        out.append(_T_RESOURCE_SPANS + varint(sum(map(len, body))))
+        out += body
     return b"".join(out)
