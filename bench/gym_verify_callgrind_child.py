@@ -13,12 +13,23 @@ so the dump holds exactly the loop (every thread). Natively the child reports pr
 CPU (all threads), main-thread CPU and wall time of the loop, and the cyclic GC's
 collections during it. Prints one JSON line.
 
-Options in the JSON: ``variant`` (``bare``, or a span-group spec such as ``default``,
-``all``, ``none``), ``requests``, ``warmup``, ``gc`` (``on``, ``off``: disabled for the
-loop, ``freeze``: ``gc.freeze()`` after warm-up), ``body``, ``traceparent``,
-``baggage``, ``export`` (``queue``: spans are queued, never exported, as
+Options in the JSON: ``variant`` (``bare``; ``fastapi-builtin``: no agent, a global SDK
+provider with no processor, so FastAPI's own telemetry records its spans; or a
+span-group spec such as ``default``, ``all``, ``none``), ``requests``, ``warmup``,
+``gc`` (``on``: ``gc.collect()`` before the loop, so none is pending; ``pending``: no
+such collect, so a collection the warm-up left pending may fall inside the loop;
+``off``: disabled for the loop; ``freeze``: ``gc.freeze()`` after warm-up), ``body``,
+``traceparent``,
+``baggage`` (``vary_ids``, default true: each request gets its own random trace and
+parent ids and rollout id instead, as each ``/verify`` of a real server belongs to
+another rollout), ``export`` (``queue``: spans are queued, never exported, as
 ``bench/gym_verify_inprocess.py`` does; ``sink:HOST:PORT``: exported to a real OTLP
-sink by the agent's batch processor as in production).
+sink by the agent's batch processor as in production, and flushed *inside* the measured
+window: the warm-up's spans are flushed before the counters are zeroed, the loop's
+spans after the loop and before the dump, so the window holds their encoding and
+export on the batch thread too), ``profile`` (true: count the bytecodes and calls of
+the loop's main thread per Python function, ``callgrind_support.OpcodeProfile``;
+reported per request).
 """
 
 from __future__ import annotations
@@ -28,12 +39,23 @@ import collections
 import gc
 import json
 import os
+import random
 import sys
 import time
 from typing import Any
 from unittest.mock import MagicMock
 
-from callgrind_support import instrument_on  # a sibling file: run as a script, from bench/
+from callgrind_support import OpcodeProfile, instrument_on  # a sibling file (bench/)
+
+
+def _flush() -> None:
+    """Export every span recorded so far, and wait for it (the SDK provider's flush)."""
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is not None and not flush(60_000):
+        raise RuntimeError("the flush did not finish")
 
 
 def main() -> None:
@@ -55,6 +77,9 @@ def main() -> None:
         }
     else:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://" + export.removeprefix("sink:")
+        # Batches leave when full (512 spans) or at the flushes, as on a busy server; not
+        # on the schedule's clock, which under callgrind would tick ~50x more per request.
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "100000000"
     os.environ.update(env)
     from nemo_gym.server_utils import ServerClient
     from resources_servers.example_single_tool_call.app import (
@@ -66,7 +91,14 @@ def main() -> None:
         host="127.0.0.1", port=8080, entrypoint="", name="weather"
     )
     server = SimpleWeatherResourcesServer(config=config, server_client=MagicMock(spec=ServerClient))
-    if variant != "bare":
+    if variant == "fastapi-builtin":
+        # No agent, but a global SDK provider set by something else: FastAPI's built-in
+        # telemetry (fastapi >= 0.165) then records its own spans for every request.
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+    elif variant != "bare":
         from gym_telemetry.autoinstrument.identity import start_server_telemetry
         from gym_telemetry.autoinstrument.install import install
 
@@ -74,13 +106,24 @@ def main() -> None:
         assert start_server_telemetry(server)
     app = server.setup_webserver()
     body = opts["body"].encode()
-    headers = [
-        (b"host", b"bench"),
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"traceparent", opts["traceparent"].encode()),
-        (b"baggage", opts["baggage"].encode()),
-    ]
+    # Every request is its own rollout, as on a real resources server: its own trace id,
+    # parent span id and rollout id (fixed ones would let any per-value cache hit every
+    # time). Built before the loop, so the loop does the same work in every variant.
+    rng = random.Random(opts.get("seed", 7))
+
+    def request_headers(index: int) -> list[tuple[bytes, bytes]]:
+        traceparent, baggage = opts["traceparent"], opts["baggage"]
+        if opts.get("vary_ids", True):
+            traceparent = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
+            baggage = f"nemo.gym.rollout.id={index // 4}-{index % 4}"
+        return [
+            (b"host", b"bench"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"traceparent", traceparent.encode()),
+            (b"baggage", baggage.encode()),
+        ]
+
     statuses: collections.Counter[int] = collections.Counter()
 
     async def receive() -> dict[str, Any]:
@@ -90,8 +133,8 @@ def main() -> None:
         if message["type"] == "http.response.start":
             statuses[message["status"]] += 1
 
-    async def run(count: int) -> None:
-        for _ in range(count):
+    async def run(all_headers: list[list[tuple[bytes, bytes]]]) -> None:
+        for headers in all_headers:
             scope = {
                 "type": "http",
                 "asgi": {"version": "3.0"},
@@ -101,7 +144,7 @@ def main() -> None:
                 "raw_path": b"/verify",
                 "query_string": b"",
                 "root_path": "",
-                "headers": list(headers),
+                "headers": headers,
                 "scheme": "http",
                 "server": ("bench", 80),
                 "client": ("bench", 1),
@@ -109,18 +152,31 @@ def main() -> None:
             await app(scope, receive, send)
 
     loop = asyncio.new_event_loop()
-    loop.run_until_complete(run(warmup))
-    gc.collect()
+    warmup_headers = [request_headers(i) for i in range(warmup)]
+    loop_headers = [request_headers(warmup + i) for i in range(n)]
+    loop.run_until_complete(run(warmup_headers))
+    flush = variant != "bare" and export != "queue"
+    if flush:
+        _flush()  # the warm-up's spans leave before the window opens
     mode = opts.get("gc", "on")
+    if mode != "pending":
+        gc.collect()  # the window starts with no collection pending ("pending": it may)
     if mode == "freeze":
         gc.freeze()
     if mode == "off":
         gc.disable()
     stats0 = [s["collections"] for s in gc.get_stats()]
     cpu0, thr0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+    profile = OpcodeProfile() if opts.get("profile") else None
     instrument_on()
     os.getpgrp()  # callgrind: --zero-before=getpgrp
-    loop.run_until_complete(run(n))
+    if profile is not None:
+        profile.start()
+    loop.run_until_complete(run(loop_headers))
+    if flush:
+        _flush()  # the loop's spans: encoded and exported inside the window
+    if profile is not None:
+        profile.stop()
     os.getsid(0)  # callgrind: --dump-before=getsid
     cpu1, thr1, wall1 = time.process_time(), time.thread_time(), time.perf_counter()
     stats1 = [s["collections"] for s in gc.get_stats()]
@@ -132,9 +188,38 @@ def main() -> None:
         "wall_us": 1e6 * (wall1 - wall0) / n,
         "gc_collections": [b - a for a, b in zip(stats0, stats1, strict=True)],
         "threads": len(sys._current_frames()),
+        "agent": _agent_file(),
+        "lean": _lean_paths(),
     }
+    if profile is not None:
+        out["profile"] = profile.result(n)
     print(json.dumps(out), flush=True)
     os._exit(0)  # skip the exporter's shutdown (nothing may listen on the endpoint)
+
+
+def _lean_paths() -> dict[str, Any] | None:
+    """Whether the agent's lean encoder passed its self-check and how many spans went
+    out as records (None without the agent): a failed check falls back to the stock
+    path silently, which a benchmark must not."""
+    if "gym_telemetry.provider" not in sys.modules:
+        return None
+    from gym_telemetry import provider
+    from gym_telemetry._lean import grpc_exporter
+
+    processor = getattr(provider._STATE, "processor", None)
+    return {
+        "encoder_self_check": grpc_exporter.self_check(),
+        "stock_fallbacks": grpc_exporter.STATS.fallbacks,
+        "records": getattr(processor, "records", None),
+        "record_failures": getattr(processor, "record_failures", None),
+    }
+
+
+def _agent_file() -> str | None:
+    """Where the agent was imported from (the harness puts a source tree first on the
+    path), or None when it was not imported."""
+    module = sys.modules.get("gym_telemetry")
+    return getattr(module, "__file__", None)
 
 
 if __name__ == "__main__":

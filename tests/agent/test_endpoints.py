@@ -406,3 +406,39 @@ def test_exception_that_cannot_be_described_still_ends_the_span(spans: Spans) ->
     (span,) = spans.named("gym.verify")
     assert span.end_time is not None
     assert span.attributes["succeeded"] is False  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [(lambda: 42, "42"), (lambda: "5-1", "5-1"), (lambda: None, None)],
+    ids=["int", "str", "none"],
+)
+def test_the_rollout_source_read_directly_gives_the_span_a_string_id(
+    spans: Spans, monkeypatch: pytest.MonkeyPatch, source: Any, expected: str | None
+) -> None:
+    """The wrappers read the resolved source itself (``rollout_correlation.SOURCE``)."""
+    span_groups.set_enabled({"verify"})
+    rollout_correlation.resolve()
+    monkeypatch.setattr(rollout_correlation.SOURCE, "get", source)
+    asyncio.run(traced_verify_endpoint(verify)(VerifyRequest(answer="a", expected="a")))
+    attributes = spans.one("gym.verify").attributes or {}
+    assert attributes.get(SEED_ROLLOUT_ID_KEY) == expected
+
+
+def test_a_raising_rollout_source_reads_as_no_id(
+    spans: Spans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    span_groups.set_enabled({"verify"})
+    rollout_correlation.resolve()
+
+    def broken() -> str | None:
+        raise RuntimeError("a foreign getter broke")
+
+    monkeypatch.setattr(rollout_correlation.SOURCE, "get", broken)
+    before = endpoints.telemetry_errors()
+    result = asyncio.run(traced_verify_endpoint(verify)(VerifyRequest(answer="a", expected="a")))
+    assert result == VerifyResponse(reward=1.0)
+    span = spans.one("gym.verify")
+    assert SEED_ROLLOUT_ID_KEY not in (span.attributes or {})
+    assert span.attributes["succeeded"] is True  # type: ignore[index]
+    assert endpoints.telemetry_errors() == before

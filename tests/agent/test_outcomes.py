@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.responses import JSONResponse
-from gym_telemetry import span_groups
+from gym_telemetry import outcomes, span_groups
 from gym_telemetry.endpoints import (
     traced_env_step_endpoint,
     traced_rollout_endpoint,
@@ -289,3 +289,142 @@ def test_nested_rollout_is_marked_and_the_outer_is_not(spans: Spans) -> None:
     assert first_inner.attributes["nemo.gym.rollout.nested"] is True  # type: ignore[index]
     assert "nemo.gym.rollout.nested" not in (outer_span.attributes or {})
     assert "nemo.gym.rollout.nested" not in (second_inner.attributes or {})
+
+
+# --- the per-type reading plans against the general reading --------------------------------
+
+
+def _general(result: Any) -> Failure | None:
+    """``failure_of`` without its per-type plans and its no-marker shortcut: the rules of
+    the module doc applied to every result the long way."""
+    if result is None or isinstance(result, outcomes._SCALARS):
+        return None
+    view = outcomes._view(result)
+    if view is None:
+        return None
+    if view is not result:
+        status = view.get("status_code")
+        if type(status) is int:
+            if status >= 500:
+                return Failure(str(status), None)
+            return outcomes._from_response(view.get("body"))
+    return outcomes._from_view(result, view)
+
+
+class GymVerifyResponse(BaseModel):
+    """Like Gym 0.7.0's ``BaseVerifyResponse``: no extra fields kept (the default)."""
+
+    reward: float
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+
+
+class ForbidExtras(GymVerifyResponse):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AllowsExtras(GymVerifyResponse):
+    model_config = ConfigDict(extra="allow")
+
+
+class Episode(BaseModel):
+    episode_id: dict[str, Any] = {}
+    result: Any = None
+    failure: EpisodeFailure | None = None
+
+
+class Relayed(BaseModel):
+    """A model shaped like a response: ``status_code`` and ``body`` fields."""
+
+    status_code: int
+    body: bytes = b""
+
+
+class Guarded(GymVerifyResponse):
+    """A model whose attribute reads go through its own ``__getattribute__``."""
+
+    def __getattribute__(self, name: str) -> Any:
+        return super().__getattribute__(name)
+
+
+_masked = {"mask_sample": True, "failure_kind": "judge_failed", "failure_reason": "r"}
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        GymVerifyResponse(reward=1.0),
+        GymVerifyResponse(reward=0.0, failure_kind="judge_unparseable"),
+        GymVerifyResponse(reward=0.0, mask_sample=True),
+        GymVerifyResponse(reward=0.0, mask_sample=True, failure_kind="k", failure_reason="why"),
+        GymVerifyResponse.model_validate({"reward": 0.0, "_ng_failure_class": "ignored"}),
+        ForbidExtras(reward=1.0),
+        ForbidExtras(reward=0.0, mask_sample=True),
+        AllowsExtras.model_validate({"reward": 0.0, "_ng_failure_class": "judge_failed"}),
+        AllowsExtras.model_validate({"reward": 0.0, "failure": {"failure_kind": "x"}}),
+        AllowsExtras(reward=1.0),
+        Guarded(reward=0.0, mask_sample=True),
+        Guarded(reward=1.0),
+        Episode(),
+        Episode(result=GymVerifyResponse(reward=0.0, mask_sample=True, failure_kind="k")),
+        Episode(result=GymVerifyResponse(reward=1.0)),
+        Episode(result=_masked),
+        Episode(result="text"),
+        Episode(result=3),
+        Episode(failure=EpisodeFailure(failure_reason="boom", terminal=True, stage="seed")),
+        Relayed(status_code=502),
+        Relayed(status_code=200, body=b'{"mask_sample":true,"failure_kind":"k"}'),
+        Relayed(status_code=200, body=b"{}"),
+        {"reward": 1.0},
+        {"reward": 1.0, "mask_sample": False, "failure_kind": "k"},
+        _masked,
+        {"_ng_failure_class": "judge_failed"},
+        {"_ng_failure_class": ""},
+        {"failure": None, "result": None},
+        {"failure": "a string, not a failure object", "mask_sample": True},
+        {"failure": "a string, not a failure object"},
+        {"result": _masked},
+        {"result": [_masked]},
+        {"result": {"result": _masked}},
+        _Plain(mask_sample=True),
+        _Plain(reward=1.0),
+        _Plain(_ng_failure_class="field", __pydantic_extra__={}),
+        _Plain(__pydantic_extra__={"_ng_failure_class": "extra"}),
+        _SlottedMapping({"mask_sample": True, "failure_kind": "k"}),
+        _SlottedMapping({"reward": 1.0}),
+        _failsafe_row(),
+        JSONResponse({"reward": 1.0}),
+        Response(b"upstream broke", status_code=503),
+        None,
+        True,
+        1.5,
+        "text",
+        b"bytes",
+        [_masked],
+        (_masked,),
+        object(),
+    ],
+    ids=lambda r: type(r).__name__,
+)
+def test_failure_of_reads_every_type_as_the_general_rules_do(result: Any) -> None:
+    for _ in range(2):  # the type's plan made, then remembered
+        assert failure_of(result) == _general(result)
+
+
+def test_a_models_plan_follows_its_fields_not_its_values() -> None:
+    """Instances of one class read with the plan made for the first one."""
+    assert failure_of(GymVerifyResponse(reward=1.0)) is None
+    masked = GymVerifyResponse(reward=0.0, mask_sample=True, failure_kind="k")
+    assert failure_of(masked) == Failure("k", None)
+    assert failure_of(Episode()) is None
+    nested = Episode(result=GymVerifyResponse(reward=0.0, mask_sample=True))
+    assert failure_of(nested) == Failure("_OTHER", None)
+
+
+def test_the_plans_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outcomes, "MAX_TYPES", 5)
+    for i in range(20):
+        cls = type(f"Model{i}", (GymVerifyResponse,), {})
+        assert failure_of(cls(reward=0.0, mask_sample=True)) == Failure("_OTHER", None)
+    assert len(outcomes._plans) <= 5

@@ -25,10 +25,10 @@ from typing import Any, Final, cast
 
 import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.ratelimit import rate_limit
-from opentelemetry import context as context_api
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, span_groups
+from gym_telemetry._lean import context as lean_context
 from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from gym_telemetry._lean.span import LeanSpan, clean_value
 from gym_telemetry.outcomes import failure_of
@@ -45,7 +45,9 @@ _ENABLED: Final = span_groups.ENABLED
 _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
 _tracer_for = span_groups.tracer_for
 _current_rollout_id = rollout_correlation.current_rollout_id
-_detach = context_api.detach
+_SOURCE: Final = rollout_correlation.SOURCE
+_detach = lean_context.detach
+_reset = lean_context.reset
 _MODEL_CALL: Final = semconv.GROUP_MODEL_CALL
 
 _NESTED: Final[dict[str, bool]] = {semconv.ROLLOUT_NESTED: True}
@@ -149,6 +151,7 @@ class Site:
         "recorder",
         "rollout",
         "span_name",
+        "streams",
         "success_attributes",
         "tracer",
     )
@@ -175,6 +178,8 @@ class Site:
         self.rollout = rollout
         self.tracer: object = None
         self.recorder: LeanRecorder | SdkRecorder | None = None
+        # A model call may answer with a stream: its span ends with the body.
+        self.streams = group == _MODEL_CALL
 
     def _recorder(self) -> LeanRecorder | SdkRecorder:
         # The group's tracer changes only when the provider does (reset_tracers): one
@@ -194,12 +199,19 @@ class Site:
         For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset
         (None when it was not changed).
         """
-        recorder = self._recorder()
-        rollout_id = _current_rollout_id()
+        recorder = self.recorder
+        if recorder is None or recorder.provisional or self.tracer is not _tracers.get(self.group):
+            recorder = self._recorder()
+        try:
+            rollout_id = _SOURCE.get()  # current_rollout_id(), one call less
+        except Exception:  # a foreign getter must never break a handler
+            rollout_id = None
         if rollout_id is None:
             attributes = self.attributes.copy()
         else:
-            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: str(rollout_id)}
+            if rollout_id.__class__ is not str:
+                rollout_id = str(rollout_id)
+            attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: rollout_id}
         if not self.rollout:
             span, token = recorder.start(self.span_name, attributes)
             return span, token, rollout_id is not None
@@ -220,7 +232,7 @@ class Site:
         (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
         status ERROR, ``error.type`` = the failure kind, the failure attributes.
         """
-        if self.group == _MODEL_CALL and is_stream(result):
+        if self.streams and is_stream(result):
             # A streamed answer: the span ends with the body, not now (streaming module).
             self._end(span, token, had_rollout_id, self.success_attributes, result)
             return
@@ -260,25 +272,30 @@ class Site:
         extra: dict[str, Any] | None,
         stream: Any = None,
     ) -> None:
+        ended = False
         try:
             if self.rollout:
                 pair = cast(tuple[object, Token[bool] | None], token)
                 token = pair[0]
                 if pair[1] is not None:
                     ENCLOSING_ROLLOUT.reset(pair[1])
-            _detach(token)  # type: ignore[arg-type]
+            try:
+                _reset(token)
+            except Exception:  # as the API's detach: logged, never raised
+                _detach(token)
             if not had_rollout_id:
                 # The handler may have set the id itself and left it set.
                 rollout_id = _current_rollout_id()
                 if rollout_id is not None:
                     span.set_attribute(ROLLOUT_ID_ATTRIBUTE, str(rollout_id))
+            if stream is None and type(span) is LeanSpan:
+                ended = True
+                span.end_with(extra)  # pre-cleaned constants
+                return
             if extra:
-                if type(span) is LeanSpan:
-                    span._attrs.update(extra)  # pre-cleaned constants
-                else:
-                    span.set_attributes(extra)
+                span.set_attributes(extra)
         finally:
-            if stream is None or not watch_stream(stream, span):
+            if not ended and (stream is None or not watch_stream(stream, span)):
                 span.end()
 
 
@@ -307,6 +324,10 @@ class Hooks:
     span are done. None of them may raise: a hook failure is the hook's to swallow."""
 
     __slots__ = ()
+
+    #: Whether the async wrapper must await ``aenter``; when False it calls ``enter``,
+    #: which then does what ``aenter`` would (no coroutine per call).
+    awaits = True
 
     def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
         """Before a sync handler; returns what ``leave`` undoes, or None."""
@@ -340,13 +361,15 @@ def make_wrapper(
             if group not in enabled.groups:
                 if hooks is None:
                     return await handler(*args, **kwargs)
-                own = await hooks.aenter(kwargs)
+                own = await hooks.aenter(kwargs) if hooks.awaits else hooks.enter(kwargs)
                 try:
                     return await handler(*args, **kwargs)
                 finally:
                     if own is not None:
                         hooks.leave(own)
-            own = None if hooks is None else await hooks.aenter(kwargs)
+            own = None
+            if hooks is not None:
+                own = await hooks.aenter(kwargs) if hooks.awaits else hooks.enter(kwargs)
             try:
                 try:
                     span, token, had_id = site.start()

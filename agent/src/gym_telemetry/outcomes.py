@@ -146,11 +146,56 @@ def _from_response(body: Any) -> Failure | None:
     return _from_view(parsed, parsed) if type(parsed) is dict else None
 
 
+# How failure_of reads a result, per type (remembered, ``MAX_TYPES``): not at all (None and
+# the scalar types), as a dict, as a model whose only possible markers are some of its
+# declared fields (a pydantic model that keeps no extra fields: its ``__dict__`` is
+# exactly its fields, so one lookup per such field tells "no marker"), or through
+# ``_view``.
+_SKIP, _DICT, _FIELDS, _OTHER = range(4)
+_MARKER_FIELDS: Final = ("failure", "mask_sample", "_ng_failure_class", "result", "status_code")
+_plans: dict[type, tuple[int, tuple[str, ...]]] = {}
+#: Bound of the per-type memo (entries; cleared when full).
+MAX_TYPES: Final = 256
+
+
+def _plan_of(cls: type) -> tuple[int, tuple[str, ...]]:
+    plan: tuple[int, tuple[str, ...]] = (_OTHER, ())
+    if cls is type(None) or issubclass(cls, _SCALARS):
+        plan = (_SKIP, ())
+    elif cls is dict:
+        plan = (_DICT, ())
+    else:
+        fields = getattr(cls, "model_fields", None)
+        config = getattr(cls, "model_config", None)
+        if (
+            isinstance(fields, Mapping)
+            and isinstance(config, Mapping)
+            and config.get("extra") != "allow"
+            and cls.__getattribute__ is object.__getattribute__
+        ):
+            plan = (_FIELDS, tuple(name for name in _MARKER_FIELDS if name in fields))
+    if len(_plans) >= MAX_TYPES:
+        _plans.clear()
+    _plans[cls] = plan
+    return plan
+
+
 def failure_of(result: Any) -> Failure | None:
     """The Gym failure ``result`` reports in-band, or None (module doc). Never raises."""
     try:
-        if result is None or isinstance(result, _SCALARS):
+        plan = _plans.get(type(result)) or _plan_of(type(result))
+        kind = plan[0]
+        if kind == _SKIP:
             return None
+        if kind == _FIELDS:
+            fields = result.__dict__
+            if type(fields) is dict:
+                for name in plan[1]:  # usually just mask_sample
+                    value = fields.get(name)
+                    if value is True if name == "mask_sample" else value is not None:
+                        break
+                else:
+                    return None  # none of the fields that could carry a marker does
         view = _view(result)
         if view is None:
             return None
@@ -160,6 +205,17 @@ def failure_of(result: Any) -> Failure | None:
                 if status >= 500:
                     return Failure(str(status), None)
                 return _from_response(view.get("body"))
+        # The usual answer carries no marker: found with dict lookups, no calls.
+        get = view.get
+        if get("failure") is None and get("mask_sample") is not True:
+            failure_class = get("_ng_failure_class")
+            if failure_class is None and view is not result:
+                extra = getattr(result, "__pydantic_extra__", None)
+                if type(extra) is dict:
+                    failure_class = extra.get("_ng_failure_class")
+            nested = get("result")
+            if failure_class is None and (nested is None or isinstance(nested, _SCALARS)):
+                return None
         return _from_view(result, view)
     except Exception:  # a strange object: no failure read, the handler is unaffected
         return None

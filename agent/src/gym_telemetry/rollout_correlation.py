@@ -120,6 +120,11 @@ def _resolve_and_get() -> str | None:
 
 
 _STATE: Final = _State()
+#: The resolved source: ``SOURCE.get()`` is what ``current_rollout_id`` returns, for hot
+#: paths that call it themselves (one call less; they must catch what it raises, as
+#: ``current_rollout_id`` does). The getter changes on resolution and ``set_fallback``,
+#: so it is read from here at each use.
+SOURCE: Final = _STATE
 _lock = threading.Lock()
 
 

@@ -20,8 +20,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from gym_telemetry._lean.sdk_hooks import batch_emit, batch_queue
-from gym_telemetry._lean.span_encoding import encode_record
+from gym_telemetry._lean.sdk_hooks import batch_append, batch_queue
+from gym_telemetry._lean.span_encoding import encode_lean_record, encode_record
 
 
 class TrackingExporter(SpanExporter):
@@ -153,7 +153,7 @@ class GymSpanProcessor(SpanProcessor):
             queue, max_queue = batch_queue(delegate)
         emit = None
         if queue is not None and exporter is not None and exporter.accepts_span_records:
-            emit = batch_emit(delegate)  # type: ignore[arg-type]
+            emit = batch_append(delegate)  # type: ignore[arg-type]
         self._queue, self._max_queue, self._emit = queue, max_queue, emit
         self.delegate = delegate
         self.exporter = exporter
@@ -189,6 +189,35 @@ class GymSpanProcessor(SpanProcessor):
         try:  # noqa: SIM105 - try/except is cheaper than suppress() on this per-span path
             delegate.on_end(span)
         except Exception:  # a processor failure must never reach span.end()
+            pass
+
+    def on_end_lean(self, span: ReadableSpan) -> None:
+        """``on_end`` for a span the lean recorder ended (``_lean.recorder``; it calls
+        this directly when this processor is the provider's only one): always sampled,
+        a ``LeanSpan``, so its record is encoded from its fields
+        (``span_encoding.encode_lean_record``). Same outcome as ``on_end``."""
+        emit = self._emit
+        if emit is None:
+            self.on_end(span)
+            return
+        try:
+            record = encode_lean_record(span)
+        except Exception:  # refused or failed: the span itself is queued
+            self.record_failures += 1
+            record = None
+        if record is None:
+            self._make_room()
+            try:  # noqa: SIM105 - try/except is cheaper than suppress() on this per-span path
+                self.delegate.on_end(span)  # type: ignore[union-attr]
+            except Exception:  # a processor failure must never reach span.end()
+                pass
+            return
+        try:
+            if len(self._queue) >= self._max_queue:
+                self._make_room()
+            emit(record)
+            self.records += 1
+        except Exception:  # a processor failure (or a concurrent unplug) must never reach end()
             pass
 
     def _make_room(self) -> None:

@@ -14,8 +14,11 @@ so that bumping the SDK pin means re-reading this folder only:
   stock encoder;
 - ``grpc_exporter``: the SDK's OTLP/gRPC exporter with the lean encoder plugged in,
   and its self-check;
-- ``sdk_hooks``: the batch processor's queue, ``emit`` step and inner shutdown, and
-  the API's current-span context key.
+- ``sdk_hooks``: the batch processor's queue, ``emit`` step (and its usual case as a
+  plain append) and inner shutdown, and
+  the API's current-span context key;
+- ``context``: the API's runtime context and ``SpanContext`` reached directly (the
+  current context's ``ContextVar``; a span context as the 6-tuple it is).
 
 SDK internals used (``SDK_INTERNALS`` below; ``tests/agent/test_sdk_internals.py``
 checks that no module outside this package touches one of them, and that this list
@@ -25,14 +28,20 @@ names every private field the package reads):
   ``_start_time``, ``_end_time``, ``_attributes``, ``_events``, ``_links``,
   ``_resource``, ``_status``, ``_instrumentation_scope``, ``_instrumentation_info``
   (``LeanSpan`` sets them, the encoder reads them);
-- ``sdk.trace.Tracer._instrumentation_scope``, ``Tracer._is_enabled`` (1.3x+);
+- ``sdk.trace.Tracer._instrumentation_scope``, ``Tracer._is_enabled`` (1.3x+) and the
+  ``_tracer_config`` it reads (read directly when ``_is_enabled`` is the SDK's own);
 - ``SynchronousMultiSpanProcessor._span_processors`` and a processor's ``_on_ending``;
 - ``ParentBased``'s ``_root`` and its four ``_*_parent_*`` delegates;
 - ``ProxyTracer._real_tracer``;
 - ``opentelemetry.trace.propagation._SPAN_KEY``;
+- ``opentelemetry.context._RUNTIME_CONTEXT`` and its ``_current_context`` ContextVar
+  (the contextvars runtime context), and ``SpanContext``'s tuple layout;
 - ``BatchSpanProcessor._batch_processor`` and its ``_queue``, ``_max_queue_size``,
-  ``emit`` and ``shutdown(timeout_millis=...)``;
-- ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter).
+  ``emit`` and ``shutdown(timeout_millis=...)``, and the fields its ``emit`` reads
+  (``_max_export_batch_size``, ``_worker_awaken``, ``_pid``, ``_shutdown``; the queue
+  append of ``sdk_hooks.batch_append``);
+- ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter), and its
+  ``_channel``, ``_client`` and ``_stub`` (the lean exporter's stub sends bytes).
 
 SDK versions checked: the declared range ``opentelemetry-api``/``-sdk``/
 ``-exporter-otlp-proto-grpc`` ``>=1.27,<1.46`` (``agent/pyproject.toml``); both ends
@@ -64,6 +73,7 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_instrumentation_scope",
         "_instrumentation_info",
         "_is_enabled",
+        "_tracer_config",
         "_span_processors",
         "_on_ending",
         "_root",
@@ -77,5 +87,14 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_queue",
         "_max_queue_size",
         "_translate_data",
+        "_max_export_batch_size",
+        "_worker_awaken",
+        "_pid",
+        "_shutdown",
+        "_RUNTIME_CONTEXT",
+        "_current_context",
+        "_channel",
+        "_client",
+        "_stub",
     }
 )

@@ -20,6 +20,12 @@ and skips, an out-of-range integer) or fails on is encoded by the stock encoder
 instead and counted (``LeanEncodingStats.fallbacks``), so what reaches the sidecar is
 always what the stock exporter would have sent.
 
+The request goes out as the lean encoder wrote it: the exporter's gRPC stub is
+``BytesTraceStub``, which sends bytes, instead of the generated stub, which serializes a
+message (so a batch is neither parsed into a message nor serialized again). Where the
+installed exporter has no ``_channel`` / ``_client`` to put it on, the message is built
+and sent the stock way.
+
 This exporter takes span records (``span_encoding.encode_record``: a span already
 encoded when it ended, queued as plain bytes by ``GymSpanProcessor``) in a batch in
 place of spans. They encode to the same message; in a batch that falls back to the
@@ -90,6 +96,43 @@ def translate(spans: Sequence[ReadableSpan | bytes]) -> Any:
     return request
 
 
+def translate_bytes(spans: Sequence[ReadableSpan | bytes]) -> bytes:
+    """``translate`` as the serialized message: the lean encoder's bytes as they are (no
+    parse into a message and serialization back, which the gRPC stub would otherwise do
+    per batch), or the stock encoder's message serialized."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    try:
+        data = span_encoding.encode_request(spans)
+    except Exception as exc:  # refused or failed: the stock encoder decides
+        STATS.fallbacks += 1
+        if STATS.fallbacks == 1 or STATS.fallbacks % 1000 == 0:
+            _log.info(
+                "gym_telemetry: batch encoded by the stock encoder (%r; %d so far)",
+                exc,
+                STATS.fallbacks,
+            )
+        serialized: bytes = _stock_request(spans, encode_spans).SerializeToString()
+        return serialized
+    STATS.batches += 1
+    return data
+
+
+class BytesTraceStub:
+    """The OTLP trace service stub, sending an already serialized request (``bytes``)."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceResponse,
+        )
+
+        self.Export = channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=None,  # the request is already bytes
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+
+
 def _stock_request(batch: Sequence[ReadableSpan | bytes], encode_spans: Any) -> Any:
     """The stock encoder's message for the spans of ``batch``; its span records (already
     lean-encoded, so never refused) follow as their own ResourceSpans blocks."""
@@ -158,11 +201,22 @@ def _lean_exporter_class() -> type[SpanExporter] | None:
 
         class LeanOTLPSpanExporter(OTLPSpanExporter):
             """``OTLPSpanExporter`` encoding its batches with ``translate``; its batches
-            may hold span records (``GymSpanProcessor``)."""
+            may hold span records (``GymSpanProcessor``). Its stub sends the lean
+            encoder's bytes as they are (``BytesTraceStub``), also after the exporter
+            re-creates its channel (it builds the stub from ``_stub``)."""
 
             accepts_span_records = True
 
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                channel = getattr(self, "_channel", None)
+                if channel is not None and getattr(self, "_client", None) is not None:
+                    self._stub = BytesTraceStub
+                    self._client = BytesTraceStub(channel)  # type: ignore[assignment]
+
             def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
+                if isinstance(getattr(self, "_client", None), BytesTraceStub):
+                    return translate_bytes(data)
                 return translate(data)
 
         _lean_class.append(LeanOTLPSpanExporter)

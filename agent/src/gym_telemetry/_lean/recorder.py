@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from typing import Any, Final
 
 from opentelemetry import context as context_api
@@ -45,24 +46,32 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry import environment_variables as env_vars
+from gym_telemetry._lean.context import TUPLE_LAYOUT
+from gym_telemetry._lean.context import attach as _attach
+from gym_telemetry._lean.context import get_current as _get_current
+from gym_telemetry._lean.context import with_span as _with_span
 from gym_telemetry._lean.sdk_hooks import SPAN_KEY
 from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
 
 _log = logging.getLogger(__name__)
 
-_get_current = context_api.get_current
-_set_value = context_api.set_value
-_attach = context_api.attach
-_detach = context_api.detach
+_getrandbits = random.getrandbits
+_SDK_IS_ENABLED: Final = getattr(sdk_trace.Tracer, "_is_enabled", None)
+_tuple_new = tuple.__new__
+_dict_setitem = dict.__setitem__
+_Context = context_api.Context
+_ROOT: Final = context_api.Context()
 _INTERNAL: Final = SpanKind.INTERNAL
 _RANDOM_BIT: Final = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 _FLAGS_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _FLAGS_SAMPLED_RANDOM: Final = TraceFlags(TraceFlags.SAMPLED | _RANDOM_BIT)
-_EMPTY_STATE: Final = trace_api.TraceState()
+# What the SDK gives a span without a parent's state (SpanContext's default).
+_EMPTY_STATE: Final = DEFAULT_TRACE_STATE
 
 # Processors whose on_start / _on_ending do nothing: the lean path skips calling them.
 # A processor class of this package says so itself with ``quiet_span_hooks = True``
@@ -97,6 +106,16 @@ class SdkRecorder:
         token = _attach(trace_api.set_span_in_context(span, context))
         return span, token
 
+    def start_under(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        parent: SpanContext | None,
+    ) -> tuple[trace_api.Span, object]:
+        """``start`` under an explicit remote ``parent`` (None: a new trace)."""
+        return self.start(name, attributes, kind, _parent_context(parent))
+
 
 class LeanRecorder:
     """Records spans for one SDK tracer (one span group) the lean way."""
@@ -114,17 +133,53 @@ class LeanRecorder:
         self.instrumentation_info = getattr(tracer, "instrumentation_info", None)
         self.instrumentation_scope = tracer._instrumentation_scope
         self.processor = tracer.span_processor
-        self._seen_processors: object = None
+        self.seen_processors: object = None
         self._quiet = False
+        #: The only processor's ``on_end_lean`` (``_export.processor.GymSpanProcessor``)
+        #: when it is the only one: ``ended`` calls it directly.
+        self.direct_end: Any = None
         self.max_attributes = MAX_ATTRIBUTES
+        #: The span record's registry prefix of this (resource, scope) pair, set by the
+        #: encoder on first use (``span_encoding.encode_lean_record``).
+        self.record_head: bytes | None = None
+        # The common case in one straight path (``start`` / ``start_under``): the SDK's
+        # default sampler, processors without start hooks, a tracer that can be disabled
+        # only through ``_is_enabled``, and span contexts readable as tuples.
+        self._is_enabled = getattr(tracer, "_is_enabled", None)
+        # The SDK's own _is_enabled reads ``_tracer_config.is_enabled``: read it directly
+        # (the config object may be replaced, so it is read through the tracer each time).
+        self._config_read = (
+            _SDK_IS_ENABLED is not None
+            and type(tracer).__dict__.get("_is_enabled") is _SDK_IS_ENABLED
+            and (
+                isinstance(
+                    getattr(getattr(tracer, "_tracer_config", None), "is_enabled", None), bool
+                )
+            )
+        )
+        self.fast = (
+            self.default_sampler
+            and TUPLE_LAYOUT
+            and issubclass(_Context, dict)
+            and hasattr(self.processor, "_span_processors")
+            and callable(getattr(self.id_generator, "generate_span_id", None))
+        )
+        # RandomIdGenerator draws from ``random.getrandbits`` until the id is not 0; one
+        # draw is inlined (a 0 goes back to the generator).
+        self._own_random = type(self.id_generator) is RandomIdGenerator
+        self._root_flags = _FLAGS_SAMPLED_RANDOM if self.random_ids else _FLAGS_SAMPLED
 
     def _processors_quiet(self) -> bool:
         processors = getattr(self.processor, "_span_processors", None)
         if processors is None:
             return False
-        if processors is not self._seen_processors:
+        if processors is not self.seen_processors:
             self._quiet = all(_is_quiet(p) for p in processors)
-            self._seen_processors = processors
+            direct = None
+            if self._quiet and self.fast and len(processors) == 1:
+                direct = getattr(processors[0], "on_end_lean", None)
+            self.direct_end = direct if callable(direct) else None
+            self.seen_processors = processors
         return self._quiet
 
     def start(
@@ -137,6 +192,119 @@ class LeanRecorder:
         """Start a span of ``kind`` with ``attributes`` (already clean; owned by the span
         from now on) as a child of the span in ``context`` (default: the current
         context), make it current and return it with the context token."""
+        if not self.fast or context is not None:
+            return self._start(name, attributes, kind, context)
+        if self._config_read:
+            if not self.tracer._tracer_config.is_enabled:
+                return SdkRecorder(self.tracer).start(name, attributes, kind, context)
+        elif self._is_enabled is not None and not self._is_enabled():
+            return SdkRecorder(self.tracer).start(name, attributes, kind, context)
+        ctx = _get_current()
+        parent_span: Any = ctx.get(SPAN_KEY)
+        parent: Any = None
+        if parent_span is not None:
+            parent = (
+                parent_span._context
+                if type(parent_span) is LeanSpan
+                else parent_span.get_span_context()
+            )
+            trace_id, _span_id, _remote, flags, trace_state, valid = parent
+            if not valid:
+                parent = None
+            elif not flags & 1:  # unsampled parent: the general path
+                return self._start(name, attributes, kind, ctx)
+        span_id = _getrandbits(64) if self._own_random else 0
+        if not span_id:
+            span_id = self.id_generator.generate_span_id()
+        if parent is None:
+            trace_id = _getrandbits(128) if self._own_random else 0
+            if not trace_id:
+                trace_id = self.id_generator.generate_trace_id()
+            # A SpanContext as SpanContext.__new__ builds a valid one (context.TUPLE_LAYOUT)
+            span_context = _tuple_new(
+                SpanContext, (trace_id, span_id, False, self._root_flags, _EMPTY_STATE, True)
+            )
+        else:
+            span_context = _tuple_new(
+                SpanContext,
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                    trace_state,
+                    True,
+                ),
+            )
+        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        if self.processor._span_processors is not self.seen_processors:
+            self._processors_quiet()
+        if not self._quiet:
+            self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
+        new = _Context(ctx)
+        _dict_setitem(new, SPAN_KEY, lean)
+        return lean, _attach(new)
+
+    def start_under(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        parent: SpanContext | None,
+    ) -> tuple[trace_api.Span, object]:
+        """``start`` under an explicit ``parent`` (a remote caller's span context; None:
+        a new trace), whatever the current context holds. The span's context is then
+        the only value of the context made current, as when the parent comes from an
+        extracted context (``propagation.extract_parent``)."""
+        if not self.fast:
+            return self._start(name, attributes, kind, _parent_context(parent))
+        if self._config_read:
+            if not self.tracer._tracer_config.is_enabled:
+                return SdkRecorder(self.tracer).start(
+                    name, attributes, kind, _parent_context(parent)
+                )
+        elif self._is_enabled is not None and not self._is_enabled():
+            return SdkRecorder(self.tracer).start(name, attributes, kind, _parent_context(parent))
+        span_id = _getrandbits(64) if self._own_random else 0
+        if not span_id:
+            span_id = self.id_generator.generate_span_id()
+        if parent is None:
+            trace_id = _getrandbits(128) if self._own_random else 0
+            if not trace_id:
+                trace_id = self.id_generator.generate_trace_id()
+            span_context = _tuple_new(
+                SpanContext, (trace_id, span_id, False, self._root_flags, _EMPTY_STATE, True)
+            )
+        else:
+            trace_id, _span_id, _remote, flags, trace_state, valid = parent
+            if not valid or not flags & 1:  # invalid or unsampled: the general path
+                return self._start(name, attributes, kind, _parent_context(parent))
+            span_context = _tuple_new(
+                SpanContext,
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    _FLAGS_SAMPLED_RANDOM if flags & _RANDOM_BIT else _FLAGS_SAMPLED,
+                    trace_state,
+                    True,
+                ),
+            )
+        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        if self.processor._span_processors is not self.seen_processors:
+            self._processors_quiet()
+        if not self._quiet:
+            self.processor.on_start(lean, parent_context=_parent_context(parent))  # type: ignore[arg-type]
+        return lean, _attach(_Context({SPAN_KEY: lean}))
+
+    def _start(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        kind: SpanKind,
+        context: context_api.Context | None,
+    ) -> tuple[trace_api.Span, object]:
+        """The general path: any sampler, processors with start hooks."""
         is_enabled = getattr(self.tracer, "_is_enabled", None)
         if is_enabled is not None and not is_enabled():
             return SdkRecorder(self.tracer).start(name, attributes, kind, context)
@@ -168,7 +336,7 @@ class LeanRecorder:
                 trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
             )
             span: trace_api.Span = trace_api.NonRecordingSpan(span_context)
-            return span, _attach(_set_value(SPAN_KEY, span, ctx))
+            return span, _attach(_with_span(span, ctx))
         flags = _FLAGS_SAMPLED_RANDOM if parent_random else _FLAGS_SAMPLED
         span_context = SpanContext(
             trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
@@ -176,15 +344,31 @@ class LeanRecorder:
         lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
         if not self._processors_quiet():
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
-        return lean, _attach(_set_value(SPAN_KEY, lean, ctx))
+        return lean, _attach(_with_span(lean, ctx))
 
     def ended(self, span: LeanSpan) -> None:
+        """Hand an ended span to the processors (only sampled spans are ``LeanSpan``s).
+        ``direct_end`` (the only processor's ``on_end_lean``) while the processors are
+        still ``seen_processors``: a span checks that and calls it itself."""
         processor = self.processor
+        if (
+            self.direct_end is not None
+            and getattr(processor, "_span_processors", None) is self.seen_processors
+        ):
+            self.direct_end(span)
+            return
         if not self._processors_quiet():
             on_ending = getattr(processor, "_on_ending", None)
             if on_ending is not None:
                 on_ending(span)
         processor.on_end(span)
+
+
+def _parent_context(parent: SpanContext | None) -> context_api.Context:
+    """The context ``start_under`` stands for: the remote parent alone, or nothing."""
+    if parent is None:
+        return _ROOT
+    return _with_span(trace_api.NonRecordingSpan(parent), _ROOT)
 
 
 def _is_default_sampler(sampler: Any) -> bool:
@@ -218,7 +402,7 @@ def _layout_ok(recorder: LeanRecorder) -> bool:
         probe = LeanSpan(
             "probe", probe_context, parent, recorder, {"k": "v", "n": 1}, kind=SpanKind.SERVER
         )
-        missing = reference - set(vars(probe))
+        missing = {field for field in reference if not hasattr(probe, field)}
         if missing:
             _log.info("gym_telemetry: SDK span layout changed (%s); using the SDK path", missing)
             return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 from typing import Any, Final
 
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -47,6 +48,52 @@ def batch_emit(processor: BatchSpanProcessor) -> Any:
     when a batch is full (``_batch_processor.emit``, SDK >= 1.3x), or None if unknown."""
     emit = getattr(getattr(processor, "_batch_processor", None), "emit", None)
     return emit if callable(emit) else None
+
+
+#: Set in a forked child (``batch_append``'s step then leaves every item to ``emit``).
+_FORKED = [False]
+os.register_at_fork(after_in_child=lambda: _FORKED.__setitem__(0, True))
+
+
+def batch_append(processor: BatchSpanProcessor) -> Any:
+    """A step that appends one item to ``processor``'s queue as its ``emit`` does, or None.
+
+    ``emit`` (``_batch_processor.emit``, SDK >= 1.3x) also refuses items after shutdown,
+    re-initializes the processor in a forked child, and logs and counts a drop when the
+    queue is full; the step returned here leaves those cases to ``emit`` itself and, in
+    the usual one, appends and wakes the worker once a batch is full, as ``emit`` does.
+    The caller keeps the queue from being full (``GymSpanProcessor`` drops the oldest
+    item first, counted), so no drop is left to the deque. When the batch processor's
+    fields are not the known ones, it is ``emit`` itself (or None without one).
+    """
+    emit = batch_emit(processor)
+    inner: Any = getattr(processor, "_batch_processor", None)
+    queue = getattr(inner, "_queue", None)
+    batch_size = getattr(inner, "_max_export_batch_size", None)
+    if (
+        emit is None
+        or not isinstance(queue, collections.deque)
+        or not isinstance(batch_size, int)
+        or not isinstance(getattr(inner, "_shutdown", None), bool)
+        or not isinstance(getattr(inner, "_pid", None), int)
+        or not hasattr(getattr(inner, "_worker_awaken", None), "is_set")
+    ):
+        return emit
+    pid = os.getpid()
+
+    def append(item: object) -> None:
+        if inner._shutdown or inner._pid != pid or _FORKED[0]:
+            # Refused after shutdown; in a forked child every item goes through emit,
+            # which re-initializes the processor there (its worker thread is gone).
+            emit(item)
+            return
+        queue.appendleft(item)
+        if len(queue) >= batch_size:
+            awaken = inner._worker_awaken  # replaced in a forked child: read each time
+            if not awaken.is_set():
+                awaken.set()
+
+    return append
 
 
 def shutdown_batch(processor: BatchSpanProcessor, timeout_s: float) -> None:

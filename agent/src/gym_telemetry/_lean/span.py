@@ -12,7 +12,7 @@ probe with the SDK's own span before any is used.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
@@ -20,11 +20,15 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.util import types as otel_types
+
+from gym_telemetry._lean.context import TUPLE_LAYOUT
 
 _time_ns = time.time_ns
 _INTERNAL: Final = SpanKind.INTERNAL
-_UNSET_STATUS: Final = Status(StatusCode.UNSET)
+UNSET_STATUS: Final = Status(StatusCode.UNSET)
+_ERROR_STATUS: Final = Status(StatusCode.ERROR)
 MAX_ATTRIBUTES: Final = 128
 MAX_EVENTS: Final = 128
 
@@ -35,6 +39,12 @@ class SpanOwner(Protocol):
     instrumentation_info: Any
     instrumentation_scope: Any
     resource: Resource
+
+    #: What ``ended`` would call for the span, when nothing else: set (only by a
+    #: recorder whose ``processor`` has ``_span_processors``) for ``seen_processors``.
+    direct_end: Callable[[LeanSpan], Any] | None
+    processor: Any
+    seen_processors: object
 
     def ended(self, span: LeanSpan) -> None:
         """Hand the ended span to the processors."""
@@ -64,6 +74,16 @@ class LeanSpan(trace_api.Span, ReadableSpan):
     #: lean encoder may read the fields directly (``span_encoding._is_plain``).
     span_context_is_field: Final = True
 
+    # ReadableSpan fields every new span starts with (see __init__).
+    _end_time: int | None = None
+    _events: tuple[Event, ...] = ()
+    _links: tuple[trace_api.Link, ...] = ()
+    _status: Status = UNSET_STATUS
+    #: No status, event or link was ever set: the span's record can be written in the
+    #: encoder's one-expression form (``span_encoding.encode_lean_record``). Cleared by
+    #: ``set_status`` (a status other than unset), ``add_event`` and ``add_link``.
+    _plain: bool = True
+
     def __init__(
         self,
         name: str,
@@ -78,19 +98,26 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._name = name
         self._context = context
         self._kind = kind
-        self._instrumentation_info = recorder.instrumentation_info
-        self._instrumentation_scope = recorder.instrumentation_scope
         self._parent = parent
         self._start_time = _time_ns()
-        self._end_time: int | None = None
-        self._attributes = attributes
-        self._attrs = attributes  # the same dict, typed for writing
-        self._events: tuple[Event, ...] | list[Event] = ()
-        self._links: tuple[trace_api.Link, ...] = ()
-        self._resource = recorder.resource
-        self._status = _UNSET_STATUS
+        self._attributes: dict[str, Any] = attributes
         self._recorder = recorder
-        self._token: object = None
+        # _end_time, _events, _links and _status start as the class's defaults above
+        # (fewer stores per span); a write makes them the instance's own. _resource,
+        # _instrumentation_scope and _instrumentation_info are the recorder's, read
+        # through it (below): the same for every span of a recorder.
+
+    @property
+    def _resource(self) -> Resource:  # type: ignore[override]
+        return self._recorder.resource
+
+    @property
+    def _instrumentation_scope(self) -> Any:  # type: ignore[override]
+        return self._recorder.instrumentation_scope
+
+    @property
+    def _instrumentation_info(self) -> Any:  # type: ignore[override]
+        return self._recorder.instrumentation_info
 
     # --- trace_api.Span -------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -105,13 +132,35 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         cleaned = clean_value(value)
         if cleaned is None:
             return
-        attributes = self._attrs
+        attributes = self._attributes
         if key in attributes or len(attributes) < MAX_ATTRIBUTES:
             attributes[key] = cleaned
 
     def set_attributes(self, attributes: Mapping[str, otel_types.AttributeValue]) -> None:
+        if self._end_time is not None:
+            return
+        own = self._attributes
         for key, value in attributes.items():
-            self.set_attribute(key, value)
+            kind = value.__class__
+            if key and (kind is str or kind is int or kind is bool or kind is float):
+                if key in own or len(own) < MAX_ATTRIBUTES:
+                    own[key] = value  # a plain scalar: clean as it is
+            else:
+                self.set_attribute(key, value)
+
+    def w3c_trace_context(self) -> tuple[str, str | None]:
+        """The ``traceparent`` and ``tracestate`` (None when empty) header values of
+        this span, as the W3C propagator writes them."""
+        context: Any = self._context
+        if TUPLE_LAYOUT:
+            trace_id, span_id, _remote, flags, state, _valid = context
+        else:
+            trace_id, span_id = context.trace_id, context.span_id
+            flags, state = context.trace_flags, context.trace_state
+        traceparent = f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+        if state is DEFAULT_TRACE_STATE or not state:
+            return traceparent, None
+        return traceparent, state.to_header()
 
     def add_event(
         self,
@@ -122,8 +171,6 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         events = self._events
-        if not isinstance(events, list):
-            events = self._events = list(events)
         if len(events) >= MAX_EVENTS:
             return
         clean = {}
@@ -131,12 +178,16 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             cleaned = clean_value(value)
             if cleaned is not None:
                 clean[key] = cleaned
-        events.append(Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+        # A new tuple per event (events are rare; at most MAX_EVENTS): the span ends
+        # without converting a list.
+        self._events = (*events, Event(name, MappingProxyType(clean), timestamp or _time_ns()))
+        self._plain = False
 
     def add_link(self, context: SpanContext, attributes: otel_types.Attributes = None) -> None:
         if self._end_time is not None or not context.is_valid:
             return
         self._links = (*self._links, trace_api.Link(context, attributes))
+        self._plain = False
 
     def update_name(self, name: str) -> None:
         if self._end_time is None:
@@ -150,6 +201,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._status.status_code is StatusCode.OK or new.status_code is StatusCode.UNSET:
             return
         self._status = new
+        self._plain = False
 
     def record_exception(
         self,
@@ -177,6 +229,42 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             return
         self._end_time = end_time if end_time is not None else _time_ns()
-        if isinstance(self._events, list):
-            self._events = tuple(self._events)
         self._recorder.ended(self)
+
+    def set_if_absent(self, key: str, value: Callable[[], Any], kind: SpanKind) -> None:
+        """Set ``key`` to ``value()`` (when that is not empty; clean) if the span is
+        recording, of ``kind`` and lacks ``key``; ``value`` is called only then."""
+        attributes = self._attributes
+        if (
+            self._end_time is None
+            and self._kind is kind
+            and key not in attributes
+            and len(attributes) < MAX_ATTRIBUTES
+        ):
+            found = value()
+            if found:
+                found = found if found.__class__ is str else clean_value(found)
+                if found is not None:
+                    attributes[key] = found
+
+    def end_with(
+        self, attributes: Mapping[str, Any] | None, name: str | None = None, error: bool = False
+    ) -> None:
+        """Add ``attributes`` (already clean: str, int, bool values), rename to ``name``
+        (when given), set status ERROR (``error``), then ``end()``: what the wrappers do
+        as a span ends, in one call. Does nothing once the span has ended."""
+        if self._end_time is not None:
+            return
+        if attributes:
+            self._attributes.update(attributes)
+        if name is not None:
+            self._name = name
+        if error:
+            self.set_status(_ERROR_STATUS)
+        self._end_time = _time_ns()
+        recorder = self._recorder
+        direct = recorder.direct_end
+        if direct is not None and recorder.processor._span_processors is recorder.seen_processors:
+            direct(self)  # LeanRecorder.ended's usual case, one call less per span
+        else:
+            recorder.ended(self)

@@ -45,10 +45,10 @@ from typing import Any, Final
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry._lean.otlp_wire import (
     KEY_PREFIXES,
-    T_AV_INT,
     T_AV_STRING,
     T_KV_VALUE,
     VARINT_1,
@@ -113,47 +113,96 @@ _LINK_FLAGS_LOCAL: Final = _T_LK_FLAGS + (0x100).to_bytes(4, "little")
 _LINK_FLAGS_REMOTE: Final = _T_LK_FLAGS + (0x300).to_bytes(4, "little")
 _KIND: Final[dict[SpanKind, bytes]] = {kind: _T_KIND + bytes([kind.value + 1]) for kind in SpanKind}
 _EMPTY_STATUS: Final = _T_STATUS + b"\x00"
+# An unset status and the flags: how most spans end.
+_TAIL_LOCAL: Final = _EMPTY_STATUS + _FLAGS_LOCAL
+_TAIL_REMOTE: Final = _EMPTY_STATUS + _FLAGS_REMOTE
 _UNSET_CODE: Final = StatusCode.UNSET
 
 
-def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
-    """Span.attributes fields; the common scalar values inline (the hot loop)."""
-    out = []
-    prefixes = KEY_PREFIXES
-    for key, value in attributes.items():
-        prefix = prefixes.get(key)
-        kind = value.__class__
-        if prefix is not None and kind is str:
-            data = value.encode()
-            size = len(data)
-            if size < 120:  # every length below fits one varint byte
-                kv_size = len(prefix) + size + 4
-                if kv_size < 128:
-                    out.append(
-                        _T_ATTRIBUTE
-                        + VARINT_1[kv_size]
-                        + prefix
-                        + T_KV_VALUE
-                        + VARINT_1[size + 2]
-                        + T_AV_STRING
-                        + VARINT_1[size]
-                        + data
-                    )
-                    continue
-        elif prefix is not None and kind is int and 0 <= value < 128:
-            kv_size = len(prefix) + 4
-            if kv_size < 128:
-                out.append(
-                    _T_ATTRIBUTE
-                    + VARINT_1[kv_size]
-                    + prefix
-                    + T_KV_VALUE
-                    + b"\x02"
-                    + T_AV_INT
-                    + VARINT_1[value]
+#: Bounds of the memo of encoded attribute fields: values memoized per key (past it a
+#: key's new values are not memoized: a high-cardinality key such as a rollout id cannot
+#: push the others out, and the memo stops growing) and keys (a full memo is cleared).
+MAX_MEMO_VALUES_PER_KEY: Final = 64
+MAX_MEMO_KEYS: Final = 1024
+#: Longest string value memoized (characters).
+MAX_MEMO_TEXT: Final = 256
+_MEMO_TYPES: Final = (str, int, bool)
+
+# (key, value, value's class) -> the encoded field (the class keeps True, 1 and 1.0
+# apart: equal dict keys, encoded differently); the memoized values per key; and per
+# key the last value not memoized with its field (the next span of the same request
+# or rollout carries it: a rollout id). The last-value slot replaces its tuple, so a
+# new value leaves no object behind for the cyclic GC.
+_fields: dict[tuple[str, Any, type], bytes] = {}
+_memoized: dict[str, int] = {}
+_last: dict[str, tuple[Any, type, bytes]] = {}
+
+
+def _encode_attribute(key: str, value: Any, kind: type) -> bytes:
+    """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute."""
+    prefix = KEY_PREFIXES.get(key)
+    if kind is str and prefix is not None and len(value) < 40 and value.isascii():
+        # A short ASCII string (a rollout id) under a known key: one join, every length
+        # one varint byte.
+        data = value.encode()
+        size = len(data)
+        kv_size = len(prefix) + size + 4
+        if kv_size < 128:
+            return b"".join(
+                (
+                    _T_ATTRIBUTE,
+                    VARINT_1[kv_size],
+                    prefix,
+                    T_KV_VALUE,
+                    VARINT_1[size + 2],
+                    T_AV_STRING,
+                    VARINT_1[size],
+                    data,
                 )
-                continue
-        out.append(len_prefixed(_T_ATTRIBUTE, key_value(key, value)))
+            )
+    return len_prefixed(_T_ATTRIBUTE, key_value(key, value))
+
+
+def _attribute_field(key: str, value: Any) -> bytes:
+    """The field of one attribute that missed the memo (``_fields``): memoized for str
+    (up to ``MAX_MEMO_TEXT`` characters), int and bool values while its key has fewer
+    than ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
+    kind = value.__class__
+    last = _last.get(key)
+    if last is not None and last[1] is kind and last[0] == value:
+        return last[2]
+    field = _encode_attribute(key, value, kind)
+    if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
+        count = _memoized.get(key, 0)
+        if count < MAX_MEMO_VALUES_PER_KEY:
+            if len(_memoized) >= MAX_MEMO_KEYS:
+                _fields.clear()
+                _memoized.clear()
+                _last.clear()
+                count = 0
+            _fields[(key, value, kind)] = field
+            _memoized[key] = count + 1
+        else:
+            _last[key] = (value, kind, field)
+    return field
+
+
+def _append_attributes(attributes: Mapping[str, Any], append: Any) -> None:
+    """Append the ``Span.attributes`` fields of ``attributes`` with ``append`` (the hot
+    loop: a memo hit is one dict lookup)."""
+    fields = _fields
+    for key, value in attributes.items():
+        try:
+            field = fields.get((key, value, value.__class__))
+        except TypeError:  # an unhashable value (a map): never memoized
+            field = None
+        append(field if field is not None else _attribute_field(key, value))
+
+
+def _span_attributes(attributes: Mapping[str, Any]) -> list[bytes]:
+    """Span.attributes fields."""
+    out: list[bytes] = []
+    _append_attributes(attributes, out.append)
     return out
 
 
@@ -394,9 +443,9 @@ def _group(key: Any, ids: dict[int, int], keys: list[Any]) -> int:
 # the schedule delay): on a server whose cyclic GC is its main cost (a NeMo Gym server),
 # every GC-tracked object among them is promoted to the old generation and adds to what
 # triggers, and is traversed by, the next full collection. A record is a plain ``bytes``,
-# which the GC never tracks: a 2-byte index of the span's (resource, scope) pair in a
-# registry, then the span's ``ScopeSpans.spans`` field (tag, length, ``Span`` message),
-# exactly as ``encode_request`` writes it.
+# which the GC never tracks: the index of the span's (resource, scope) pair in a
+# registry, then the span's ``Span`` message exactly as ``encode_request`` writes it
+# (``encode_request`` adds the field's tag and length when it places it).
 
 #: Bound of the (resource, scope) registry of records: past it, spans stay spans.
 MAX_RECORD_SOURCES: Final = 4096
@@ -434,16 +483,142 @@ def encode_record(span: ReadableSpan) -> bytes | None:
     index = _source(span.resource, span.instrumentation_scope or None)
     if index is None:
         return None
-    return _pack_index(index) + len_prefixed(_T_SS_SPANS, encode_span(span))
+    return _pack_index(index) + encode_span(span)
 
 
-_pack_index = struct.Struct("<H").pack
-_unpack_index = struct.Struct("<H").unpack_from
+_NAME_FIELDS: dict[str, bytes] = {}
+#: Bound of the memo of encoded span names (entries; cleared when full).
+MAX_MEMO_NAMES: Final = 1024
+_KIND_FIELDS: Final[dict[int, bytes]] = {id(kind): field for kind, field in _KIND.items()}
+_SERVER: Final = SpanKind.SERVER
+_KIND_SERVER: Final = _KIND[SpanKind.SERVER]
+_INTERNAL: Final = SpanKind.INTERNAL
+_KIND_INTERNAL: Final = _KIND[SpanKind.INTERNAL]
+_TIMES: Final = struct.Struct("<BQBQ").pack
+_T_START_BYTE: Final = _T_START[0]
+_T_END_BYTE: Final = _T_END[0]
+
+
+def encode_lean_record(span: Any) -> bytes | None:
+    """The record of a ``span.LeanSpan`` its recorder ended: the same bytes as
+    ``encode_record`` (``tests/agent/_lean/test_span_records.py`` checks both), written
+    in one expression for the usual span (no trace state, events or links, status
+    unset; anything else goes through ``encode_span``): ids from its ``SpanContext`` as
+    a tuple (``context.TUPLE_LAYOUT``, which the recorder requires before it makes such
+    spans), memoized name and attribute fields. None when the (resource, scope)
+    registry is full. Raises ``UnsupportedValue`` as ``encode_span`` does."""
+    recorder = span._recorder
+    head: bytes | None = recorder.record_head
+    if head is None:
+        index = _source(span._resource, span._instrumentation_scope or None)
+        if index is None:
+            return None
+        head = recorder.record_head = _pack_index(index)
+    trace_id, span_id, _remote, _flags, state, _valid = span._context
+    start = span._start_time
+    end = span._end_time
+    # _plain: no status, event or link was set (span.LeanSpan)
+    if not span._plain or not start or not end or (state is not DEFAULT_TRACE_STATE and state):
+        return head + encode_span(span)
+    name = span._name
+    fields = _fields
+    try:
+        attributes = [
+            fields.get((key, value, value.__class__)) or _attribute_field(key, value)
+            for key, value in span._attributes.items()
+        ]
+    except TypeError:  # an unhashable value (a map): the general encoder
+        return head + encode_span(span)
+    parent = span._parent
+    kind = span._kind
+    if parent is None:
+        ids = _IDS(_T_IDS, trace_id >> 64, trace_id & _MASK_64, _T_SPAN_ID, span_id)
+        tail = _TAIL_LOCAL
+    else:
+        ids = _IDS_PARENT(
+            _T_IDS,
+            trace_id >> 64,
+            trace_id & _MASK_64,
+            _T_SPAN_ID,
+            span_id,
+            _T_PARENT_SPAN_ID,
+            parent[1],
+        )
+        tail = _TAIL_REMOTE if parent[2] else _TAIL_LOCAL
+    return b"".join(
+        [
+            head,
+            ids,
+            _NAME_FIELDS.get(name) or _name_field(name),
+            _KIND_SERVER
+            if kind is _SERVER
+            else (_KIND_INTERNAL if kind is _INTERNAL else _KIND_FIELDS[id(kind)]),
+            _TIMES(_T_START_BYTE, start, _T_END_BYTE, end),
+            *attributes,
+            tail,
+        ]
+    )
+
+
+def _name_field(name: str) -> bytes:
+    """The ``Span.name`` field, remembered (``MAX_MEMO_NAMES``)."""
+    field = string_field(_T_NAME, name)
+    if len(_NAME_FIELDS) >= MAX_MEMO_NAMES:
+        _NAME_FIELDS.clear()
+    _NAME_FIELDS[name] = field
+    return field
+
+
+_MASK_64: Final = (1 << 64) - 1
+# The trace id (tag, length, two big-endian halves) and the span id (tag, length, id);
+# and with the parent span id after them: how every span message begins.
+_T_IDS: Final = _T_TRACE_ID
+_IDS: Final = struct.Struct(">2sQQ2sQ").pack
+_IDS_PARENT: Final = struct.Struct(">2sQQ2sQ2sQ").pack
+
+
+_pack_wide_index = struct.Struct("<BH").pack
+_unpack_wide_index = struct.Struct("<H").unpack_from
+#: Registry indexes below this one take one byte in a record; the others three (this
+#: byte, then the index as two bytes, little-endian).
+_WIDE: Final = 255
+
+
+def _pack_index(index: int) -> bytes:
+    """A record's head: the registry index in one byte, or ``_WIDE`` and two."""
+    return _ONE_BYTE[index] if index < _WIDE else _pack_wide_index(_WIDE, index)
+
+
+_ONE_BYTE: Final = [bytes((i,)) for i in range(_WIDE)]
 
 
 def is_record(item: object) -> bool:
     """Whether a queued item is a record (``encode_record``) rather than a span."""
     return item.__class__ is bytes
+
+
+#: ``ScopeSpans.spans`` tag and length of a span message of each size below this one.
+_PREFIXED_SIZES: Final = 1024
+_SPANS_FIELD_PREFIXES: Final = [_T_SS_SPANS + varint(n) for n in range(_PREFIXED_SIZES)]
+
+
+def _slot(
+    resource: Any,
+    scope: Any,
+    resource_ids: dict[int, int],
+    resources: list[Any],
+    groups: list[tuple[list[Any], dict[int, int], list[list[Any]]]],
+) -> list[Any]:
+    """The list of encoded spans of ``(resource, scope)`` in a request being built,
+    grouped by equality as the stock encoder groups (first-seen order)."""
+    r = _group(resource, resource_ids, resources)
+    if r == len(groups):
+        groups.append(([], {}, []))
+    scopes, scope_ids, scope_spans = groups[r]
+    s = _group(scope, scope_ids, scopes)
+    if s == len(scope_spans):
+        scope_spans.append([])
+    return scope_spans[s]
 
 
 def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
@@ -457,32 +632,45 @@ def encode_request(spans: Sequence[ReadableSpan | bytes]) -> bytes:
     resource_ids: dict[int, int] = {}
     # per resource: (scopes in first-seen order, their identity map, encoded spans)
     groups: list[tuple[list[Any], dict[int, int], list[list[Any]]]] = []
+    # per record registry index: the list its spans go to (grouped once per batch)
+    slots: dict[int, list[Any]] = {}
+    prefixes = _SPANS_FIELD_PREFIXES
     for span in spans:
         if span.__class__ is bytes:
-            resource, scope = _sources[_unpack_index(span)[0]]
-            encoded: Any = memoryview(span)[2:]
-        else:
-            resource = span.resource  # type: ignore[union-attr]
-            scope = span.instrumentation_scope or None  # type: ignore[union-attr]
-            encoded = len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
-        r = _group(resource, resource_ids, resources)
-        if r == len(groups):
-            groups.append(([], {}, []))
-        scopes, scope_ids, scope_spans = groups[r]
-        s = _group(scope, scope_ids, scopes)
-        if s == len(scope_spans):
-            scope_spans.append([])
-        scope_spans[s].append(encoded)
-    out = []
+            index = span[0]
+            start = 1
+            if index == _WIDE:
+                index = _unpack_wide_index(span, 1)[0]
+                start = 3
+            slot = slots.get(index)
+            if slot is None:
+                resource, scope = _sources[index]
+                slot = slots[index] = _slot(resource, scope, resource_ids, resources, groups)
+            size = len(span) - start
+            slot.append(prefixes[size] if size < _PREFIXED_SIZES else _T_SS_SPANS + varint(size))
+            slot.append(span[start:])
+            continue
+        resource = span.resource  # type: ignore[union-attr]
+        scope = span.instrumentation_scope or None  # type: ignore[union-attr]
+        _slot(resource, scope, resource_ids, resources, groups).append(
+            len_prefixed(_T_SS_SPANS, encode_span(span))  # type: ignore[arg-type]
+        )
+    # One flat list of pieces and one join: each block's length is the sum of its
+    # pieces' lengths, so no block is built (copied) on its own before the request is.
+    out: list[bytes] = []
     for resource, (scopes, _ids, scope_spans) in zip(resources, groups, strict=True):
-        body = [_cached_block(resource, _resource_block)]
+        body: list[bytes] = [_cached_block(resource, _resource_block)]
         for scope, encoded_spans in zip(scopes, scope_spans, strict=True):
-            scope_payload = (
-                (_cached_block(scope, _scope_block) if scope is not None else _scope_block(None))
-                + b"".join(encoded_spans)
-                + _scope_schema(scope)
+            scope_block = (
+                _cached_block(scope, _scope_block) if scope is not None else _scope_block(None)
             )
-            body.append(len_prefixed(_T_RS_SCOPE_SPANS, scope_payload))
+            scope_schema = _scope_schema(scope)
+            size = len(scope_block) + sum(map(len, encoded_spans)) + len(scope_schema)
+            body.append(_T_RS_SCOPE_SPANS + varint(size))
+            body.append(scope_block)
+            body += encoded_spans
+            body.append(scope_schema)
         body.append(_resource_schema(resource))
-        out.append(len_prefixed(_T_RESOURCE_SPANS, b"".join(body)))
+        out.append(_T_RESOURCE_SPANS + varint(sum(map(len, body))))
+        out += body
     return b"".join(out)

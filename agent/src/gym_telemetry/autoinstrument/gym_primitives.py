@@ -35,6 +35,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from gym_telemetry import rollout_correlation, span_groups
+from gym_telemetry._lean.context import detach
+from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
+from gym_telemetry._lean.span import LeanSpan, clean_value
 from gym_telemetry.autoinstrument import propagation
 
 _log = logging.getLogger(__name__)
@@ -62,6 +65,23 @@ def _clean(value: Any) -> Any:
     return None
 
 
+#: Bound of the memo of attribute keys' sensitivity (entries; cleared when full).
+MAX_CACHED_KEYS: Final = 1024
+_key_sensitive: dict[str, bool] = {}
+
+
+def _sensitive(key: str) -> bool:
+    """Whether ``key`` looks sensitive (a ``SENSITIVE_KEY_PARTS`` fragment), remembered."""
+    hit = _key_sensitive.get(key)
+    if hit is None:
+        lowered = key.lower()
+        hit = any(part in lowered for part in SENSITIVE_KEY_PARTS)
+        if len(_key_sensitive) >= MAX_CACHED_KEYS:
+            _key_sensitive.clear()
+        _key_sensitive[key] = hit
+    return hit
+
+
 def safe_set_span_attributes(
     span: Any, attributes: Mapping[str, Any] | None, redact_keys: Any = None
 ) -> None:
@@ -73,15 +93,19 @@ def safe_set_span_attributes(
     if span is None or not attributes:
         return
     try:
-        extra = {str(k).lower() for k in redact_keys} if redact_keys else set()
+        extra = {str(k).lower() for k in redact_keys} if redact_keys else None
         clean: dict[str, Any] = {}
         for key, raw in attributes.items():
-            value = _clean(raw)
-            if value is None:
-                continue
-            lowered = key.lower()
-            sensitive = lowered in extra or any(part in lowered for part in SENSITIVE_KEY_PARTS)
-            clean[key] = REDACTED if sensitive else value
+            kind = raw.__class__
+            if kind is str or kind is int or kind is bool or kind is float:
+                value = raw
+            else:
+                value = _clean(raw)
+                if value is None:
+                    continue
+            if _sensitive(key) or (extra is not None and key.lower() in extra):
+                value = REDACTED
+            clean[key] = value
         if clean:
             span.set_attributes(clean)
     except Exception:  # attributes are best effort
@@ -271,6 +295,33 @@ def url_template(url: str) -> str | None:
     return prefix + path
 
 
+def _client_span_end(span: Span, raised: bool) -> tuple[str | None, dict[str, Any], bool]:
+    """What ``_finish_client_span`` changes: (new name or None, attributes to add, error)."""
+    attributes = getattr(span, "attributes", None)
+    if not attributes:  # a non-recording span
+        return None, {}, False
+    name = None
+    extra: dict[str, Any] = {}
+    method = attributes.get(semconv.HTTP_REQUEST_METHOD)
+    url = attributes.get(semconv.URL_FULL)
+    if isinstance(method, str) and isinstance(url, str):
+        if method not in KNOWN_METHODS:
+            method = "HTTP"
+        template = _url_template(url)
+        if template is None:
+            name = method
+        else:
+            extra[semconv.URL_TEMPLATE] = template
+            name = _client_name(method, template)
+    error = False
+    status = attributes.get(semconv.HTTP_RESPONSE_STATUS_CODE)
+    if not raised and type(status) is int and status >= 400:
+        # no description: the status code says it (HTTP semconv)
+        error = True
+        extra[semconv.ERROR_TYPE] = str(status)
+    return name, extra, error
+
+
 def _finish_client_span(span: Span, raised: bool) -> None:
     """Name the CLIENT span and set its status from what the hop recorded on it.
 
@@ -285,43 +336,126 @@ def _finish_client_span(span: Span, raised: bool) -> None:
     Spans without ``http.request.method`` and ``url.full`` keep their name. Never raises.
     """
     try:
-        attributes = getattr(span, "attributes", None)
-        if not attributes:  # a non-recording span
-            return
-        method = attributes.get(semconv.HTTP_REQUEST_METHOD)
-        url = attributes.get(semconv.URL_FULL)
-        if isinstance(method, str) and isinstance(url, str):
-            if method not in KNOWN_METHODS:
-                method = "HTTP"
-            template = url_template(url)
-            if template is None:
-                span.update_name(method)
-            else:
-                span.set_attribute(semconv.URL_TEMPLATE, template)
-                span.update_name(f"{method} {template}")
-        status = attributes.get(semconv.HTTP_RESPONSE_STATUS_CODE)
-        if not raised and type(status) is int and status >= 400:
-            # no description: the status code says it (HTTP semconv)
+        name, extra, error = _client_span_end(span, raised)
+        if name is not None:
+            span.update_name(name)
+        if extra:
+            span.set_attributes(extra)
+        if error:
             span.set_status(Status(StatusCode.ERROR))
-            span.set_attribute(semconv.ERROR_TYPE, str(status))
     except Exception:  # naming and status are best effort
         _log.debug("gym_telemetry: could not finish a client span", exc_info=True)
 
 
-@contextmanager
-def client_span(name: str, tracer: Any = None, **attributes: Any) -> Iterator[Span]:
+#: Bound of the memos of URL templates and client span names (entries; cleared when full).
+MAX_CACHED_URLS: Final = 1024
+_url_templates: dict[str, str | None] = {}
+_client_names: dict[tuple[str, str], str] = {}
+
+
+def _url_template(url: str) -> str | None:
+    """``url_template(url)``, remembered (a hop's URLs are a server's few routes, unless
+    rollout-prefixed)."""
+    try:
+        return _url_templates[url]
+    except KeyError:
+        template = url_template(url)
+        if len(_url_templates) >= MAX_CACHED_URLS:
+            _url_templates.clear()
+        _url_templates[url] = template
+        return template
+
+
+def _client_name(method: str, template: str) -> str:
+    name = _client_names.get((method, template))
+    if name is None:
+        name = f"{method} {template}"
+        if len(_client_names) >= MAX_CACHED_URLS:
+            _client_names.clear()
+        _client_names[(method, template)] = name
+    return name
+
+
+class _ClientRecorder:
+    """The ``http_client`` group's recording path, re-resolved when its tracer changes."""
+
+    __slots__ = ("recorder", "tracer")
+
+    def __init__(self) -> None:
+        self.tracer: object = None
+        self.recorder: LeanRecorder | SdkRecorder | None = None
+
+    def get(self) -> LeanRecorder | SdkRecorder:
+        recorder = self.recorder
+        tracer = _tracers.get(semconv.GROUP_HTTP_CLIENT)
+        if recorder is None or recorder.provisional or tracer is None or tracer is not self.tracer:
+            tracer = span_groups.tracer_for(semconv.GROUP_HTTP_CLIENT)
+            recorder = self.recorder = recorder_for(tracer)
+            self.tracer = tracer
+        return recorder
+
+
+_CLIENT_RECORDER: Final = _ClientRecorder()
+_tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
+
+
+class _ClientSpan:
+    """``client_span``'s context manager: a slotted object instead of a generator-based
+    one (Gym opens one per hop)."""
+
+    __slots__ = ("attributes", "name", "span", "token")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name = name
+        self.attributes = attributes
+
+    def __enter__(self) -> Span:
+        attributes: dict[str, Any] = {}
+        rollout_id = rollout_correlation.current_rollout_id()
+        if rollout_id:
+            value = rollout_id if rollout_id.__class__ is str else clean_value(rollout_id)
+            if value is not None:
+                attributes[semconv.ROLLOUT_ID] = value
+        try:
+            span, token = _CLIENT_RECORDER.get().start(self.name, attributes, SpanKind.CLIENT)
+        except Exception:  # the hop goes on without its span
+            _log.debug("gym_telemetry: could not start a client span", exc_info=True)
+            span, token = trace.INVALID_SPAN, None
+        self.span, self.token = span, token
+        if self.attributes:
+            safe_set_span_attributes(span, self.attributes)
+        return span
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span = self.span
+        raised = exc is not None
+        try:
+            if exc is not None:  # as _current: recorded, then re-raised by the with
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        finally:
+            if self.token is not None:
+                detach(self.token)
+            if type(span) is LeanSpan:
+                try:
+                    name, extra, error = _client_span_end(span, raised)
+                except Exception:  # naming and status are best effort
+                    name, extra, error = None, {}, False
+                span.end_with(extra, name, error)
+            else:
+                _finish_client_span(span, raised)
+                span.end()
+
+
+def client_span(name: str, tracer: Any = None, **attributes: Any) -> _ClientSpan:
     """A CLIENT span of group ``http_client``, current while the block runs.
 
     Gym gates the call site on ``http_client`` itself, so this always records. Before
     the span ends it is named and its status set from its attributes
     (``_finish_client_span``): ``POST /verify``, ERROR for a 4xx/5xx response.
     """
-    span = span_groups.tracer_for(semconv.GROUP_HTTP_CLIENT).start_span(
-        name, kind=SpanKind.CLIENT, attributes=_with_rollout({})
-    )
-    safe_set_span_attributes(span, attributes)
-    with _current(span, _finish_client_span):
-        yield span
+    return _ClientSpan(name, attributes)
 
 
 def inject_trace_context(headers: MutableMapping[str, str]) -> None:

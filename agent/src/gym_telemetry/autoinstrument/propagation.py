@@ -36,8 +36,13 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry import rollout_correlation
+from gym_telemetry._lean.context import get_current as _get_current
+from gym_telemetry._lean.context import span_context as _span_context
+from gym_telemetry._lean.sdk_hooks import SPAN_KEY
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT, valid_rollout_id
 
 #: The baggage key carrying the rollout id (same name as the span attribute).
@@ -56,6 +61,14 @@ _TRACEPARENT_00: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 # (fewer GC-tracked objects held by every queued span).
 _FLAGS: Final = tuple(TraceFlags(value) for value in range(256))
 _EMPTY_CONTEXT: Final = Context()
+# The baggage header this module writes, exactly: the rollout id, and the outer-rollout
+# member after it (``inject``). Read in one match; any other header member by member.
+_OWN_BAGGAGE: Final = re.compile(
+    re.escape(_BAGGAGE_KEY_BYTES)
+    + rb"=([A-Za-z0-9][A-Za-z0-9._-]{0,%d})(," % (rollout_correlation.MAX_ROLLOUT_ID_CHARS - 1)
+    + re.escape(OUTER_BAGGAGE_MEMBER.encode())
+    + rb")?"
+)
 
 
 def rollout_id_from_baggage(header: bytes) -> str | None:
@@ -93,24 +106,42 @@ def outer_rollout_in_baggage(header: bytes) -> bool:
     return False
 
 
-def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | None:
-    """The remote parent context from a ``traceparent`` header, or None when invalid."""
+def read_rollout_baggage(header: bytes) -> tuple[str | None, bool]:
+    """``(rollout_id_from_baggage(header), outer_rollout_in_baggage(header))`` in one
+    pass: one match for the header ``inject`` writes, member by member otherwise."""
+    match = _OWN_BAGGAGE.fullmatch(header)
+    if match is not None:
+        rollout_id, outer = match.groups()
+        return rollout_id.decode("ascii"), outer is not None
+    return rollout_id_from_baggage(header), outer_rollout_in_baggage(header)
+
+
+def parse_traceparent(traceparent: bytes, tracestate: bytes | None) -> SpanContext | None:
+    """The remote parent's span context from a ``traceparent`` header (and
+    ``tracestate``), or None when invalid: what the SDK's W3C propagator extracts."""
     if not tracestate:
         match = _TRACEPARENT_00.fullmatch(traceparent)
         if match is not None:
-            trace_id = int(match.group(1), 16)
-            span_id = int(match.group(2), 16)
+            trace_hex, span_hex, flags_hex = match.groups()
+            trace_id = int(trace_hex, 16)
+            span_id = int(span_hex, 16)
             if not trace_id or not span_id:
                 return None
-            span_context = SpanContext(trace_id, span_id, True, _FLAGS[int(match.group(3), 16)])
-            return set_span_in_context(NonRecordingSpan(span_context), _EMPTY_CONTEXT)
+            flags = _FLAGS[int(flags_hex, 16)]
+            return _span_context(trace_id, span_id, True, flags, DEFAULT_TRACE_STATE)
     carrier = {"traceparent": traceparent.decode("latin-1")}
     if tracestate:
         carrier["tracestate"] = tracestate.decode("latin-1")
-    context = _TRACE_CONTEXT.extract(carrier)
-    if not get_current_span(context).get_span_context().is_valid:
+    span_context = get_current_span(_TRACE_CONTEXT.extract(carrier)).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def extract_parent(traceparent: bytes, tracestate: bytes | None) -> Context | None:
+    """The remote parent context from a ``traceparent`` header, or None when invalid."""
+    parent = parse_traceparent(traceparent, tracestate)
+    if parent is None:
         return None
-    return context
+    return set_span_in_context(NonRecordingSpan(parent), _EMPTY_CONTEXT)
 
 
 def _add_member(headers: MutableMapping[str, str], key: str, member: str) -> None:
@@ -129,7 +160,14 @@ def inject(headers: MutableMapping[str, str]) -> None:
     Writes no trace context when there is no valid current span. Never raises for a
     missing rollout id; the caller guards against other failures.
     """
-    _TRACE_CONTEXT.inject(headers)
+    span = _get_current().get(SPAN_KEY)
+    if type(span) is LeanSpan:  # the W3C propagator's headers, written directly
+        traceparent, tracestate = span.w3c_trace_context()
+        headers["traceparent"] = traceparent
+        if tracestate is not None:
+            headers["tracestate"] = tracestate
+    else:
+        _TRACE_CONTEXT.inject(headers)
     rollout_id = rollout_correlation.current_rollout_id()
     if rollout_id and valid_rollout_id(rollout_id):
         _add_member(headers, BAGGAGE_KEY, f"{BAGGAGE_KEY}={rollout_id}")

@@ -62,6 +62,9 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gym_telemetry import _engine, rollout_correlation, span_groups
+from gym_telemetry._lean import context as lean_context
+from gym_telemetry._lean.sdk_hooks import SPAN_KEY
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.autoinstrument.identity import (
     RUNTIME,
     SERVER_TYPE_AGENT,
@@ -134,6 +137,10 @@ def _mark(wrapper: Any, group: str) -> Any:
 
 def tag_server_span() -> None:
     """Put the current rollout id on the request's SERVER span if it lacks it."""
+    span = lean_context.get_current().get(SPAN_KEY)
+    if type(span) is LeanSpan:  # the id is looked up only when the span lacks it
+        span.set_if_absent(semconv.ROLLOUT_ID, _current_rollout_id, SpanKind.SERVER)
+        return
     rollout_id = rollout_correlation.current_rollout_id()
     if not rollout_id:
         return
@@ -161,19 +168,28 @@ class RouteHooks(_engine.Hooks):
     Best effort: a failure of either step is swallowed (the request is unaffected).
     """
 
-    __slots__ = ("body_rollout",)
+    __slots__ = ("awaits", "body_rollout")
 
     def __init__(self, body_rollout: bool = False) -> None:
         self.body_rollout = body_rollout
+        # Only a /run's body id may need the raw request body read (awaited).
+        self.awaits = body_rollout
 
     def enter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
-        rollout_id = None
+        token = None
         if self.body_rollout and _needs_body_id():
             try:
                 rollout_id = rollout_correlation.rollout_id_from_models(kwargs)
             except Exception:  # best effort
                 rollout_id = None
-        return _begin(rollout_id)
+            if rollout_id is not None:
+                token = _OWN_ID.set(rollout_id)
+        if _SERVER in _ENABLED.groups:  # _tag, inlined: once per request on every route
+            try:
+                tag_server_span()
+            except Exception:  # tagging is best effort
+                _log.debug("gym_telemetry: could not tag the server span", exc_info=True)
+        return token
 
     async def aenter(self, kwargs: dict[str, Any]) -> Token[Any] | None:
         rollout_id = None
@@ -189,6 +205,7 @@ class RouteHooks(_engine.Hooks):
 
 
 _OWN_ID: Final = rollout_correlation.ROLLOUT_ID_VAR
+_current_rollout_id: Final = rollout_correlation.current_rollout_id
 _TAGGING: Final = RouteHooks()
 _RUN: Final = RouteHooks(body_rollout=True)
 

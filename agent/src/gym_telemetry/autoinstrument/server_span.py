@@ -49,25 +49,31 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry import context as context_api
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from gym_telemetry import environment_variables, span_groups
+from gym_telemetry._lean.context import attach as _attach
+from gym_telemetry._lean.context import detach as _detach
+from gym_telemetry._lean.context import with_span as _with_span
 from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.asgi import ASGIApp, Message, Receive, Scope, Send
 from gym_telemetry.autoinstrument.identity import RUNTIME
 from gym_telemetry.autoinstrument.propagation import (
-    extract_parent,
     outer_rollout_in_baggage,
+    parse_traceparent,
+    read_rollout_baggage,
     rollout_id_from_baggage,
 )
 from gym_telemetry.rollout_correlation import (
     ENCLOSING_ROLLOUT,
+    ROLLOUT_ID_VAR,
     ROLLOUT_PATH_PREFIX,
     call_with_rollout_id,
     rollout_id_from_path,
@@ -97,6 +103,8 @@ _ENABLED: Final = span_groups.ENABLED
 _ERROR: Final = Status(StatusCode.ERROR)
 _ENCLOSING: Final = ENCLOSING_ROLLOUT
 _SERVER: Final = SpanKind.SERVER
+_OWN_ID: Final = ROLLOUT_ID_VAR
+_tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
 
 
 class _Recorder:
@@ -114,6 +122,8 @@ _RECORDER: Final = _Recorder()
 
 
 def _recorder() -> LeanRecorder | SdkRecorder:
+    """The recorder of the ``server`` group's current tracer (re-resolved when the tracer
+    changed or was a proxy with no SDK behind it)."""
     tracer = span_groups.tracer_for(_GROUP)
     recorder = _RECORDER.recorder
     if tracer is not _RECORDER.tracer or recorder is None or recorder.provisional:
@@ -190,7 +200,12 @@ def _record_failure(where: str) -> None:
 
 
 class ServerSpanMiddleware:
-    """ASGI wrapper adding the SERVER span and the rollout/trace context (module doc)."""
+    """ASGI wrapper adding the SERVER span and the rollout/trace context (module doc).
+
+    One coroutine frame per request: every ``await`` below it that suspends (Gym's
+    middlewares run the app in a task) resumes each frame of the chain above it, so the
+    layer's steps are written out here instead of in coroutines of their own.
+    """
 
     __slots__ = ("app",)
 
@@ -208,118 +223,101 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            traceparent = tracestate = baggage = None
-            for key, value in scope["headers"]:
-                if key == b"traceparent":
-                    traceparent = value
-                elif key == b"baggage":
-                    baggage = value
-                elif key == b"tracestate":
-                    tracestate = value
-            rollout_id = rollout_id_from_path(scope["path"])
+            # The last of each repeated header, as a scan would keep (one C call).
+            headers = dict(scope["headers"])
+            traceparent = headers.get(b"traceparent")
+            baggage = headers.get(b"baggage")
+            path = scope["path"]
+            rollout_id = None
+            if path.startswith(ROLLOUT_PATH_PREFIX):
+                rollout_id = rollout_id_from_path(path)
             outer = False
             if baggage is not None:
+                baggage_id, outer = read_rollout_baggage(baggage)
                 if rollout_id is None:
-                    rollout_id = rollout_id_from_baggage(baggage)
-                outer = outer_rollout_in_baggage(baggage)
-            parent = extract_parent(traceparent, tracestate) if traceparent else None
-            link: context_api.Context | None = None
+                    rollout_id = baggage_id
+            parent = None
+            if traceparent:
+                parent = parse_traceparent(traceparent, headers.get(b"tracestate"))
+            link = None
             if (
                 parent is not None
                 and not outer
-                and _is_run(scope["path"])
+                and path.endswith(_RUN_SUFFIX)
+                and _is_run(path)
                 and TRAINER_CONTEXT.links()
             ):
-                link, parent = parent, _ROOT_CONTEXT
+                link, parent = parent, None
+                remote = True  # the request starts a new trace (module doc, point 5)
+            else:
+                remote = parent is not None
         except Exception:  # bad headers must not fail the request
             _record_failure("header parsing")
             await self.app(scope, receive, send)
             return
         scope[SCOPE_MARKER] = True
-        if outer:
-            token = _ENCLOSING.set(True)
-            try:
-                await self._serve(scope, receive, send, parent, rollout_id, link=link)
-            finally:
-                _ENCLOSING.reset(token)
-        else:
-            await self._serve(scope, receive, send, parent, rollout_id, link=link)
-
-    async def _serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        parent: context_api.Context | None,
-        rollout_id: str | None,
-        *,
-        link: context_api.Context | None,
-    ) -> None:
-        if _GROUP not in _ENABLED.groups:
-            await self._without_span(scope, receive, send, parent, rollout_id)
-        else:
-            await self._with_span(scope, receive, send, parent, rollout_id, link=link)
-
-    async def _call(
-        self, scope: Scope, receive: Receive, send: Send, rollout_id: str | None
-    ) -> None:
-        await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
-
-    async def _without_span(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        parent: context_api.Context | None,
-        rollout_id: str | None,
-    ) -> None:
-        if parent is None:
-            await self._call(scope, receive, send, rollout_id)
-            return
-        token = context_api.attach(parent)
+        enclosing = _ENCLOSING.set(True) if outer else None
+        own_id = _OWN_ID.set(rollout_id) if rollout_id is not None else None
         try:
-            await self._call(scope, receive, send, rollout_id)
-        finally:
-            context_api.detach(token)
-
-    async def _with_span(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        parent: context_api.Context | None,
-        rollout_id: str | None,
-        *,
-        link: context_api.Context | None = None,
-    ) -> None:
-        method = scope.get("method") or "HTTP"
-        try:
-            attributes: dict[str, Any] = {HTTP_METHOD: method}
-            if rollout_id is not None:
-                attributes[semconv.ROLLOUT_ID] = rollout_id
-            span, token = _recorder().start(method, attributes, _SERVER, parent)
-        except Exception:
-            _record_failure("span start")
-            await self._call(scope, receive, send, rollout_id)
-            return
-        if link is not None:
+            if _GROUP not in _ENABLED.groups:
+                # No span: the caller's context is made current, so the spans of the other
+                # groups still join the caller's trace.
+                token: object = None
+                if remote:  # the caller's span, or a new trace for an outermost /run
+                    token = _attach(
+                        _ROOT_CONTEXT
+                        if parent is None
+                        else _with_span(NonRecordingSpan(parent), _ROOT_CONTEXT)
+                    )
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    if token is not None:
+                        _detach(token)
+                return
+            method = scope.get("method") or "HTTP"
             try:
-                span.add_link(trace.get_current_span(link).get_span_context())
-            except Exception:  # the request goes on without the link
-                _record_failure("span link")
-        send_with_status = _StatusSend(send)
-        failed: BaseException | None = None
-        try:
-            await self._call(scope, receive, send_with_status, rollout_id)
-        except BaseException as exc:
-            failed = exc
-            raise
-        finally:
-            try:
-                context_api.detach(token)  # type: ignore[arg-type]
-                _finish(span, scope, method, send_with_status.status, failed)
+                attributes: dict[str, Any] = {HTTP_METHOD: method}
+                if rollout_id is not None:
+                    attributes[semconv.ROLLOUT_ID] = rollout_id
+                recorder = _RECORDER.recorder
+                if (
+                    recorder is None
+                    or recorder.provisional
+                    or _RECORDER.tracer is not _tracers.get(_GROUP)
+                ):
+                    recorder = _recorder()
+                if remote:
+                    span, token = recorder.start_under(method, attributes, _SERVER, parent)
+                else:
+                    span, token = recorder.start(method, attributes, _SERVER)
             except Exception:
-                _record_failure("span end")
+                _record_failure("span start")
+                await self.app(scope, receive, send)
+                return
+            if link is not None:
+                try:
+                    span.add_link(link)
+                except Exception:  # the request goes on without the link
+                    _record_failure("span link")
+            status_send = _StatusSend(send)
+            failed: BaseException | None = None
+            try:
+                await self.app(scope, receive, status_send)
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                try:
+                    _detach(token)
+                    _finish(span, scope, method, status_send.status, failed)
+                except Exception:
+                    _record_failure("span end")
+        finally:
+            if own_id is not None:
+                _OWN_ID.reset(own_id)
+            if enclosing is not None:
+                _ENCLOSING.reset(enclosing)
 
 
 class RolloutCorrelationMiddleware:
@@ -364,7 +362,9 @@ class RolloutCorrelationMiddleware:
 class _StatusSend:
     """``send`` that remembers the response status. One slotted object per request
     instead of a closure (function, cells and a list): Gym's middlewares keep ``send``
-    in frames that only the cyclic GC frees, so fewer objects there is less GC work."""
+    in frames that only the cyclic GC frees, so fewer objects there is less GC work.
+    Not a coroutine: it returns what the wrapped ``send`` returns (an awaitable), so a
+    message costs no coroutine of its own."""
 
     __slots__ = ("send", "status")
 
@@ -372,10 +372,10 @@ class _StatusSend:
         self.send = send
         self.status = 0
 
-    async def __call__(self, message: Message) -> None:
+    def __call__(self, message: Message) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-        await self.send(message)
+        return self.send(message)
 
 
 _PREFIXED_ROUTES: dict[tuple[int, str, str], str | None] = {}
@@ -414,10 +414,11 @@ def _finish(
     span: trace.Span, scope: Scope, method: str, status: int, failed: BaseException | None
 ) -> None:
     attributes: dict[str, Any] = {}
+    name = None
     route = scope.get("route")
     template = getattr(route, "path", None)
     if isinstance(template, str):
-        span.update_name(f"{method} {template}")
+        name = _SPAN_NAMES.get((method, template)) or _span_name(method, template)
         attributes[HTTP_ROUTE] = template
     elif scope["path"].startswith(ROLLOUT_PATH_PREFIX):
         # Gym's RolloutContextMiddleware routes a copy of the scope with the
@@ -425,7 +426,7 @@ def _finish(
         # rest of the path is the route Gym dispatched to.
         rest = "/" + scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")[2]
         template = _route_template(scope, method, rest)
-        span.update_name(f"{method} {rest if template is None else template}")
+        name = _span_name(method, rest if template is None else template)
         if template is not None:
             attributes[HTTP_ROUTE] = template
     elif 0 < status < 400:
@@ -434,18 +435,37 @@ def _finish(
         # 404s, so unmatched paths never fill the lookup cache.
         template = _route_template(scope, method, scope["path"])
         if template is not None:
-            span.update_name(f"{method} {template}")
+            name = _span_name(method, template)
             attributes[HTTP_ROUTE] = template
     if status:
         attributes[HTTP_STATUS] = status
+    error = False
     if failed is not None:
         attributes[semconv.ERROR_TYPE] = type(failed).__qualname__
-        span.set_status(_ERROR)
+        error = True
     elif status >= 500:
         attributes[semconv.ERROR_TYPE] = str(status)
+        error = True
+    if type(span) is LeanSpan:
+        span.end_with(attributes, name, error)  # str and int values: already clean
+        return
+    if name is not None:
+        span.update_name(name)
+    if error:
         span.set_status(_ERROR)
-    if type(span) is LeanSpan and span.is_recording():
-        span._attrs.update(attributes)  # str and int values: already clean
-    else:
-        span.set_attributes(attributes)
+    span.set_attributes(attributes)
     span.end()
+
+
+_SPAN_NAMES: dict[tuple[str, str], str] = {}
+
+
+def _span_name(method: str, route: str) -> str:
+    """``<METHOD> <route>``, the few distinct ones remembered (``MAX_PREFIXED_ROUTES``)."""
+    key = (method, route)
+    name = _SPAN_NAMES.get(key)
+    if name is None:
+        name = f"{method} {route}"
+        if len(_SPAN_NAMES) < MAX_PREFIXED_ROUTES:
+            _SPAN_NAMES[key] = name
+    return name
