@@ -19,7 +19,8 @@ Runs, in order, each in its own processes:
 
 1. ``bench.gym_verify_callgrind``: the real Gym ``/verify`` in process, bare vs the agent
    (``default``, ``all``), instructions per request under callgrind and process CPU
-   pinned and interleaved;
+   pinned and interleaved; ``bench.gym_rollout_callgrind`` the same for a whole rollout
+   over the three real Gym server processes (agent, model, resources);
 2. ``bench.derive_callgrind``: the derive step per derived span (instructions, µs), and
    ``bench.pipeline_callgrind`` on ``rollouts`` and ``derive-heavy``: the pipeline's
    Python per span, phase by phase (instructions);
@@ -119,6 +120,13 @@ def round3(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     steps: list[list[str]] = [
         ["bench.gym_verify_callgrind", "--json", str(args.out / "gym_verify_callgrind.json")],
+        [
+            "bench.gym_rollout_callgrind",
+            "--cpu-rounds",
+            "3",
+            "--json",
+            str(args.out / "gym_rollout_callgrind.json"),
+        ],
         ["bench.derive_callgrind"],
         ["bench.pipeline_callgrind", "--load", "rollouts"],
         ["bench.pipeline_callgrind", "--load", "derive-heavy"],

@@ -161,13 +161,15 @@ def memory(rows: Rows, doc: dict[str, Any] | None) -> None:
     )
 
 
-def agent_verify(rows: Rows, doc: dict[str, Any] | None) -> None:
+def agent_verify(rows: Rows, doc: dict[str, Any] | None, cpu_doc: dict[str, Any] | None) -> None:
     if doc is None:
         rows.add("agent /verify, default groups", "≤ 1.05x bare", "-", "-", "not run")
         return
     load = f"{_load(doc.get('load_start'))} → {_load(doc.get('load_end'))}"
     cg = {r["variant"]: r for r in doc.get("callgrind") or []}
-    cpu = doc.get("cpu") or {}
+    cpu = doc.get("cpu") or (cpu_doc or {}).get("cpu") or {}
+    if not doc.get("cpu") and cpu_doc:
+        load += f" (CPU: {_load(cpu_doc.get('load_start'))} → {_load(cpu_doc.get('load_end'))})"
     for variant in ("default", "all"):
         if "bare" not in cg or variant not in cg:
             continue
@@ -197,13 +199,15 @@ def agent_verify(rows: Rows, doc: dict[str, Any] | None) -> None:
         )
 
 
-def agent_rollout(rows: Rows, doc: dict[str, Any] | None) -> None:
+def agent_rollout(rows: Rows, doc: dict[str, Any] | None, cpu_doc: dict[str, Any] | None) -> None:
     if doc is None:
         rows.add("agent, whole rollout, `all`", "≤ 1.10x bare", "-", "-", "not run")
         return
     load = f"{_load(doc.get('load_start'))} → {_load(doc.get('load_end'))}"
     cg = {r["variant"]: r for r in doc.get("callgrind") or []}
-    cpu = doc.get("cpu") or {}
+    cpu = doc.get("cpu") or (cpu_doc or {}).get("cpu") or {}
+    if not doc.get("cpu") and cpu_doc:
+        load += f" (CPU: {_load(cpu_doc.get('load_start'))} → {_load(cpu_doc.get('load_end'))})"
 
     def total(r: dict[str, Any]) -> float:
         return float(sum(s["instructions"] for s in r["servers"].values()))
@@ -264,8 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = Rows()
     throughput(rows, _read(args.dir / "round3.json"))
     memory(rows, _read(args.dir / "sidecar_memory.json"))
-    agent_verify(rows, _read(args.dir / "gym_verify_callgrind.json"))
-    agent_rollout(rows, _read(args.dir / "gym_rollout_callgrind.json"))
+    # CPU passes run apart from the callgrind ones are read from *_cpu.json
+    agent_verify(
+        rows, _read(args.dir / "gym_verify_callgrind.json"), _read(args.dir / "gym_verify_cpu.json")
+    )
+    agent_rollout(
+        rows,
+        _read(args.dir / "gym_rollout_callgrind.json"),
+        _read(args.dir / "gym_rollout_cpu.json"),
+    )
     soak(rows, _read(args.dir / "soak.json"))
     print(f"round 3 targets (issue 26), from {args.dir}/:\n")
     print(rows.text())
