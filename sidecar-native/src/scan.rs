@@ -14,7 +14,10 @@
 //! - Unknown groups (wire type 3) are skipped up to the end-group tag of the same number;
 //!   inside one, field number 0 is fine. Groups count as levels: messages and groups
 //!   together may nest 101 deep (the request is level 1); a group past that is corrupt.
-//! - `string` fields of the schema must be valid UTF-8.
+//! - `string` fields of the schema must be valid UTF-8. upb checks a string before it
+//!   checks its message's end: a `string` field whose tag, length or bytes run past the
+//!   end of its message, but not past the request's, is refused for bad UTF-8 if those
+//!   bytes are not UTF-8, and as corrupt otherwise ([`Scan::past_end`]).
 //! - A message at level 102 is refused as too deep (upb's `MaxDepth`), before its
 //!   contents are looked at and after its length is checked.
 //!
@@ -237,6 +240,30 @@ impl<'a> Scan<'a> {
         Fault
     }
 
+    /// Why upb refuses the field of `msg` at `at` that `field` could not read within its
+    /// message: upb reads a tag and a length past a message's end and checks a `string`
+    /// field's UTF-8 (within the request) before it checks that the field ended inside
+    /// its message, so such a string is refused for bad UTF-8 when its bytes are not
+    /// UTF-8; anything else is corrupt, for `what`.
+    #[cold]
+    #[inline(never)]
+    fn past_end(&mut self, what: &'static str, msg: Msg, at: usize) -> Fault {
+        let data = self.data;
+        if let Some((tag, pos)) = wire::tag(data, at)
+            && tag & 7 == 2
+            && schema::field(msg, tag >> 3) == Some(Kind::Str)
+            && let Some((s, e)) = wire::delimited(data, pos)
+            && !wire::utf8(&data[s..e])
+        {
+            return self.fail(Refusal::BadUtf8 {
+                msg,
+                field: tag >> 3,
+                at,
+            });
+        }
+        self.fail(corrupt(what, msg, at))
+    }
+
     #[inline(always)]
     fn recording(&self) -> bool {
         self.count <= self.record_limit
@@ -300,7 +327,7 @@ impl<'a> Scan<'a> {
     #[inline(never)]
     fn field(&mut self, msg: Msg, buf: &[u8], at: usize, frame: &mut Frame) -> Step<usize> {
         let Some((tag, pos)) = wire::tag(buf, at) else {
-            return Err(self.fail(corrupt("unreadable field tag", msg, at)));
+            return Err(self.past_end("unreadable field tag", msg, at));
         };
         let number = tag >> 3;
         let wire_type = tag & 7;
@@ -330,7 +357,7 @@ impl<'a> Scan<'a> {
             }
             _ => match wire::delimited(buf, pos) {
                 Some(body) => body,
-                None => return Err(self.fail(corrupt("length past the end", msg, at))),
+                None => return Err(self.past_end("length past the end", msg, at)),
             },
         };
         let child = match kind {

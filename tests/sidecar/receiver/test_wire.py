@@ -170,10 +170,14 @@ def same_verdict(scan: Scan, data: bytes, max_depth: int = 100, most: int = 1_00
 def damaged(draw: st.DrawFn) -> bytes:
     """A valid request cut short, with a byte changed, or with bytes inserted."""
     data = draw(trace_requests())
-    how = draw(st.sampled_from(["cut", "flip", "insert"]))
+    how = draw(st.sampled_from(["cut", "flip", "nudge", "insert"]))
     pos = draw(st.integers(0, len(data)))
     if how == "cut":
         return data[:pos]
+    if how == "nudge" and pos < len(data):
+        # a length or tag byte off by a little: a field running past its message's end
+        byte = (data[pos] + draw(st.sampled_from([-2, -1, 1, 2]))) & 0xFF
+        return data[:pos] + bytes([byte]) + data[pos + 1 :]
     if how == "flip" and pos < len(data):
         return data[:pos] + bytes([draw(st.integers(0, 255))]) + data[pos + 1 :]
     return data[:pos] + draw(st.binary(min_size=1, max_size=6)) + data[pos:]
@@ -185,6 +189,39 @@ def test_refusals_are_the_parsers(data: bytes) -> None:
     same_verdict(wire.scan_traces, data)
     with wire.pure_python():
         same_verdict(wire.scan_traces, data)
+
+
+def resource_with(kv: bytes, after: bytes) -> bytes:
+    """A request whose resource holds the attribute field ``kv`` (as written: its tag,
+    length and body may run past its end) and then the bytes ``after``."""
+    body = b"\x0a" + bytes([len(kv)]) + kv + after
+    return ld(1, ld(1, body))
+
+
+# upb reads a field's tag and length past its message's end and checks a string's UTF-8
+# (within the request) before it checks that the field ended inside its message.
+@pytest.mark.parametrize(
+    ("kv", "after", "refused_for"),
+    [
+        (b"\x0a", b"\x03\x80bc", "String field had bad UTF-8"),  # length past the end
+        (b"\x0a", b"\x03abc", "Wire format was corrupt"),
+        (b"\x0a\x83", b"\x00\x80bc", "String field had bad UTF-8"),  # length straddles it
+        (b"\x8a", b"\x00\x03\x80bc", "String field had bad UTF-8"),  # a two-byte tag does
+        (b"\x8a", b"\x00\x03abc", "Wire format was corrupt"),
+        (b"\x0a\x03\x80", b"bc", "String field had bad UTF-8"),  # the bytes straddle it
+        (b"\x0a\x05\x80b", b"c", "Wire format was corrupt"),  # past the request's end
+        (b"\x12\x03\x0a\x05\x80", b"bcdef", "String field had bad UTF-8"),  # two levels
+        (b"\x12\x04\x0a\x02", b"\x80b", "Wire format was corrupt"),  # a message: never
+        (b"\x12", b"\x04\x0a\x02\x80b", "Wire format was corrupt"),
+    ],
+)
+def test_a_string_running_past_its_message_is_refused_as_upb_does(
+    scan: Scan, kv: bytes, after: bytes, refused_for: str
+) -> None:
+    data = resource_with(kv, after)
+    same_verdict(scan, data)
+    refused = verdict(lambda: scan_for_derive(scan, data))
+    assert refused is not None and refused[0].endswith(refused_for)
 
 
 def test_invalid_utf8_in_a_scope_name_is_refused(scan: Scan) -> None:
