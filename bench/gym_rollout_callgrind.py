@@ -93,6 +93,7 @@ import os
 if os.environ.get("BENCH_ROLLOUT_PROBE"):
     import gc
     import json
+    import resource
     import signal
     import subprocess
     import sys
@@ -125,6 +126,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         instrument_on()
         _state["gc"] = [s["collections"] for s in gc.get_stats()]
         _state["cpu"] = time.process_time()
+        _state["rusage"] = resource.getrusage(resource.RUSAGE_SELF)
         _state["thread"] = time.thread_time()
         os.getpgrp()  # callgrind: --zero-before=getpgrp
         if _profile is not None:
@@ -137,6 +139,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
             _profile.stop()
         os.getsid(0)  # callgrind: --dump-before=getsid (this thread)
         cpu, thread = time.process_time(), time.thread_time()
+        ru, ru0 = resource.getrusage(resource.RUSAGE_SELF), _state["rusage"]
         gcs = [s["collections"] for s in gc.get_stats()]
         if os.environ.get("BENCH_CALLGRIND") == "1":  # every thread
             subprocess.run(
@@ -149,6 +152,11 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
                 {
                     "process_cpu_s": cpu - _state["cpu"],
                     "main_thread_cpu_s": thread - _state["thread"],
+                    "user_s": ru.ru_utime - ru0.ru_utime,
+                    "system_s": ru.ru_stime - ru0.ru_stime,
+                    "minor_faults": ru.ru_minflt - ru0.ru_minflt,
+                    "voluntary_switches": ru.ru_nvcsw - ru0.ru_nvcsw,
+                    "involuntary_switches": ru.ru_nivcsw - ru0.ru_nivcsw,
                     "gc_collections": [b - a for a, b in zip(_state["gc"], gcs)],
                     "agent": getattr(agent, "__file__", None),
                     "profile": _profile.result(1) if _profile is not None else None,
@@ -291,6 +299,12 @@ def run_variant(
         server: dict[str, Any] = {
             "process_cpu_us": 1e6 * probe_out["process_cpu_s"] / rollouts,
             "main_thread_cpu_us": 1e6 * probe_out["main_thread_cpu_s"] / rollouts,
+            "user_us": 1e6 * probe_out["user_s"] / rollouts,
+            "system_us": 1e6 * probe_out["system_s"] / rollouts,
+            "switches_per_rollout": (
+                probe_out["voluntary_switches"] + probe_out["involuntary_switches"]
+            )
+            / rollouts,
             "gc_collections": probe_out["gc_collections"],
             "agent": probe_out["agent"],
         }
@@ -428,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             print_callgrind(cg)
         if args.cpu_rounds:
             runs: dict[str, list[float]] = {v[0]: [] for v in variants}
+            # user and system µs and context switches per rollout, three servers summed
+            detail: dict[str, list[dict[str, float]]] = {v[0]: [] for v in variants}
             for rnd in range(args.cpu_rounds):
                 order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
                 for name, src in order:
@@ -441,7 +457,14 @@ def main(argv: list[str] | None = None) -> int:
                         rollouts=args.cpu_rollouts,
                     )
                     runs[name].append(sum(s["process_cpu_us"] for s in r["servers"].values()))
+                    detail[name].append(
+                        {
+                            k: sum(s[k] for s in r["servers"].values())
+                            for k in ("user_us", "system_us", "switches_per_rollout")
+                        }
+                    )
             doc["cpu"] = runs
+            doc["cpu_detail"] = detail
             print(
                 f"process CPU per rollout, three servers summed, {args.cpu_rounds} rounds x "
                 f"{args.cpu_rollouts} rollouts, pinned to core {args.core}, interleaved; load "
@@ -453,6 +476,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {name:>16}: {statistics.median(values):9.1f} us ({min(values):.1f}-"
                     f"{max(values):.1f}), x{statistics.median(ratios):.3f} bare "
                     f"({min(ratios):.3f}-{max(ratios):.3f})",
+                    flush=True,
+                )
+                parts = {
+                    k: statistics.median(d[k] for d in detail[name])
+                    for k in ("user_us", "system_us", "switches_per_rollout")
+                }
+                print(
+                    f"  {'':>16}  user {parts['user_us']:.1f} us, system "
+                    f"{parts['system_us']:.1f} us, {parts['switches_per_rollout']:.1f} "
+                    "context switches per rollout (medians)",
                     flush=True,
                 )
     finally:

@@ -253,17 +253,30 @@ def _bars(ax: Any, rows: Sequence[dict[str, Any]], key: str, scale: float, label
         [m - s["min"] / scale for m, s in zip(med, stats, strict=True)],
         [s["max"] / scale - m for m, s in zip(med, stats, strict=True)],
     ]
-    colors = ["#4c72b0" if n.startswith("sidecar") else "#999999" for n in names]
-    colors = ["#dd8452" if n.startswith("rotel") else c for n, c in zip(names, colors, strict=True)]
-    colors = [
-        "#55a868" if n.startswith("jaeger") else c for n, c in zip(names, colors, strict=True)
-    ]
-    colors = [
-        "#c44e52" if n.startswith("otelcol") else c for n, c in zip(names, colors, strict=True)
-    ]
-    ax.bar(names, med, yerr=err, capsize=4, color=colors)
+    colors = [_color(n) for n in names]
+    ax.bar(range(len(names)), med, yerr=err, capsize=3, color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, fontsize=6, rotation=70, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_title(label, fontsize=10)
-    ax.tick_params(axis="x", labelsize=7, labelrotation=60)
+
+
+_COLORS = {
+    "sidecar": "#4c72b0",
+    "rotel": "#dd8452",
+    "jaeger": "#55a868",
+    "otelcol": "#c44e52",
+}
+
+
+def _color(name: str) -> str:
+    """One colour per collector; its ``-noderive`` (or other variant) runs a lighter one."""
+    kind = name.partition(":")[0]
+    base = _COLORS.get(kind.partition("-")[0], "#999999")
+    if kind == "direct" or "-" not in kind:
+        return base
+    r, g, b = (int(base[i : i + 2], 16) for i in (1, 3, 5))
+    return "#{:02x}{:02x}{:02x}".format(*((c + 255) // 2 for c in (r, g, b)))
 
 
 def chart(
@@ -275,13 +288,24 @@ def chart(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
-    _bars(axes[0][0], throughput, "spans_per_s", 1e3, "delivered k spans/s (median, min-max)")
-    _bars(axes[0][1], throughput, "spans_per_cpu_s", 1e3, "k spans per collector CPU-second")
-    _bars(axes[1][0], paced, "cpu_pct", 1, "fixed rate: collector CPU % of one core")
-    _bars(axes[1][1], paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 50 MiB target)")
-    axes[1][1].axhline(50, color="black", linestyle="--", linewidth=1)
-    fig.suptitle("gym-sidecar vs rotel vs Jaeger as a collector (bench.sidecar_vs_rotel)")
+    fig = plt.figure(figsize=(14, 15))
+    grid = fig.add_gridspec(3, 2, height_ratios=(1.2, 1.2, 1))
+    top, middle = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, :])
+    cpu, rss = fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1])
+    _bars(top, throughput, "spans_per_s", 1e3, "delivered k spans/s (median, min-max)")
+    _bars(middle, throughput, "spans_per_cpu_s", 1e3, "k spans per collector CPU-second")
+    _bars(cpu, paced, "cpu_pct", 1, "fixed rate: collector CPU % of one core")
+    _bars(rss, paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 50 MiB)")
+    rss.axhline(50, color="black", linestyle="--", linewidth=1)
+    kinds = sorted(
+        {r["path"].partition(":")[0].partition("-")[0] for r in [*throughput, *paced]} - {"direct"},
+        key=lambda k: (k != "sidecar", k),
+    )
+    names = {"otelcol": "the OpenTelemetry Collector", "jaeger": "Jaeger as a collector"}
+    fig.suptitle(
+        " vs ".join(names.get(k, k) for k in kinds) + " (bench.sidecar_vs_rotel; "
+        "lighter: the same collector with its derive step off)"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
