@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,23 @@ def instrument_on() -> None:
     )
     if done.returncode or "OK" not in done.stdout:
         raise RuntimeError(f"callgrind_control failed: {done.stdout} {done.stderr}")
+
+
+def kernel_counters(before: Any, after: Any) -> dict[str, float]:
+    """What an instruction count cannot see, between two ``resource.getrusage`` results of
+    the process: user and kernel CPU seconds, minor page faults and context switches."""
+    return {
+        "user_s": after.ru_utime - before.ru_utime,
+        "system_s": after.ru_stime - before.ru_stime,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+        "voluntary_switches": after.ru_nvcsw - before.ru_nvcsw,
+        "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw,
+    }
+
+
+def rusage() -> Any:
+    """This process's ``resource.getrusage`` (the argument :func:`kernel_counters` takes)."""
+    return resource.getrusage(resource.RUSAGE_SELF)
 
 
 def gym_env_python() -> Path:

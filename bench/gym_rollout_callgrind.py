@@ -93,13 +93,12 @@ import os
 if os.environ.get("BENCH_ROLLOUT_PROBE"):
     import gc
     import json
-    import resource
     import signal
     import subprocess
     import sys
     import time
 
-    from callgrind_support import OpcodeProfile, instrument_on
+    from callgrind_support import OpcodeProfile, instrument_on, kernel_counters, rusage
 
     _out = os.environ["BENCH_ROLLOUT_PROBE"]
     _profile = OpcodeProfile() if os.environ.get("BENCH_PROBE_PROFILE") == "1" else None
@@ -126,7 +125,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         instrument_on()
         _state["gc"] = [s["collections"] for s in gc.get_stats()]
         _state["cpu"] = time.process_time()
-        _state["rusage"] = resource.getrusage(resource.RUSAGE_SELF)
+        _state["rusage"] = rusage()
         _state["thread"] = time.thread_time()
         os.getpgrp()  # callgrind: --zero-before=getpgrp
         if _profile is not None:
@@ -139,7 +138,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
             _profile.stop()
         os.getsid(0)  # callgrind: --dump-before=getsid (this thread)
         cpu, thread = time.process_time(), time.thread_time()
-        ru, ru0 = resource.getrusage(resource.RUSAGE_SELF), _state["rusage"]
+        kernel = kernel_counters(_state["rusage"], rusage())
         gcs = [s["collections"] for s in gc.get_stats()]
         if os.environ.get("BENCH_CALLGRIND") == "1":  # every thread
             subprocess.run(
@@ -152,11 +151,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
                 {
                     "process_cpu_s": cpu - _state["cpu"],
                     "main_thread_cpu_s": thread - _state["thread"],
-                    "user_s": ru.ru_utime - ru0.ru_utime,
-                    "system_s": ru.ru_stime - ru0.ru_stime,
-                    "minor_faults": ru.ru_minflt - ru0.ru_minflt,
-                    "voluntary_switches": ru.ru_nvcsw - ru0.ru_nvcsw,
-                    "involuntary_switches": ru.ru_nivcsw - ru0.ru_nivcsw,
+                    **kernel,
                     "gc_collections": [b - a for a, b in zip(_state["gc"], gcs)],
                     "agent": getattr(agent, "__file__", None),
                     "profile": _profile.result(1) if _profile is not None else None,

@@ -351,16 +351,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{max(ratios):.3f}), gc collections {gcs}",
                     flush=True,
                 )
-                if "system_us" in runs[v.name][0]:
-                    print(
-                        f"  {'':>16}  user {_range([r['user_us'] for r in runs[v.name]])}, "
-                        f"system {_range([r['system_us'] for r in runs[v.name]])} us/req; per "
-                        f"run: minor faults {_range([r['minor_faults'] for r in runs[v.name]])}, "
-                        "context switches voluntary "
-                        f"{_range([r['voluntary_switches'] for r in runs[v.name]])}, involuntary "
-                        f"{_range([r['involuntary_switches'] for r in runs[v.name]])}",
-                        flush=True,
-                    )
+                print(
+                    f"  {'':>16}  user {_range([r['user_us'] for r in runs[v.name]])}, "
+                    f"system {_range([r['system_us'] for r in runs[v.name]])} us/req; per "
+                    f"run: minor faults {_range([r['minor_faults'] for r in runs[v.name]])}, "
+                    "context switches voluntary "
+                    f"{_range([r['voluntary_switches'] for r in runs[v.name]])}, involuntary "
+                    f"{_range([r['involuntary_switches'] for r in runs[v.name]])}",
+                    flush=True,
+                )
     finally:
         if sink is not None:
             sink.terminate()

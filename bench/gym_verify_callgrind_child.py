@@ -40,13 +40,17 @@ import gc
 import json
 import os
 import random
-import resource
 import sys
 import time
 from typing import Any
 from unittest.mock import MagicMock
 
-from callgrind_support import OpcodeProfile, instrument_on  # a sibling file (bench/)
+from callgrind_support import (  # a sibling file (bench/)
+    OpcodeProfile,
+    instrument_on,
+    kernel_counters,
+    rusage,
+)
 
 
 def _flush() -> None:
@@ -167,7 +171,7 @@ def main() -> None:
     if mode == "off":
         gc.disable()
     stats0 = [s["collections"] for s in gc.get_stats()]
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    ru0 = rusage()
     cpu0, thr0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
     profile = OpcodeProfile() if opts.get("profile") else None
     instrument_on()
@@ -181,7 +185,7 @@ def main() -> None:
         profile.stop()
     os.getsid(0)  # callgrind: --dump-before=getsid
     cpu1, thr1, wall1 = time.process_time(), time.thread_time(), time.perf_counter()
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    kernel = kernel_counters(ru0, rusage())
     stats1 = [s["collections"] for s in gc.get_stats()]
     gc.enable()
     assert set(statuses) == {200}, statuses
@@ -190,11 +194,9 @@ def main() -> None:
         "main_thread_cpu_us": 1e6 * (thr1 - thr0) / n,
         "wall_us": 1e6 * (wall1 - wall0) / n,
         # what an instruction count cannot see: kernel time, page faults, switches
-        "user_us": 1e6 * (ru1.ru_utime - ru0.ru_utime) / n,
-        "system_us": 1e6 * (ru1.ru_stime - ru0.ru_stime) / n,
-        "minor_faults": ru1.ru_minflt - ru0.ru_minflt,
-        "voluntary_switches": ru1.ru_nvcsw - ru0.ru_nvcsw,
-        "involuntary_switches": ru1.ru_nivcsw - ru0.ru_nivcsw,
+        "user_us": 1e6 * kernel.pop("user_s") / n,
+        "system_us": 1e6 * kernel.pop("system_s") / n,
+        **kernel,  # minor faults and context switches per run
         "gc_collections": [b - a for a, b in zip(stats0, stats1, strict=True)],
         "threads": len(sys._current_frames()),
         "agent": _agent_file(),

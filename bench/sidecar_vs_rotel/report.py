@@ -269,11 +269,15 @@ _COLORS = {
 }
 
 
+def _collector(path: str) -> str:
+    """``sidecar`` of ``sidecar-noderive:grpc/none`` (a path's collector, variant aside)."""
+    return path.partition(":")[0].partition("-")[0]
+
+
 def _color(name: str) -> str:
-    """One colour per collector; its ``-noderive`` (or other variant) runs a lighter one."""
-    kind = name.partition(":")[0]
-    base = _COLORS.get(kind.partition("-")[0], "#999999")
-    if kind == "direct" or "-" not in kind:
+    """One colour per collector; its variants (``-noderive``, ``-h2``, ...) a lighter one."""
+    base = _COLORS.get(_collector(name), "#999999")
+    if "-" not in name.partition(":")[0]:
         return base
     r, g, b = (int(base[i : i + 2], 16) for i in (1, 3, 5))
     return "#{:02x}{:02x}{:02x}".format(*((c + 255) // 2 for c in (r, g, b)))
@@ -298,13 +302,13 @@ def chart(
     _bars(rss, paced, "peak_rss_mib", 1, "fixed rate: peak RSS MiB (line: 50 MiB)")
     rss.axhline(50, color="black", linestyle="--", linewidth=1)
     kinds = sorted(
-        {r["path"].partition(":")[0].partition("-")[0] for r in [*throughput, *paced]} - {"direct"},
+        {_collector(r["path"]) for r in [*throughput, *paced]} - {"direct"},
         key=lambda k: (k != "sidecar", k),
     )
     names = {"otelcol": "the OpenTelemetry Collector", "jaeger": "Jaeger as a collector"}
     fig.suptitle(
         " vs ".join(names.get(k, k) for k in kinds) + " (bench.sidecar_vs_rotel; "
-        "lighter: the same collector with its derive step off)"
+        "lighter: a variant of the same collector, e.g. -noderive: its derive step off)"
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
