@@ -119,6 +119,13 @@ def test_log_and_exemplar_ids() -> None:
             "OTLP/JSON",
         ),
         (b'{"resourceSpans": 5}', "OTLP/JSON"),
+        # json_format turns an enum given as an infinite number into an OverflowError
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": Infinity}]}]}]}', "OTLP/JSON"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": -1e400}]}]}]}', "OTLP/JSON"),
+        (
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"status": {"code": 1e999}}]}]}]}',
+            "OTLP/JSON",
+        ),
     ],
 )
 def test_bad_json_is_bad_request(body: bytes, needle: str) -> None:

@@ -126,7 +126,9 @@ def decode_json(
         json_format.ParseDict(
             doc, msg, ignore_unknown_fields=True, max_recursion_depth=PARSER_MAX_DEPTH
         )
-    except (json_format.ParseError, binascii.Error, ValueError, TypeError) as exc:
+    # json_format lets OverflowError out of an enum given as an infinite number
+    # (``"kind": Infinity``, ``1e400``): int(float("inf")) in its enum conversion
+    except (json_format.ParseError, binascii.Error, ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(
             f"body is not a valid OTLP/JSON {spec.signal.value} request: {exc}"
         ) from None
