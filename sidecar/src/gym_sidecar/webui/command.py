@@ -10,7 +10,7 @@ told otherwise (``--listen``, env ``GYM_SIDECAR_UI_LISTEN``); port 0 picks a fre
 Once listening it prints ``web view: http://HOST:PORT/`` on stdout. SIGINT/SIGTERM stop
 it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
 
-The listener is the sidecar's own (:mod:`gym_sidecar.httpserver`, with the admin
+The listener is the sidecar's own (:mod:`gym_sidecar.wire.http1`, with the admin
 listener's connection cap).
 """
 
@@ -75,10 +75,10 @@ def add_ui(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from gym_sidecar.hostport import split_host_port
-    from gym_sidecar.httpserver.limits import ConnectionLimits
-    from gym_sidecar.httpserver.listener import AsgiListener
     from gym_sidecar.selfmetrics import SelfMetrics
     from gym_sidecar.webui.app import ViewConfig, build_app
+    from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+    from gym_sidecar.wire.http1.listener import AsgiListener
 
     overrides: dict[str, Any] = {}
     if args.store_dir is not None:
