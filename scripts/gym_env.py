@@ -154,18 +154,18 @@ def _runs(python: str, version: tuple[int, int]) -> bool:
         )
     except OSError:
         return False
-    return out.returncode == 0 and out.stdout.strip() == "%d.%d" % version
+    return out.returncode == 0 and out.stdout.strip() == "{}.{}".format(*version)
 
 
 def _pyenv_pythons(version: tuple[int, int]) -> list[str]:
     """pyenv's interpreters of ``version``, newest first (none without pyenv)."""
     root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
     found = sorted(
-        Path(root, "versions").glob("%d.%d.*" % version),
+        Path(root, "versions").glob("{}.{}.*".format(*version)),
         key=lambda p: [int(x) if x.isdigit() else -1 for x in p.name.split(".")],
         reverse=True,
     )
-    return [str(p / "bin" / ("python%d.%d" % version)) for p in found]
+    return [str(p / "bin" / "python{}.{}".format(*version)) for p in found]
 
 
 def _base_python() -> str:
@@ -175,12 +175,15 @@ def _base_python() -> str:
         return explicit
     if sys.version_info[:2] == RECIPE.python:
         return sys.executable
-    candidates = [shutil.which("python%d.%d" % RECIPE.python), *_pyenv_pythons(RECIPE.python)]
+    candidates = [
+        shutil.which("python{}.{}".format(*RECIPE.python)),
+        *_pyenv_pythons(RECIPE.python),
+    ]
     for candidate in candidates:
         if candidate is not None and _runs(candidate, RECIPE.python):
             return candidate
     raise SystemExit(
-        "gym_env: Python %d.%d is needed (set %s)" % (*RECIPE.python, RECIPE.python_env)
+        "gym_env: Python {}.{} is needed (set {})".format(*RECIPE.python, RECIPE.python_env)
     )
 
 
@@ -357,7 +360,7 @@ def install_agent() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global RECIPE
+    global RECIPE  # noqa: PLW0603 -- one recipe per run of this script
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="agent")
     parser.add_argument("command", choices=["ensure", "install-agent", "path"])

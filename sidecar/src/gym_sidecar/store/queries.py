@@ -1,15 +1,18 @@
 """What the inspection commands read from the store (read-only, any process).
 
-A rollout is an outermost ``gym.rollout`` span (one not marked
-``nemo.gym.rollout.nested``: a ``/run`` relayed by an environment server such as
-``legacy_agent`` is part of the relay's rollout, not a second one); its trace holds the
+A rollout is an outermost ``gym.rollout`` span, from either producer
+(``core.producers``): one not marked nested, by the agent (``nemo.gym.rollout.nested``)
+or by the store, which finds a ``gym.rollout`` ancestor in the trace for producers that
+mark nothing (``store/nesting.py``). A ``/run`` relayed by an environment server such as
+``legacy_agent`` is part of the relay's rollout, not a second one. Its trace holds the
 rest (the model call, the resources server's tool and verify routes). It is ``error``
 when its span's status is ERROR or a nested rollout span of the same trace and rollout
-id is. Its verify outcome comes from the trace's ``gym.verify`` span: ``ok`` when
-``succeeded`` is true, ``failed`` when false or the span's status is ERROR, ``-`` when
-there is none (the verify group was off).
-Span counts and services come from the per-trace index; a trace's spans themselves are
-decoded from the stored requests only by :func:`trace_spans`.
+id (or of no rollout id) is. Its verify outcome comes from the trace's ``gym.verify``
+span: ``ok`` when ``succeeded`` is true, ``failed`` when false or the span's status is
+ERROR (how Gym's own telemetry records a verifier that raised), ``-`` when there is
+none (the verify group was off). Span counts and services come from the per-trace
+index; a trace's spans themselves are decoded from the stored requests only by
+:func:`trace_spans`.
 """
 
 from __future__ import annotations
@@ -24,13 +27,10 @@ from typing import Any, Final
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gym_sidecar.store.nesting import OUTERMOST_ROLLOUT
 from gym_sidecar.store.rows import Truncation, attributes, service_of
 
 STATUS_ERROR: Final = 2
-OUTERMOST_ROLLOUT: Final = (
-    "json_extract(attributes, '$.\"" + semconv.ROLLOUT_NESTED + "\"') IS NOT 1"
-)
-"""SQL predicate on ``gym_spans``: the span is not a nested rollout span."""
 _CHUNK: Final = 500
 _NO_LIMIT: Final = Truncation(1 << 30)
 
@@ -193,7 +193,11 @@ def rollouts(
             trace_id=tid.hex(),
             start_ns=int(r["start_ns"]),
             duration_ms=max(0, r["end_ns"] - r["start_ns"]) / 1e6,
-            error=int(r["status_code"]) == STATUS_ERROR or (tid, r["rollout_id"]) in nested_errors,
+            # a nested span of its rollout id, or of none (Gym's own telemetry writes none
+            # without observability_enabled; the store found it nested in this trace)
+            error=int(r["status_code"]) == STATUS_ERROR
+            or (tid, r["rollout_id"]) in nested_errors
+            or (tid, None) in nested_errors,
             verify=outcome,
             verify_ms=verify_ms,
             span_count=counts.get(tid, 0),
