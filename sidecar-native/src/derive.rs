@@ -6,7 +6,8 @@
 //!
 //! Besides attributes, the value of one attribute of an event may be asked for (an
 //! event key: the event's name and the attribute's key): the value in the span's last
-//! event of that name that has the key.
+//! event of that name that has the key, for spans whose status is ERROR (None for the
+//! others: event values are failure details).
 
 use crate::scan::{Range, skip_group, skip_value};
 use crate::wire;
@@ -160,8 +161,14 @@ pub fn span(data: &[u8], span: Range, keys: &Keys<'_>, values: &mut [Value]) -> 
             _ => skip(buf, tag, next),
         };
     }
+    if out.status_code != STATUS_ERROR {
+        values[keys.keys.len()..].fill(Value::None);
+    }
     out
 }
+
+/// `Status.code` ERROR: the spans whose event values are read.
+const STATUS_ERROR: i32 = 2;
 
 /// Merges one Status occurrence: its `code` (int32: the varint's low 32 bits).
 fn status_code(data: &[u8], status: Range, code: &mut i32) {

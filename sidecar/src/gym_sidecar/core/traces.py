@@ -51,7 +51,8 @@ trace_id, span_id, status_code, values)``. ``values`` holds, for each key the sc
 asked for (``attr_keys``) in that order, the value of the span's *last* attribute with
 that key (None if it has none), then for each ``(event name, key)`` of ``event_keys`` the
 value of that key in the span's last event of that name that has the key (None if none
-has). Absent fields read as protobuf defaults: ``""``, ``0``, ``b""``; ``status_code`` is
+has, and for every span whose status is not ERROR: event values are failure details, and
+reading no events elsewhere keeps the scan's cost where failures are). Absent fields read as protobuf defaults: ``""``, ``0``, ``b""``; ``status_code`` is
 ``Status.code`` (0 when the span has no status)."""
 
 ByteRange: TypeAlias = tuple[int, int]

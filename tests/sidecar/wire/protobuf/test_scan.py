@@ -85,14 +85,15 @@ def last_values(
     span: Any, keys: tuple[str, ...], event_keys: tuple[tuple[str, str], ...] = ()
 ) -> tuple[Any, ...]:
     """The DerivedSpan contract, read from upb: each key's last attribute's scalar, then
-    for each event key the last event of that name having the key, its last value."""
+    for each event key the last event of that name having the key, its last value (for
+    ERROR spans only)."""
     values: list[Any] = [None] * len(keys)
     for kv in span.attributes:
         if kv.key in keys:
             values[keys.index(kv.key)] = _scalar(kv.value)
     for name, key in event_keys:
         found: Any = None
-        for event in span.events:
+        for event in span.events if span.status.code == 2 else ():
             if event.name != name:
                 continue
             for kv in event.attributes:

@@ -34,6 +34,7 @@ scans themselves are pure functions of their arguments.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -70,6 +71,9 @@ _TAG_RESOURCE_SPANS: Final = (1 << 3) | 2  # ExportTraceServiceRequest.resource_
 _TAG_RESOURCE: Final = (1 << 3) | 2  # ResourceSpans.resource
 _TAG_SCOPE_SPANS: Final = (2 << 3) | 2  # ResourceSpans.scope_spans
 _TAG_SPANS: Final = (2 << 3) | 2  # ScopeSpans.spans
+
+_STATUS_ERROR: Final = 2
+"""``Status.code`` ERROR: the spans whose event values are read."""
 
 _SCALARS: Final = frozenset(
     {"string_value", "bool_value", "int_value", "double_value", "bytes_value"}
@@ -155,7 +159,7 @@ def scan_traces(
     upb parser refuses, for nesting beyond ``max_depth`` message levels and for more
     than ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes``
     carry their spans' derive fields, with the values of ``attr_keys`` then of
-    ``event_keys``; blocks whose scope name is in ``split_scopes`` their spans' names
+    ``event_keys`` (those of spans whose status is ERROR only); blocks whose scope name is in ``split_scopes`` their spans' names
     and byte ranges (``ScopeBlock.split``)."""
     native = _SELECTION.scanner()
     if native is None:
@@ -376,13 +380,22 @@ def _derived(
 ) -> list[DerivedSpan]:
     """The derive fields of the block's spans. Attributes are read only when one of
     ``attr_keys`` occurs in the block's bytes at all (the keys are rare), events only
-    when one of ``event_keys``' event names does."""
+    when one of ``event_keys``' event names does, and then of ERROR spans only."""
     attr_keys, event_keys = reading.attr_keys, reading.event_keys
     n_attrs = len(attr_keys)
     nothing: tuple[AttrValue, ...] = (None,) * (n_attrs + len(event_keys))
     wanted = {key: i for i, key in enumerate(attr_keys)}
-    read_attrs = any(data.find(key.encode(), start, end) >= 0 for key in attr_keys)
-    read_events = any(data.find(name.encode(), start, end) >= 0 for name, _ in event_keys)
+    find = data.find
+    read_attrs = False
+    for needle in _needles(attr_keys):
+        if find(needle, start, end) >= 0:
+            read_attrs = True
+            break
+    read_events = False
+    for needle in _needles(tuple(name for name, _ in event_keys)):
+        if find(needle, start, end) >= 0:
+            read_events = True
+            break
     out: list[DerivedSpan] = []
     append = out.append
     for span in ss.spans:
@@ -395,7 +408,9 @@ def _derived(
                     if found is None:
                         found = list(nothing)
                     found[i] = _value(kv.value)
-        if read_events and span.events:
+        code = span.status.code
+        # Event values are failure details: read from ERROR spans only (the contract).
+        if read_events and code == _STATUS_ERROR and span.events:
             for j, (event_name, key) in enumerate(event_keys):
                 value = _event_value(span.events, event_name, key)
                 if value is not None:
@@ -411,11 +426,17 @@ def _derived(
                 span.end_time_unix_nano,
                 span.trace_id,
                 span.span_id,
-                span.status.code,
+                code,
                 values,
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _needles(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    """``keys`` as the UTF-8 bytes searched for in a block (encoded once per key set)."""
+    return tuple(key.encode() for key in keys)
 
 
 def _event_value(events: Sequence[Any], name: str, key: str) -> AttrValue:

@@ -124,7 +124,8 @@ def expected_values(
     span: Span, attr_keys: tuple[str, ...], event_keys: tuple[tuple[str, str], ...] = ()
 ) -> tuple[Any, ...]:
     """The derive values the Python way, read from upb: each key's last attribute, then
-    for each event key the value in the last event of that name that has the key."""
+    for each event key the value in the last event of that name that has the key (ERROR
+    spans only)."""
     out: list[Any] = []
     for key in attr_keys:
         value: Any = None
@@ -134,7 +135,7 @@ def expected_values(
         out.append(value)
     for name, key in event_keys:
         found: Any = None
-        for event in span.events:
+        for event in span.events if span.status.code == 2 else ():
             if event.name == name:
                 for kv in event.attributes:
                     if kv.key == key:

@@ -451,7 +451,7 @@ def test_event_values_are_the_last_event_of_that_name_with_the_key() -> None:
     """Gym's own telemetry's failure: an ``exception`` event's ``exception.type``. The
     name may follow the attributes; a later event without the key leaves the value; a
     later one with it replaces it; an event of another name is not read; a non-minimal
-    tag reads the same."""
+    tag reads the same; a span whose status is not ERROR has no event values."""
     typ = AnyValue(string_value="a.B")
     other = AnyValue(string_value="c.D")
     cases: list[tuple[bytes, object]] = [
@@ -476,10 +476,17 @@ def test_event_values_are_the_last_event_of_that_name_with_the_key() -> None:
         (_event(b"exception", _attr("exception.type", AnyValue(int_value=3))), 3),
         (_event(b"exception", _attr("exception.type")), None),
     ]
+    error = ld(15, b"\x18\x02")  # status.code = ERROR
     for span, want in cases:
-        data = span_request(ld(5, b"gym.verify") + span, scope="nemo.lens.helpers")
-        assert derived(data, (), EXC)[0][6] == (want,), span.hex()
-        assert check_same_answer(native, data, attr_keys=(), event_keys=EXC) == "accepted"
+        for status, expected in ((error, want), (b"", None), (ld(15, b"\x18\x01"), None)):
+            body = ld(5, b"gym.verify") + span + status
+            data = span_request(body, scope="nemo.lens.helpers")
+            assert derived(data, (), EXC)[0][6] == (expected,), span.hex()
+            assert check_same_answer(native, data, attr_keys=(), event_keys=EXC) == "accepted"
+    # the status may come first, or twice (merged)
+    event = _event(b"exception", _attr("exception.type", typ))
+    data = span_request(error + event + ld(15, b""), scope="nemo.lens.helpers")
+    assert derived(data, (), EXC)[0][6] == ("a.B",)
 
 
 def test_a_split_scope_reports_each_span_field() -> None:
