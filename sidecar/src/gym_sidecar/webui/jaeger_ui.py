@@ -90,7 +90,7 @@ def content_security_policy(index: bytes) -> str:
         for body in _INLINE_SCRIPT.findall(index)
     )
     return (
-        f"default-src 'self'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; "
+        f"default-src 'self'; script-src 'self' 'wasm-unsafe-eval' {hashes}; style-src 'self' 'unsafe-inline'; "
         "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; "
         "worker-src 'self' blob:; object-src 'none'; frame-src 'none'; base-uri 'self'; "
         "form-action 'self'; frame-ancestors 'none'"
