@@ -14,8 +14,9 @@ AI assistant. Other files of ``DIR`` are served as they are.
 
 The UI runs inline scripts and styles, so its pages get their own Content-Security-Policy:
 scripts only from this origin and the inline scripts of the served ``index.html`` (by
-their SHA-256), styles from this origin and inline, connections to this origin only, no
-frames, objects or foreign anything.
+their SHA-256; WebAssembly may be compiled, JavaScript is never ``eval``-ed), styles
+from this origin and inline, connections to this origin only, no frames, objects or
+foreign anything. An unknown ``/jaeger/api/...`` route is the API's JSON 404.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def content_security_policy(index: bytes) -> str:
         for body in _INLINE_SCRIPT.findall(index)
     )
     return (
-        f"default-src 'self'; script-src 'self' 'wasm-unsafe-eval' {hashes}; style-src 'self' 'unsafe-inline'; "
+        # 'wasm-unsafe-eval': System Architecture lays its graph out with a wasm module
+        f"default-src 'self'; script-src 'self' 'wasm-unsafe-eval' {hashes}; "
+        "style-src 'self' 'unsafe-inline'; "
         "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; "
         "worker-src 'self' blob:; object-src 'none'; frame-src 'none'; base-uri 'self'; "
         "form-action 'self'; frame-ancestors 'none'"
@@ -122,6 +125,8 @@ class JaegerUi:
 
         async def asset_or_page(request: Request) -> Response:
             path = request.path_params["path"]
+            if path.startswith("api/"):
+                raise HTTPException(404)  # an unknown API route: the API's own 404
             if path and path != "index.html":
                 try:
                     response = await files.get_response(path, request.scope)
