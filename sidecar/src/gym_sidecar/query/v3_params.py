@@ -7,7 +7,7 @@ snake_case one; the canonical one wins when both are given (Jaeger's rule):
   (``query.service_name``; none: any service), ``query.operationName``
   (``query.operation_name``), ``query.attributes`` (a JSON object of string -> string),
   ``query.startTimeMin`` / ``query.startTimeMax`` (``query.start_time_min`` /
-  ``..._max``; RFC 3339 times, both required, min before max), ``query.durationMin`` /
+  ``..._max``; RFC 3339 times, min before max), ``query.durationMin`` /
   ``query.durationMax`` (``query.duration_min`` / ``..._max``; Go durations),
   ``query.searchDepth`` (``query.search_depth``, or the older ``query.num_traces``;
   traces, default 100, 1 to :data:`~.search.MAX_LIMIT`), ``query.rawTraces``
@@ -19,7 +19,10 @@ snake_case one; the canonical one wins when both are given (Jaeger's rule):
   them: a trace is found by id alone); ``rawTraces`` (``raw_traces``).
 
 Every malformed value raises :class:`ParamError` with Jaeger's wording (``malformed
-parameter NAME: why``).
+parameter NAME: why``). One difference: Jaeger answers 400 when either search time is
+missing; here a missing one is no bound, because the 2.x UI sends neither for a search
+link without a lookback (``/search?service=S``, as a hand-made link or a bookmark
+carries) and would show an error where Jaeger's own store has every trace to show.
 """
 
 from __future__ import annotations
@@ -132,11 +135,10 @@ def parse_find(params: Mapping[str, str]) -> FindQuery:
         raise ParamError("query.filter: expression filters are not supported by the local store")
     min_text, min_name = get(params, "query.startTimeMin", "query.start_time_min")
     max_text, max_name = get(params, "query.startTimeMax", "query.start_time_max")
-    if not min_text or not max_text:
-        raise ParamError("query.startTimeMin and query.startTimeMax are required")
-    start_ns = parse_rfc3339_ns(min_text, min_name)
-    end_ns = parse_rfc3339_ns(max_text, max_name)
-    if start_ns >= end_ns:
+    # Jaeger requires both; a missing one is no bound here (see the module docstring)
+    start_ns = parse_rfc3339_ns(min_text, min_name) if min_text else None
+    end_ns = parse_rfc3339_ns(max_text, max_name) if max_text else None
+    if start_ns is not None and end_ns is not None and start_ns >= end_ns:
         raise ParamError("query.startTimeMin must be before query.startTimeMax")
     depth_text, depth_name = get(params, "query.searchDepth", "query.search_depth")
     if not depth_text:
