@@ -24,7 +24,7 @@ from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
-from gym_sidecar.receiver.h2_guard import ControlBudget
+from gym_sidecar.wire.http2.guard import ControlBudget
 
 from testkit.otlp_samples import grpc_export, trace_request
 from testkit.sink import RecordingSink

@@ -39,8 +39,8 @@ HTTP status other than 200 maps to a gRPC code as the gRPC spec's HTTP-to-gRPC t
 says; a reset stream maps as grpc core maps it (REFUSED_STREAM is UNAVAILABLE, CANCEL
 is CANCELLED, everything else INTERNAL); an HTTP/2 protocol error on the connection is
 UNAVAILABLE. A GOAWAY lets the calls the server still serves finish
-(:class:`gym_sidecar.http2.H2Connection`). A broken connection is replaced at the next
-call.
+(:class:`gym_sidecar.wire.http2.connection.H2Connection`). A broken connection is
+replaced at the next call.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ from hyperframe.frame import DataFrame, Frame
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.grpc_status import StatusCode, decode_bin, retry_delay_s
-from gym_sidecar.core.otlp import SPECS, rejected_items
+from gym_sidecar.core.signals import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_outcome import classify
 from gym_sidecar.export.otlp_http import gzip_body, gzip_library
-from gym_sidecar.http2 import H2Connection, quiet_frame_reprs
+from gym_sidecar.wire.http2.connection import H2Connection, quiet_frame_reprs
 
 logger = logging.getLogger(__name__)
 

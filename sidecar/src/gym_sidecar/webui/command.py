@@ -12,7 +12,7 @@ http://HOST:PORT/jaeger/`` with ``--jaeger-ui``, a built Jaeger UI to serve over
 store: :mod:`.jaeger_ui`). SIGINT/SIGTERM stop
 it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
 
-The listener is the sidecar's own (:mod:`gym_sidecar.httpserver`, with the admin
+The listener is the sidecar's own (:mod:`gym_sidecar.wire.http1`, with the admin
 listener's connection cap).
 """
 
@@ -86,11 +86,11 @@ def add_ui(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from gym_sidecar.hostport import split_host_port
-    from gym_sidecar.httpserver.limits import ConnectionLimits
-    from gym_sidecar.httpserver.listener import AsgiListener
     from gym_sidecar.selfmetrics import SelfMetrics
     from gym_sidecar.webui.app import ViewConfig, build_app
     from gym_sidecar.webui.jaeger_ui import BASE_PATH, JaegerUi, JaegerUiError
+    from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+    from gym_sidecar.wire.http1.listener import AsgiListener
 
     overrides: dict[str, Any] = {}
     if args.store_dir is not None:

@@ -1,5 +1,5 @@
 """HTTP/1.1 as the sidecar's listeners serve it, over real sockets: what uvicorn did for
-them before :mod:`gym_sidecar.httpserver` (pipelining, keep-alive and close, chunked
+them before :mod:`gym_sidecar.wire.http1` (pipelining, keep-alive and close, chunked
 bodies, 100-continue, HEAD, 400 on bad requests, 500 when an app raises), and the one
 thing it does differently on purpose (a client that half-closes gets its answers).
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.sidecar.httpserver.support import (
+from tests.sidecar.wire.http1.support import (
     exchange,
     limits,
     responses,

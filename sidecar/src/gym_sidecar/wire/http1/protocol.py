@@ -1,7 +1,7 @@
 """HTTP/1.1 connections on asyncio and httptools, serving one ASGI app.
 
 :class:`HttpProtocol` parses requests with httptools (llhttp, the C parser uvicorn
-uses) and hands each to a :class:`~gym_sidecar.httpserver.cycle.RequestCycle` run as
+uses) and hands each to a :class:`~gym_sidecar.wire.http1.cycle.RequestCycle` run as
 its own task. It replaces uvicorn's ``HttpToolsProtocol`` and the subclass that added
 the sidecar's limits to it: importing ``uvicorn.protocols.http.httptools_impl`` cost
 4.8 MiB resident (uvicorn.config, click, uvicorn's logging and middleware; httptools
@@ -23,8 +23,9 @@ written again here, on purpose the same:
 - data after a request that said ``Connection: close`` is ignored (llhttp's
   ``lenient_data_after_close``, as uvicorn set it).
 
-And the limits the subclass added (:class:`~gym_sidecar.httpserver.limits.ConnectionLimits`,
-one per listener; each refusal counted in ``limit_hits``):
+And the limits the subclass added
+(:class:`~gym_sidecar.wire.http1.connection_limits.ConnectionLimits`, one per listener;
+each refusal counted in ``limit_hits``):
 
 - more than ``max_connections`` open connections: the new one is answered 503 with
   ``Connection: close`` and closed at once, before anything is read;
@@ -60,13 +61,13 @@ from typing import Any
 
 import httptools
 
-from gym_sidecar.httpserver.cycle import App, RequestCycle, refusal
-from gym_sidecar.httpserver.limits import (
+from gym_sidecar.wire.http1.connection_limits import (
     HEADER_BYTES,
     HEADER_TIMEOUT,
     IDLE_TIMEOUT,
     ConnectionLimits,
 )
+from gym_sidecar.wire.http1.cycle import App, RequestCycle, refusal
 
 logger = logging.getLogger(__name__)
 

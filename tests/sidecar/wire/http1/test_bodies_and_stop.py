@@ -15,12 +15,12 @@ from typing import Any
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.stage import Batch, Stage
-from gym_sidecar.httpserver.protocol import HIGH_WATER_BYTES, HttpProtocol, ServerState
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http1.protocol import HIGH_WATER_BYTES, HttpProtocol, ServerState
 
 from testkit.otlp_samples import trace_request
-from tests.sidecar.httpserver.support import (
+from tests.sidecar.wire.http1.support import (
     BOUND_S,
     counted,
     exchange,
@@ -32,7 +32,7 @@ from tests.sidecar.httpserver.support import (
 )
 
 KiB = 1024
-BODY = trace_request("httpserver", 2).SerializeToString()
+BODY = trace_request("wire.http1", 2).SerializeToString()
 BODY_LIMIT = 4 * KiB
 
 

@@ -1,9 +1,9 @@
 """What both receivers share, whatever the transport: a request body in, a
 :class:`Batch` out (:func:`decode_batch`), the response, and handing the batch to the
 pipeline. The per-signal OTLP table (message types, names, item counting) is
-:mod:`gym_sidecar.core.otlp`; decoding into protobuf messages is
-:mod:`gym_sidecar.receiver.decode`, and a trace request's wire view
-:mod:`gym_sidecar.receiver.wire`.
+:mod:`gym_sidecar.core.signals`; decoding into protobuf messages is
+:mod:`gym_sidecar.wire.protobuf.decode`, and a trace request's wire view
+:mod:`gym_sidecar.wire.protobuf.scan`.
 
 Decoding never raises anything but :class:`BadRequest`, whose message is safe to send
 back to the client. Item counts walk ResourceX/ScopeX blocks only (plus the metric list
@@ -17,12 +17,12 @@ import logging
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gym_sidecar.core.otlp import SignalSpec
+from gym_sidecar.core.signals import SignalSpec
 from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
 from gym_sidecar.core.traces import ScanSpec
-from gym_sidecar.receiver.decode import BadRequest, decode_json, decode_protobuf
-from gym_sidecar.receiver.wire import scan_traces
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.protobuf.decode import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.wire.protobuf.scan import scan_traces
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def decode_batch(
     """The batch a request body (protobuf, or OTLP/JSON when ``json``) makes, or
     :class:`BadRequest`.
 
-    Traces become their wire view (:func:`~gym_sidecar.receiver.wire.scan_traces`,
+    Traces become their wire view (:func:`~gym_sidecar.wire.protobuf.scan.scan_traces`,
     reading what ``scan`` asks for); OTLP/JSON traces are decoded as JSON, serialized,
     then scanned (JSON is the rare, slow path anyway). Metrics and logs are decoded
     into protobuf messages. ``max_depth`` and ``max_messages`` are the

@@ -11,13 +11,13 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
-from gym_sidecar.receiver.limits import count_messages, message_depth_exceeds
+from gym_sidecar.wire.protobuf.bounds import count_messages, message_depth_exceeds
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.loadgen import build_requests
-from tests.sidecar.native.support import (
+from tests.sidecar.wire.protobuf.native.support import (
     ATTR_KEYS,
     PARSER_LEVELS,
     REQUEST,

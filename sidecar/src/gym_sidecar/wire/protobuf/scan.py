@@ -1,7 +1,7 @@
 """The trace scanner: an ExportTraceServiceRequest's bytes in, its wire view out.
 
 :func:`scan_traces` validates a request exactly as the upb parser does (refusing what
-it refuses, with :func:`~gym_sidecar.receiver.decode.decode_protobuf`'s reasons, limits
+it refuses, with :func:`~gym_sidecar.wire.protobuf.decode.decode_protobuf`'s reasons, limits
 and messages) and builds the :class:`~gym_sidecar.core.traces.TraceRequest` the trace
 pipeline works on: where each ResourceSpans and ScopeSpans block lies, its resource
 bytes, scope name and span count, and the derive fields of the spans of the scopes
@@ -38,7 +38,7 @@ from typing import Any, Final
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.core.traces import (
     NATIVE_ENV,
@@ -49,8 +49,8 @@ from gym_sidecar.core.traces import (
     ScopeBlock,
     TraceRequest,
 )
-from gym_sidecar.receiver.decode import BadRequest, decode_protobuf, too_deep, too_many
-from gym_sidecar.receiver.limits import PARSER_MAX_DEPTH
+from gym_sidecar.wire.protobuf.bounds import PARSER_MAX_DEPTH
+from gym_sidecar.wire.protobuf.decode import BadRequest, decode_protobuf, too_deep, too_many
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,14 @@
 """One client connection of the OTLP/gRPC receiver: ``h2`` fed from an asyncio protocol,
-the calls on it, and the connection's bounds (the contract is :mod:`.grpc`'s doc).
+the calls on it, and the connection's bounds (the contract is
+:mod:`gym_sidecar.receiver.grpc`'s doc).
 
 Flow of a call: HEADERS (:meth:`Connection._open`: the headers checked by
 :func:`.grpc_call.check_headers`, the concurrency limit, the message timer armed), DATA
 (:meth:`Connection._data`: the length prefix checked before anything is buffered, the
 chunks kept as ``h2`` hands them over, the flow-control windows reopened at once),
 END_STREAM (:meth:`Connection._message_done`: the one message joined, inflated, handed
-to the pipeline in a task), the answer (HEADERS, DATA, trailers; or one HEADERS frame,
-trailers-only, for a refusal). A call holds one of the receiver's in-flight slots from
+to :attr:`Shared.handle` in a task), the answer (HEADERS, DATA, trailers; or one HEADERS
+frame, trailers-only, for a refusal). A call holds one of the receiver's in-flight slots from
 its HEADERS until its answer is decided (or the client gives up on it); every path
 gives it back exactly once (:meth:`Connection._release`).
 """
@@ -18,9 +19,9 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import h2.config
 import h2.connection
@@ -33,14 +34,12 @@ from hyperframe.frame import GoAwayFrame
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import StatusCode, status_trailers
-from gym_sidecar.core.otlp import SignalSpec
-from gym_sidecar.core.stage import Stage
-from gym_sidecar.core.traces import ScanSpec
-from gym_sidecar.http2 import H2Connection
-from gym_sidecar.receiver import grpc_call
-from gym_sidecar.receiver.grpc_call import TRANSPORT, Answer
-from gym_sidecar.receiver.h2_guard import Abuse, FrameGuard, Http2Bounds
+from gym_sidecar.core.signals import SignalSpec
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http2 import grpc_call
+from gym_sidecar.wire.http2.connection import H2Connection
+from gym_sidecar.wire.http2.grpc_call import TRANSPORT, Answer
+from gym_sidecar.wire.http2.guard import Abuse, FrameGuard, Http2Bounds
 
 logger = logging.getLogger(__name__)
 _failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 10.0)
@@ -53,12 +52,21 @@ _EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 _NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
 
 
+class Handler(Protocol):
+    """What a call's one whole message becomes: ``(spec, message, peer=...)`` to the
+    answer (the receiver's ``export``). Raises only what the pipeline raises."""
+
+    def __call__(self, spec: SignalSpec, message: bytes, *, peer: str | None) -> Awaitable[Answer]:
+        """The answer to the call whose request message is ``message``."""
+        ...
+
+
 @dataclass(eq=False)
 class Shared:
     """What the connections of one receiver share. Event loop only."""
 
-    head: Stage
-    trace_scan: ScanSpec
+    handle: Handler
+    """Runs a call's message through the receiver (module doc)."""
     limits: LimitsConfig
     metrics: SelfMetrics
     bounds: Http2Bounds
@@ -287,8 +295,8 @@ class Connection(asyncio.Protocol):
             self._send_pending(call)
 
     def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        # The client opens no more calls; those in progress are answered (gym_sidecar.http2
-        # keeps the connection open for them), then it closes.
+        # The client opens no more calls; those in progress are answered (.connection's
+        # H2Connection keeps the connection open for them), then it closes.
         self.going_away = True
         if not self.calls:
             self._close()
@@ -376,15 +384,7 @@ class Connection(asyncio.Protocol):
     async def _run(self, call: _Call, message: bytes) -> None:
         shared = self.shared
         try:
-            answer = await grpc_call.export(
-                call.spec,
-                message,
-                peer=self.peer,
-                head=shared.head,
-                scan=shared.trace_scan,
-                limits=self.limits,
-                metrics=self.metrics,
-            )
+            answer = await shared.handle(call.spec, message, peer=self.peer)
         except Exception:  # boundary: a failing stage must not leave the call unanswered
             _failure_log.exception("gRPC %s call failed in the pipeline", call.spec.signal.value)
             answer = Answer(StatusCode.INTERNAL, "the sidecar failed to handle the request")

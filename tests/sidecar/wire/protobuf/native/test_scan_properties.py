@@ -1,4 +1,4 @@
-"""Property-based: the native scan answers every request as upb and ``receiver.limits``
+"""Property-based: the native scan answers every request as upb and ``wire.protobuf.bounds``
 do (support.reference), and its index says what upb's parse says.
 
 Requests are built with the protobuf classes (every message of the trace schema, odd
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor
-from gym_sidecar.receiver.limits import count_messages
+from gym_sidecar.wire.protobuf.bounds import count_messages
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -34,7 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from tests.sidecar.native.support import (
+from tests.sidecar.wire.protobuf.native.support import (
     ATTR_KEYS,
     DERIVE_SCOPES,
     REQUEST,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.receiver.otlp import BadRequest, decode_json
+from gym_sidecar.receiver.request import BadRequest, decode_json
 
 TRACE_ID = "5b8efff798038103d269b633813fc60c"
 SPAN_ID = "eee19b7ec3c1b173"

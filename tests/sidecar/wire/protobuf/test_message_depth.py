@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from google.protobuf import json_format
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.receiver.limits import PARSER_MAX_DEPTH, rewrite_json_ids
-from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.receiver.request import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.wire.protobuf.bounds import PARSER_MAX_DEPTH, rewrite_json_ids
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from testkit.otlp_samples import deep_json_text

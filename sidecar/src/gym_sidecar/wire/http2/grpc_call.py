@@ -1,7 +1,7 @@
 """One OTLP/gRPC ``Export`` call, HTTP/2 aside: what gRPC puts on top of a stream.
 
-The connection (:mod:`.grpc_conn`) hands over a call's request headers and its message
-bytes; this module says how to answer, and counts every refusal:
+The server connection (:mod:`.grpc_server`) hands over a call's request headers and its
+message bytes; this module says how to answer, and counts every refusal:
 
 - :func:`check_headers`: the method (``:path``, ``:method``), ``content-type``, the
   metadata's size against ``limits.http_max_header_bytes``, ``grpc-encoding`` and
@@ -11,11 +11,10 @@ bytes; this module says how to answer, and counts every refusal:
   ``limits.grpc_max_message_bytes``), checked before the message is buffered;
 - :func:`inflate`: a compressed message inflated from its chunks, stopping at
   ``limits.grpc_max_message_bytes``;
-- :func:`export`: the message decoded with the functions the HTTP receiver shares
-  (:mod:`.otlp`), submitted to the pipeline, and the answer: OK with the serialized
-  Export*ServiceResponse (``partial_success`` when a stage rejected items),
-  INVALID_ARGUMENT when it does not decode or breaks a message limit, RESOURCE_EXHAUSTED
-  with a retry delay on backpressure.
+- :func:`too_large`: the refusal of a message over ``limits.grpc_max_message_bytes``.
+
+What a whole message becomes (decoded, handed to the pipeline, answered) is the
+receiver's (:func:`gym_sidecar.receiver.grpc.export`).
 
 Pure functions of their arguments (plus the counters); no I/O.
 """
@@ -27,10 +26,7 @@ from dataclasses import dataclass
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import StatusCode
-from gym_sidecar.core.otlp import SPECS, SignalSpec
-from gym_sidecar.core.stage import Stage
-from gym_sidecar.core.traces import ScanSpec
-from gym_sidecar.receiver.otlp import BadRequest, build_response, decode_batch, submit
+from gym_sidecar.core.signals import SPECS, SignalSpec
 from gym_sidecar.selfmetrics import SelfMetrics
 
 TRANSPORT = "grpc"
@@ -182,11 +178,11 @@ def check_prefix(
             f"{limits.grpc_transport_max_bytes} bytes",
         )
     if not flag and length > limits.grpc_max_message_bytes:
-        return _too_large(f"message of {length} bytes", limits, metrics)
+        return too_large(f"message of {length} bytes", limits, metrics)
     return None
 
 
-def _too_large(what: str, limits: LimitsConfig, metrics: SelfMetrics) -> Answer:
+def too_large(what: str, limits: LimitsConfig, metrics: SelfMetrics) -> Answer:
     metrics.limit_hits.labels("grpc_max_message_bytes").inc()
     metrics.bad_requests.labels(TRANSPORT, "too_large").inc()
     return invalid(f"{what} exceeds the limit of {limits.grpc_max_message_bytes} bytes")
@@ -218,7 +214,7 @@ def inflate(
             return invalid(f"message is not valid {name}: {exc}")
         room -= len(piece)
         if room <= 0:
-            return _too_large("message inflated", limits, metrics)
+            return too_large("message inflated", limits, metrics)
         if piece:
             out.append(piece)
     if not inflater.eof or inflater.unused_data:
@@ -226,45 +222,3 @@ def inflate(
         what = "truncated" if not inflater.eof else "followed by data past its end"
         return invalid(f"message is {what} ({name})")
     return out[0] if len(out) == 1 else b"".join(out)
-
-
-async def export(
-    spec: SignalSpec,
-    request: bytes,
-    *,
-    peer: str | None,
-    head: Stage,
-    scan: ScanSpec,
-    limits: LimitsConfig,
-    metrics: SelfMetrics,
-) -> Answer:
-    """Decode ``request`` (traces into their wire view, reading what ``scan`` asks for),
-    hand it to ``head`` and say how to answer (module doc). Raises only what a pipeline
-    stage raises other than Backpressure."""
-    if len(request) > limits.grpc_max_message_bytes:
-        return _too_large(f"message of {len(request)} bytes", limits, metrics)
-    try:
-        batch = decode_batch(
-            spec,
-            request,
-            json=False,
-            max_depth=limits.max_message_depth,
-            max_messages=limits.max_request_messages,
-            scan=scan,
-            peer=peer,
-        )
-    except BadRequest as exc:
-        if exc.limit is not None:
-            metrics.limit_hits.labels(exc.limit).inc()
-        metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
-        return invalid(str(exc))
-    backpressure = await submit(head, batch, TRANSPORT, metrics)
-    if backpressure is not None:
-        return Answer(
-            StatusCode.RESOURCE_EXHAUSTED,
-            f"sidecar {spec.signal.value} pipeline is full ({backpressure.reason})",
-            retry_after_s=backpressure.retry_after_s,
-        )
-    if batch.rejected == 0:
-        return OK_EMPTY
-    return Answer(StatusCode.OK, response=build_response(spec, batch).SerializeToString())

@@ -24,10 +24,10 @@ import grpc
 import pytest
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.stage import Backpressure, Batch, Stage
-from gym_sidecar.http2 import quiet_frame_reprs
 from gym_sidecar.receiver.grpc import GrpcReceiver
-from gym_sidecar.receiver.h2_guard import ControlBudget, Http2Bounds
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http2.connection import quiet_frame_reprs
+from gym_sidecar.wire.http2.guard import ControlBudget, Http2Bounds
 from hyperframe.frame import DataFrame, ExtensionFrame, GoAwayFrame, HeadersFrame
 
 from testkit.otlp_samples import SERVICES, trace_request

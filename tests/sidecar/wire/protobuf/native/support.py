@@ -2,7 +2,7 @@
 answer, the comparison of an index with a parsed request, and a wire-level tree to mutate
 requests with.
 
-The reference is the receiver's own protobuf decoding, ``receiver.decode.decode_protobuf``
+The reference is the receiver's own protobuf decoding, ``wire.protobuf.decode.decode_protobuf``
 (``limits.count_messages`` for bodies over 2 x the limit, then upb's ``ParseFromString``,
 then ``limits.message_depth_exceeds`` when the configured depth is below 100), which the
 pure-Python scanner runs too: the two scanners agree on every input.
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
-from gym_sidecar.receiver.decode import BadRequest, decode_protobuf
+from gym_sidecar.wire.protobuf.decode import BadRequest, decode_protobuf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span

@@ -2,8 +2,8 @@
 
 Decoding never raises anything but :class:`BadRequest`, whose message is safe to send
 back to the client. The bounds on what a request may decode to (nesting, number of
-messages) are :mod:`gym_sidecar.receiver.limits`'. Metrics and logs travel the pipeline
-as the messages decoded here; traces as a wire view (:mod:`gym_sidecar.receiver.wire`,
+messages) are :mod:`gym_sidecar.wire.protobuf.bounds`'. Metrics and logs travel the pipeline
+as the messages decoded here; traces as a wire view (:mod:`gym_sidecar.wire.protobuf.scan`,
 which validates with :func:`decode_protobuf`).
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from gym_sidecar.core.otlp import SignalSpec
+from gym_sidecar.core.signals import SignalSpec
 from gym_sidecar.core.stage import ProtoRequest
-from gym_sidecar.receiver.limits import (
+from gym_sidecar.wire.protobuf.bounds import (
     DEPTH_LIMIT,
     MESSAGES_LIMIT,
     PARSER_MAX_DEPTH,
@@ -67,7 +67,7 @@ def decode_protobuf(
 ) -> ProtoRequest:
     """Parse binary protobuf with the upb backend; BadRequest when it is not one.
 
-    Nesting beyond ``max_depth`` message levels is refused (see receiver/limits.py):
+    Nesting beyond ``max_depth`` message levels is refused (see wire/protobuf/bounds.py):
     upb itself stops at 100; a lower limit costs an extra walk of the decoded request.
     So is a request of more than ``max_messages`` messages, counted on the wire before
     decoding when it is large enough to hold that many.
@@ -102,7 +102,7 @@ def decode_json(
     ``max_depth`` message levels is refused before any conversion, and a body that may
     hold more than ``max_messages`` JSON values (objects, arrays, members, elements)
     before it is parsed
-    (receiver/limits.py).
+    (wire/protobuf/bounds.py).
     """
     if json_values_exceed(data, max_messages):
         raise too_many(max_messages, "JSON values")

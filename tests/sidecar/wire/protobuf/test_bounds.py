@@ -1,4 +1,4 @@
-"""The receiver's JSON limits at their exact boundaries (``receiver/limits.py``): one
+"""The receiver's JSON limits at their exact boundaries (``wire/protobuf/bounds.py``): one
 level or byte inside a limit passes, one past it is refused, and the refusal says
 which limit."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gym_sidecar.receiver.limits import (
+from gym_sidecar.wire.protobuf.bounds import (
     BadHexId,
     TooDeep,
     json_values_exceed,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from google.protobuf.message import Message
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.receiver.limits import count_messages, json_values_exceed
-from gym_sidecar.receiver.otlp import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.receiver.request import BadRequest, decode_json, decode_protobuf
+from gym_sidecar.wire.protobuf.bounds import count_messages, json_values_exceed
 
 from testkit.otlp_samples import logs_request, metrics_request, trace_request
 from tests.badinput.test_fuzz_receivers import field

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_sidecar.httpserver.limits import ConnectionLimits
-from gym_sidecar.httpserver.listener import AsgiListener
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+from gym_sidecar.wire.http1.listener import AsgiListener
 
 BOUND_S = 10.0
 """How long a client waits for the server to answer or close (never a latency bound)."""

@@ -3,7 +3,7 @@
 :class:`RequestCycle` is what uvicorn's ``RequestResponseCycle`` did for the sidecar's
 listeners, written again here so that serving them imports neither uvicorn nor click
 (importing ``uvicorn.protocols.http.httptools_impl`` costs 4.8 MiB resident; see
-:mod:`gym_sidecar.httpserver`). The same contract, kept on purpose:
+:mod:`gym_sidecar.wire.http1`). The same contract, kept on purpose:
 
 - ``receive()`` returns the request body as it arrives (``http.request`` with
   ``more_body``), then, once the response is complete or the client is gone, blocks

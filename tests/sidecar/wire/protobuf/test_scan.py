@@ -1,4 +1,4 @@
-"""The trace scanner (``receiver/wire.py``): the index it builds agrees with the upb
+"""The trace scanner (``wire/protobuf/scan.py``): the index it builds agrees with the upb
 parser on every request hypothesis writes at the wire level, it refuses exactly what
 the receiver's protobuf decoding refuses (same reason, limit and message), and the
 dispatch between the native and the pure-Python scanner.
@@ -19,13 +19,13 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 from google.protobuf.json_format import MessageToDict
-from gym_sidecar.core.otlp import SPECS
+from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
 from gym_sidecar.metrics.spans import SCAN_SPEC
-from gym_sidecar.receiver import wire
-from gym_sidecar.receiver.decode import BadRequest, decode_protobuf
-from gym_sidecar.receiver.otlp import decode_batch
+from gym_sidecar.receiver.request import decode_batch
+from gym_sidecar.wire.protobuf import scan as scanner
+from gym_sidecar.wire.protobuf.decode import BadRequest, decode_protobuf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -33,7 +33,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from testkit.otlp_samples import deep_json_text, trace_request
-from tests.sidecar.receiver.wire_requests import ROLLOUT_SCOPE, VERIFY_SCOPE, ld, trace_requests
+from tests.sidecar.wire.protobuf.wire_requests import (
+    ROLLOUT_SCOPE,
+    VERIFY_SCOPE,
+    ld,
+    trace_requests,
+)
 
 SPEC = SPECS[Signal.TRACES]
 PROPERTY = settings(
@@ -49,10 +54,10 @@ Scan = Callable[..., TraceRequest]
 @pytest.fixture(params=["dispatched", "pure"])
 def scan(request: pytest.FixtureRequest) -> Iterator[Scan]:
     if request.param == "dispatched":
-        yield wire.scan_traces
+        yield scanner.scan_traces
     else:
-        with wire.pure_python():
-            yield wire.scan_traces
+        with scanner.pure_python():
+            yield scanner.scan_traces
 
 
 def scan_for_derive(scan: Scan, data: bytes, max_depth: int = 100) -> TraceRequest:
@@ -122,9 +127,9 @@ def check_index(view: TraceRequest, data: bytes) -> None:
 @PROPERTY
 @given(trace_requests())
 def test_the_index_agrees_with_the_parser(data: bytes) -> None:
-    check_index(scan_for_derive(wire.scan_traces, data), data)
-    with wire.pure_python():
-        check_index(scan_for_derive(wire.scan_traces, data), data)
+    check_index(scan_for_derive(scanner.scan_traces, data), data)
+    with scanner.pure_python():
+        check_index(scan_for_derive(scanner.scan_traces, data), data)
 
 
 def test_gym_shaped_requests_are_indexed(scan: Scan) -> None:
@@ -186,9 +191,9 @@ def damaged(draw: st.DrawFn) -> bytes:
 @PROPERTY
 @given(st.one_of(damaged(), st.binary(max_size=64)))
 def test_refusals_are_the_parsers(data: bytes) -> None:
-    same_verdict(wire.scan_traces, data)
-    with wire.pure_python():
-        same_verdict(wire.scan_traces, data)
+    same_verdict(scanner.scan_traces, data)
+    with scanner.pure_python():
+        same_verdict(scanner.scan_traces, data)
 
 
 def resource_with(kv: bytes, after: bytes) -> bytes:
@@ -307,7 +312,7 @@ def test_otlp_json_traces_are_scanned_like_protobuf() -> None:
 @pytest.fixture
 def fresh_selection(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A selection not yet resolved, and no native module unless a test installs one."""
-    monkeypatch.setattr(wire, "_SELECTION", wire._Selection())
+    monkeypatch.setattr(scanner, "_SELECTION", scanner._Selection())
     monkeypatch.delitem(sys.modules, "gym_sidecar_native", raising=False)
     monkeypatch.delenv("GYM_SIDECAR_NATIVE", raising=False)
     yield
@@ -339,7 +344,7 @@ def fake_native(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> typ
         calls.append(data)
         if fail is not None:
             raise getattr(module, fail)("detail from the scanner")
-        view = wire.scan_python(
+        view = scanner.scan_python(
             data,
             max_depth=max_depth,
             max_messages=max_messages,
@@ -364,14 +369,14 @@ def test_the_pure_scanner_runs_without_the_native_module(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "gym_sidecar_native", None)  # import fails
-    with caplog.at_level("INFO", logger=wire.__name__):
-        assert wire.active_scanner() == "python"
-        assert not wire.native_available()
-        view = wire.scan_traces(
+    with caplog.at_level("INFO", logger=scanner.__name__):
+        assert scanner.active_scanner() == "python"
+        assert not scanner.native_available()
+        view = scanner.scan_traces(
             b"", max_depth=100, max_messages=10, derive_scopes=frozenset(), attr_keys=()
         )
     assert view.blocks == [] and view.other == [] and view.SerializeToString() == b""
-    lines = [r.getMessage() for r in caplog.records if r.name == wire.__name__]
+    lines = [r.getMessage() for r in caplog.records if r.name == scanner.__name__]
     assert lines == ["trace scanner: python (gym_sidecar_native is not installed)"]
 
 
@@ -381,18 +386,18 @@ def test_the_native_scanner_is_used_when_it_imports(
 ) -> None:
     native = fake_native(monkeypatch)
     data = trace_request("n").SerializeToString()
-    with caplog.at_level("INFO", logger=wire.__name__):
-        assert wire.active_scanner() == "native"
-        view = scan_for_derive(wire.scan_traces, data)
-        scan_for_derive(wire.scan_traces, data)
+    with caplog.at_level("INFO", logger=scanner.__name__):
+        assert scanner.active_scanner() == "native"
+        view = scan_for_derive(scanner.scan_traces, data)
+        scan_for_derive(scanner.scan_traces, data)
     assert native.calls == [data, data]
     check_index(view, data)
-    with wire.pure_python():
-        assert wire.active_scanner() == "python"
-        scan_for_derive(wire.scan_traces, data)
+    with scanner.pure_python():
+        assert scanner.active_scanner() == "python"
+        scan_for_derive(scanner.scan_traces, data)
     assert len(native.calls) == 2
-    assert wire.active_scanner() == "native"
-    lines = [r.getMessage() for r in caplog.records if r.name == wire.__name__]
+    assert scanner.active_scanner() == "native"
+    lines = [r.getMessage() for r in caplog.records if r.name == scanner.__name__]
     assert lines == ["trace scanner: native (gym_sidecar_native)"]  # once
 
 
@@ -402,9 +407,9 @@ def test_gym_sidecar_native_0_keeps_the_pure_scanner(
 ) -> None:
     native = fake_native(monkeypatch)
     monkeypatch.setenv("GYM_SIDECAR_NATIVE", "0")
-    with caplog.at_level("INFO", logger=wire.__name__):
-        assert wire.active_scanner() == "python"
-        scan_for_derive(wire.scan_traces, trace_request("p").SerializeToString())
+    with caplog.at_level("INFO", logger=scanner.__name__):
+        assert scanner.active_scanner() == "python"
+        scan_for_derive(scanner.scan_traces, trace_request("p").SerializeToString())
     assert native.calls == []
     assert "trace scanner: python (GYM_SIDECAR_NATIVE=0)" in caplog.text
 
@@ -431,7 +436,7 @@ def test_native_errors_become_the_receivers_refusals(
     fake_native(monkeypatch, fail=error)
     data = trace_request("e").SerializeToString()
     got = verdict(
-        lambda: wire.scan_traces(
+        lambda: scanner.scan_traces(
             data, max_depth=30, max_messages=50, derive_scopes=frozenset(), attr_keys=()
         )
     )

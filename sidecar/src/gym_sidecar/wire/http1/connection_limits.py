@@ -2,7 +2,7 @@
 
 The limits uvicorn never had, kept from the listener that subclassed it: a connection
 cap answered 503, an idle timeout, a header timeout answered 408 and a header-size cap
-answered 431 (:mod:`gym_sidecar.httpserver.protocol` enforces them). Each refusal is
+answered 431 (:mod:`gym_sidecar.wire.http1.protocol` enforces them). Each refusal is
 counted in ``limit_hits{limit=<limits. key>}``; an unparsable request (400) in
 ``bad_requests{transport, reason="malformed"}``.
 """

@@ -15,7 +15,8 @@ differences):
   the connection cap, header size and timeouts, idle timeout, 400 on bad requests;
 - :mod:`.cycle`: one request and its response: the ASGI ``receive``/``send`` calls,
   100-continue, HEAD, response framing, 500 when the app raises;
-- :mod:`.limits`: :class:`~.limits.ConnectionLimits`, per listener, and their counters.
+- :mod:`.connection_limits`: :class:`~.connection_limits.ConnectionLimits`, per listener,
+  and their counters.
 
 The apps stay ASGI apps (the receiver is a raw one, the admin app Starlette), so their
 code and tests do not depend on the server.

@@ -1,7 +1,7 @@
 """Serve an ASGI app inside the sidecar's own event loop.
 
 :class:`AsgiListener` binds the socket itself (a clear error, port 0 allowed), serves
-each connection with :class:`~gym_sidecar.httpserver.protocol.HttpProtocol` and stops
+each connection with :class:`~gym_sidecar.wire.http1.protocol.HttpProtocol` and stops
 gracefully, as it did when it drove uvicorn's ``Server.startup(sockets=...)`` and
 ``shutdown()``: the sidecar owns signals and lifecycle, and there are no lifespan
 events (the sidecar starts its components itself).
@@ -14,9 +14,9 @@ import logging
 import socket
 
 from gym_sidecar.hostport import bound_address, split_host_port
-from gym_sidecar.httpserver.cycle import App
-from gym_sidecar.httpserver.limits import ConnectionLimits
-from gym_sidecar.httpserver.protocol import HttpProtocol, ServerState
+from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+from gym_sidecar.wire.http1.cycle import App
+from gym_sidecar.wire.http1.protocol import HttpProtocol, ServerState
 
 logger = logging.getLogger(__name__)
 
