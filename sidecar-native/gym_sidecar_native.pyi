@@ -71,10 +71,11 @@ def scan_traces(
     unset, an array or a kvlist; then, for each ``(event name, key)`` of ``event_keys``,
     the value (the same kinds) of that key's last occurrence in the span's last event of
     that name (an event's name merged: its last ``name`` field) that has the key, None
-    when none has and for every span whose status code is not 2 (ERROR). A block whose ``name in split_scopes`` gets the attribute ``split``
-    set on the object ``scope_block`` returned: one ``(name, start, end)`` per span in
-    wire order, the span's name (its last ``name`` field, ``""`` without one) and its
-    ``spans`` field's bytes, tag included (``core.traces.SplitSpan``).
+    when none has and for every span whose status code is not 2 (ERROR). A block whose
+    ``name in split_scopes`` gets the attribute ``split`` set on the object
+    ``scope_block`` returned: one ``(name, start, end)`` per span in wire order, the
+    span's name (its last ``name`` field, ``""`` without one) and its ``spans`` field's
+    bytes, tag included (``core.traces.SplitSpan``).
     """
 
 def count_messages(data: bytes, limit: int) -> int:

@@ -46,14 +46,15 @@ AttrValue: TypeAlias = bool | str | int | float | bytes | None
 empty."""
 
 DerivedSpan: TypeAlias = tuple[str, int, int, bytes, bytes, int, tuple[AttrValue, ...]]
-"""One span of a derive scope: ``(name, start_time_unix_nano, end_time_unix_nano,
-trace_id, span_id, status_code, values)``. ``values`` holds, for each key the scan was
-asked for (``attr_keys``) in that order, the value of the span's *last* attribute with
-that key (None if it has none), then for each ``(event name, key)`` of ``event_keys`` the
-value of that key in the span's last event of that name that has the key (None if none
-has, and for every span whose status is not ERROR: event values are failure details, and
-reading no events elsewhere keeps the scan's cost where failures are). Absent fields read as protobuf defaults: ``""``, ``0``, ``b""``; ``status_code`` is
-``Status.code`` (0 when the span has no status)."""
+"""One span of a derive scope: ``(name, start_time_unix_nano, end_time_unix_nano, trace_id,
+span_id, status_code, values)``. ``values`` holds, for each key the scan was asked for
+(``attr_keys``) in that order, the value of the span's *last* attribute with that key
+(None if it has none), then for each ``(event name, key)`` of ``event_keys`` the value
+of that key in the span's last event of that name that has the key (None if none has,
+and for every span whose status is not ERROR: event values are failure details, and
+reading no events elsewhere keeps the scan's cost where failures are). Absent fields
+read as protobuf defaults: ``""``, ``0``, ``b""``; ``status_code`` is ``Status.code`` (0
+when the span has no status)."""
 
 ByteRange: TypeAlias = tuple[int, int]
 """``(start, end)`` offsets into :attr:`TraceRequest.raw`, a field's tag included."""

@@ -154,13 +154,13 @@ def scan_traces(
     event_keys: tuple[tuple[str, str], ...] = (),
     split_scopes: frozenset[str] = frozenset(),
 ) -> TraceRequest:
-    """The wire view of the ExportTraceServiceRequest ``data``; :class:`BadRequest`
-    (reasons ``bad_request``, ``too_deep``, ``too_many_messages``) for anything the
-    upb parser refuses, for nesting beyond ``max_depth`` message levels and for more
-    than ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes``
-    carry their spans' derive fields, with the values of ``attr_keys`` then of
-    ``event_keys`` (those of spans whose status is ERROR only); blocks whose scope name is in ``split_scopes`` their spans' names
-    and byte ranges (``ScopeBlock.split``)."""
+    """The wire view of the ExportTraceServiceRequest ``data``; :class:`BadRequest` (reasons
+    ``bad_request``, ``too_deep``, ``too_many_messages``) for anything the upb parser
+    refuses, for nesting beyond ``max_depth`` message levels and for more than
+    ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes`` carry
+    their spans' derive fields, with the values of ``attr_keys`` then of ``event_keys``
+    (those of spans whose status is ERROR only); blocks whose scope name is in
+    ``split_scopes`` their spans' names and byte ranges (``ScopeBlock.split``)."""
     native = _SELECTION.scanner()
     if native is None:
         return scan_python(
