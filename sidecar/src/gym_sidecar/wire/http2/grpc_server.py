@@ -18,13 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
@@ -39,16 +36,22 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.wire.http2 import grpc_call
 from gym_sidecar.wire.http2.connection import H2Connection
 from gym_sidecar.wire.http2.grpc_call import TRANSPORT, Answer
+from gym_sidecar.wire.http2.grpc_framing import (
+    CONTENT_TYPE,
+    EMPTY_MESSAGE,
+    PREFIX_BYTES,
+    prefix,
+    read_prefix,
+)
 from gym_sidecar.wire.http2.guard import Abuse, FrameGuard, Http2Bounds
 
 logger = logging.getLogger(__name__)
 _failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 10.0)
 
-_CONTENT_TYPE = (b"content-type", b"application/grpc")
+_CONTENT_TYPE = (b"content-type", CONTENT_TYPE)
 _ACCEPT_ENCODING = (b"grpc-accept-encoding", grpc_call.ACCEPT_ENCODING)
 _RESPONSE_HEADERS = [(b":status", b"200"), _CONTENT_TYPE, _ACCEPT_ENCODING]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
-_EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 _NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
 
 
@@ -167,14 +170,8 @@ class Connection(asyncio.Protocol):
             h2.events.ConnectionTerminated: self._on_goaway,
         }
 
-    def _new_h2(self) -> h2.connection.H2Connection:
-        config = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-        conn = H2Connection(config=config)
+    def _new_h2(self) -> H2Connection:
+        conn = H2Connection.for_grpc(client_side=False)
         limits, bounds = self.limits, self.bounds
         codes = h2.settings.SettingCodes
         advertised = {
@@ -338,27 +335,27 @@ class Connection(asyncio.Protocol):
         call.chunks.append(data)
         call.received += len(data)
         if call.length < 0:
-            if call.received < 5:
+            if call.received < PREFIX_BYTES:
                 return
             first = call.chunks[0]
-            if len(first) < 5:
+            if len(first) < PREFIX_BYTES:
                 first = b"".join(call.chunks)
                 call.chunks = [first]
-            call.length = int.from_bytes(first[1:5], "big")
-            call.compressed = first[0] == 1
+            flag, call.length = read_prefix(first)
+            call.compressed = flag == 1
             refusal = grpc_call.check_prefix(
-                first[0], call.length, call.encoding, self.limits, self.metrics
+                flag, call.length, call.encoding, self.limits, self.metrics
             )
             if refusal is not None:
                 self._answer(call, refusal)
                 return
-        if call.received > 5 + call.length:
+        if call.received > PREFIX_BYTES + call.length:
             self.metrics.bad_requests.labels(TRANSPORT, "many_messages").inc()
             self._answer(call, grpc_call.invalid("Export takes exactly one request message"))
 
     def _message_done(self, call: _Call) -> None:
         """The client ended its stream: hand the one whole message to the pipeline."""
-        if call.length < 0 or call.received < 5 + call.length:
+        if call.length < 0 or call.received < PREFIX_BYTES + call.length:
             self.metrics.bad_requests.labels(TRANSPORT, "no_message").inc()
             self._answer(call, grpc_call.invalid("no complete request message received"))
             return
@@ -370,7 +367,7 @@ class Connection(asyncio.Protocol):
                 return
             message = inflated
         else:  # one copy: a slice when it came in one DATA frame, else a join
-            parts = [part for part in (chunks[0][5:], *chunks[1:]) if part]
+            parts = [part for part in (chunks[0][PREFIX_BYTES:], *chunks[1:]) if part]
             message = parts[0] if len(parts) == 1 else b"".join(parts)
             del chunks, parts
         if call.timer is not None:
@@ -438,7 +435,7 @@ class Connection(asyncio.Protocol):
             self._forget(call)
             return
         response = answer.response
-        data = _EMPTY_MESSAGE if not response else struct.pack(">BI", 0, len(response)) + response
+        data = EMPTY_MESSAGE if not response else prefix(False, len(response)) + response
         try:
             self.h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
         except h2.exceptions.ProtocolError:  # reset by the client meanwhile
@@ -465,9 +462,7 @@ class Connection(asyncio.Protocol):
             if call.timer is not None:
                 call.timer.cancel()
                 call.timer = None
-            frame = conn.max_outbound_frame_size  # >= 16 KiB; a response is far smaller
-            for start in range(0, len(data), frame):
-                conn.send_data(call.stream_id, data[start : start + frame])
+            conn.send_data_unsplit(call.stream_id, data, end_stream=False)
             conn.send_headers(call.stream_id, _OK_TRAILERS, end_stream=True)
         except h2.exceptions.ProtocolError:  # reset by the client meanwhile
             pass
@@ -530,9 +525,10 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        data = self.h2.data_to_send()
-        if data:
-            transport.write(data)
+        pieces = self.h2.take()
+        if pieces:
+            for piece in pieces:
+                transport.write(piece)
             if transport.get_write_buffer_size() > self.bounds.max_write_buffer:
                 self.metrics.http2_refusals.labels("not_reading").inc()
                 logger.debug("gRPC connection from %s closed: it does not read", self.peer)
@@ -572,8 +568,8 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return
         frame = GoAwayFrame(0, last_stream_id=self.h2.highest_inbound_stream_id, error_code=code)
+        self.h2.write_raw(frame.serialize())
         self._flush()
-        self.transport.write(frame.serialize())
 
     def go_away(self) -> None:
         """Shutdown: GOAWAY (streams after the last one are refused with REFUSED_STREAM,
