@@ -109,5 +109,7 @@ class AsgiListener:
                 await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
             for conn in list(state.connections):
                 conn.transport.close()
+        # Refused before admission (the connection cap): not in state, lingering alone.
+        await self.limits.lingering.wait(min(grace_s, self.limits.close_linger_s))
         await server.wait_closed()
         logger.info("%s listener stopped", self.name)

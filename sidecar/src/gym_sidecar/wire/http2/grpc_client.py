@@ -15,7 +15,10 @@ HTTP/2 protocol error and a GOAWAY before the call was processed are UNAVAILABLE
 reset stream maps as grpc core maps it (REFUSED_STREAM is UNAVAILABLE, CANCEL is
 CANCELLED, ENHANCE_YOUR_CALM RESOURCE_EXHAUSTED, INADEQUATE_SECURITY PERMISSION_DENIED,
 everything else INTERNAL). A GOAWAY lets the calls the server still serves finish; the
-connection then takes no new call (:attr:`ClientConnection.usable`).
+connection then takes no new call (:attr:`ClientConnection.usable`). The client's own
+GOAWAY (closing, or after an HTTP/2 error from the server) reaches the server before the
+close: the write side shuts down after it and the reader drains until the server closes,
+:data:`CLOSE_LINGER_S` at most.
 
 Loop-confined: one event loop; nothing here is thread-safe.
 """
@@ -46,6 +49,9 @@ READ_BYTES = 256 * 1024
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 """A response's DATA beyond this fails the call (RESOURCE_EXHAUSTED)."""
 _LAST_STREAM_ID = 2**31 - 1
+CLOSE_LINGER_S = 2.0
+"""How long a closing connection drains the server's bytes after its GOAWAY, at most
+(the listeners' ``limits.close_linger_s`` default)."""
 
 
 class CallFailed(Exception):
@@ -91,6 +97,7 @@ class ClientConnection:
         self.calls: dict[int, Call] = {}
         self.closed: CallFailed | None = None
         self.going_away = False
+        self._quiet = False  # closing: see _go_quiet
         self._window = asyncio.Event()
         self.flush()
         self._task = asyncio.create_task(self._read(), name=f"grpc-h2-reader-{peer}")
@@ -191,17 +198,33 @@ class ClientConnection:
         self.calls.pop(stream_id, None)
 
     async def close(self) -> None:
+        """GOAWAY, then the lingering close (:meth:`_go_quiet`): the reader drains until
+        the server closes, :data:`CLOSE_LINGER_S` at most; then the socket closes."""
         if self.closed is None:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.close_connection()
                 self.flush()
         self._fail_all(CallFailed(StatusCode.UNAVAILABLE, "exporter closed"))
+        self._go_quiet()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_LINGER_S)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
+
+    def _go_quiet(self) -> None:
+        """Read nothing more into ``h2`` (the reader discards until EOF) and shut the
+        write side down once what was written (a GOAWAY) is out, so the server reads it
+        instead of a reset (the same close as the listeners', :mod:`gym_sidecar.wire.linger`)."""
+        if self._quiet:
+            return
+        self._quiet = True
+        if self._writer.can_write_eof() and not self._writer.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self._writer.write_eof()
 
     def _fail_all(self, error: CallFailed) -> None:
         if self.closed is None:
@@ -220,6 +243,8 @@ class ClientConnection:
                         CallFailed(StatusCode.UNAVAILABLE, f"{self.peer} closed connection")
                     )
                     return
+                if self._quiet:
+                    continue  # closing: drained, not read
                 try:
                     events = self.h2.receive_data(data)
                 except h2.exceptions.ProtocolError as err:
@@ -228,7 +253,9 @@ class ClientConnection:
                     self._fail_all(
                         CallFailed(StatusCode.UNAVAILABLE, f"{self.peer}: HTTP/2 error {err!r}")
                     )
-                    return
+                    self.flush()  # h2's GOAWAY, then the lingering close
+                    self._go_quiet()
+                    continue
                 for event in events:
                     self._dispatch(event)
                 self.flush()

@@ -27,7 +27,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 from gym_telemetry_semconv.ratelimit import rate_limit
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import GoAwayFrame, HeadersFrame
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import StatusCode, status_trailers
@@ -44,6 +44,7 @@ from gym_sidecar.wire.http2.grpc_framing import (
     read_prefix,
 )
 from gym_sidecar.wire.http2.guard import Abuse, FrameGuard, Http2Bounds
+from gym_sidecar.wire.linger import LINGER_LIMIT, Lingering
 
 logger = logging.getLogger(__name__)
 _failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 10.0)
@@ -81,6 +82,13 @@ class Shared:
     """Calls in the pipeline (referenced so that they are not collected)."""
     idle: asyncio.Event | None = None
     """Set when ``in_flight`` drops to 0, once someone waits for that (stop)."""
+    lingering: Lingering = field(init=False)
+    """Connections closed by the receiver, draining until the client closes
+    (:mod:`gym_sidecar.wire.linger`, ``limits.close_linger_s``)."""
+
+    def __post_init__(self) -> None:
+        hits = self.metrics.limit_hits.labels(LINGER_LIMIT)
+        self.lingering = Lingering(self.limits.close_linger_s, hits.inc)
 
     def call_finished(self) -> None:
         self.in_flight -= 1
@@ -154,6 +162,7 @@ class Connection(asyncio.Protocol):
             self.bounds.control,
         )
         self.going_away = False
+        self._closing: asyncio.Transport | None = None  # lingering (see _close)
         self._settings_seen = False
         self._stalled: set[_Call] = set()
         self._preface_timer: asyncio.TimerHandle | None = None
@@ -215,11 +224,12 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
+            self.shared.lingering.drained(self._closing, len(data))
             return
         try:
             self.guard.feed(data, self.loop.time())
         except Abuse as exc:
-            self._refuse_connection(exc.reason, str(exc), h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self._refuse_connection(exc)
             return
         try:
             events = self.h2.receive_data(data)
@@ -245,6 +255,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.shared.lingering.closed(self._closing)
         self.shared.connections.discard(self)
         for timer in (self._preface_timer, self._block_timer, self._idle_timer):
             if timer is not None:
@@ -535,9 +546,14 @@ class Connection(asyncio.Protocol):
                 self.abort()
 
     def _close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+        """Close after what was written (the last GOAWAY) reaches the client: nothing
+        more is read into ``h2`` (``data_received`` discards once ``transport`` is None),
+        the write side shuts down, and the connection lingers until the client closes
+        (:class:`~gym_sidecar.wire.linger.Lingering`)."""
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            self._closing = transport
+            self.shared.lingering.close(transport)
 
     def abort(self) -> None:
         """Close at once, dropping what is unsent (the receiver is done with it)."""
@@ -556,18 +572,37 @@ class Connection(asyncio.Protocol):
         self._flush()  # h2 has queued its GOAWAY
         self._close()
 
-    def _refuse_connection(self, reason: str, message: str, code: h2.errors.ErrorCodes) -> None:
-        self.metrics.http2_refusals.labels(reason).inc()
-        logger.debug("gRPC connection from %s closed: %s", self.peer, message)
-        self._write_goaway(code)
+    def _refuse_connection(self, abuse: Abuse) -> None:
+        """A bound of the guard broken: GOAWAY with the abuse's code, then close. A
+        header block too large is first answered on its stream (RESOURCE_EXHAUSTED, one
+        HEADERS frame written past ``h2``, which has not seen the whole block), so the
+        client learns why its call failed."""
+        self.metrics.http2_refusals.labels(abuse.reason).inc()
+        logger.debug("gRPC connection from %s closed: %s", self.peer, abuse)
+        last = self.h2.highest_inbound_stream_id or 0
+        if abuse.stream_id and abuse.stream_id not in self.calls and self.transport is not None:
+            message = "request metadata too large: the header block exceeds its bound"
+            headers = [(b":status", b"200"), _CONTENT_TYPE]
+            headers.extend(
+                (k.encode(), v.encode())
+                for k, v in status_trailers(StatusCode.RESOURCE_EXHAUSTED, message, None)
+            )
+            block = self.h2.encoder.encode(headers)
+            frame = HeadersFrame(abuse.stream_id, block, flags=("END_HEADERS", "END_STREAM"))
+            self.h2.write_raw(frame.serialize())
+            last = max(last, abuse.stream_id)
+        self._write_goaway(h2.errors.ErrorCodes(abuse.error_code), last)
         self._close()
 
-    def _write_goaway(self, code: h2.errors.ErrorCodes = _NO_ERROR) -> None:
-        """A GOAWAY naming the last stream served, written past ``h2``: its own
-        ``close_connection`` would forbid the answers still owed to the calls on it."""
+    def _write_goaway(self, code: h2.errors.ErrorCodes = _NO_ERROR, last: int = -1) -> None:
+        """A GOAWAY naming the last stream served (``last``, else the highest the client
+        opened), written past ``h2``: its own ``close_connection`` would forbid the
+        answers still owed to the calls on it."""
         if self.transport is None:
             return
-        frame = GoAwayFrame(0, last_stream_id=self.h2.highest_inbound_stream_id, error_code=code)
+        if last < 0:
+            last = self.h2.highest_inbound_stream_id or 0
+        frame = GoAwayFrame(0, last_stream_id=last, error_code=code)
         self.h2.write_raw(frame.serialize())
         self._flush()
 
