@@ -10,6 +10,11 @@
 - :mod:`.protobuf`: OTLP request bodies on the wire: decoding with bounds
   (:mod:`.protobuf.decode`, :mod:`.protobuf.bounds`) and the trace scanner, the Python
   face of the native one (:mod:`.protobuf.scan`).
+- :mod:`.linger`: the lingering close both listeners use, so that the last answer
+  written before a close (a GOAWAY, a 400) reaches the client.
+
+Why each protocol is the sidecar's own rather than a library's, and which conformance
+suite guards it: ``README.md`` beside this file.
 
 The layer imports the sidecar's leaves, core
 and configuration only; the receivers, the exporters and the web listeners import it.
