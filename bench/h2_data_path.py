@@ -97,17 +97,23 @@ Send = Callable[[h2.connection.H2Connection, bytes, int], int]
 Make = Callable[[], h2.connection.H2Connection]
 
 
+def _ready(make: Make, frame: int) -> h2.connection.H2Connection:
+    """A connected client from ``make``, its set-up output taken."""
+    conn = make()
+    _connected(conn, frame)
+    if isinstance(conn, H2Connection):
+        conn.take()
+    else:
+        conn.data_to_send()
+    return conn
+
+
 def _best_us(make: Make, send: Send, body: bytes, frame: int, args: Any) -> float:
     """The best of ``repeats`` runs: CPU time per body sent (one stream each), one
     connection per run (set up outside the timing)."""
     best = float("inf")
     for _ in range(args.repeats):
-        conn = make()
-        _connected(conn, frame)
-        if isinstance(conn, H2Connection):
-            conn.take()
-        else:
-            conn.data_to_send()
+        conn = _ready(make, frame)
         start = time.process_time()
         for _ in range(args.rounds):
             send(conn, body, frame)
@@ -124,15 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     body = os.urandom(args.body_kib * 1024)
     frame = args.frame_kib * 1024
-    sizes = set()
-    for make, send in ((_public_conn, public), (_copy_free_conn, copy_free)):
-        conn = make()
-        _connected(conn, frame)
-        if isinstance(conn, H2Connection):
-            conn.take()
-        else:
-            conn.data_to_send()
-        sizes.add(send(conn, body, frame))
+    sizes = {
+        send(_ready(make, frame), body, frame)
+        for make, send in ((_public_conn, public), (_copy_free_conn, copy_free))
+    }
     print(f"load average {os.getloadavg()}; body {args.body_kib} KiB, frames {frame} B")
     print(f"bytes handed over: {sorted(sizes)} (equal: {len(sizes) == 1})")
     mib = args.body_kib / 1024
