@@ -28,6 +28,8 @@ import pytest
 
 from tests.support.sidecar_proc import SidecarProcess
 
+pytestmark = pytest.mark.timeout(1800)  # the first run builds h2spec: minutes, cold
+
 REPO = Path(__file__).resolve().parents[4]
 
 INHERENT: dict[str, str] = {
