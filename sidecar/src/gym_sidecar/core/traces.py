@@ -252,9 +252,10 @@ class TraceRequest:
         return sum(scope.spans for block in self.blocks for scope in block.scopes)
 
     def removed_nothing(self) -> bool:
-        """Whether every block and ScopeSpans received is still in the request (the
-        stages may have enriched resources): all of :attr:`raw` but the replaced
-        resources is still to be sent."""
+        """Whether every block, ScopeSpans and span received is still in the request
+        (the stages may have enriched resources): all of :attr:`raw` but the replaced
+        resources is still to be sent. (A gate that removed single spans from a split
+        scope marked their block ``edited``.)"""
         return not self.changed and not any(b.edited for b in self.blocks)
 
     def parts(self) -> list[bytes | memoryview]:
