@@ -1,15 +1,119 @@
-"""Stopping a child server process and reading the end of its log.
+"""Child server processes: started in a process group of their own that dies with the
+parent, stopped as a group with a grace period, and the end of their logs.
 
-Shared by the demo's Jaeger runner (:mod:`gym_telemetry_demo.jaeger`) and the test suite's
-Prometheus runner (``tests/support/prometheus.py``), which start their servers the same way:
-output to a log file, stopped with SIGTERM and a grace period.
+The one way the demo's launchers (:mod:`~gym_telemetry_demo.sidecar`,
+:mod:`~gym_telemetry_demo.webview`, :mod:`~gym_telemetry_demo.gym_servers`,
+:mod:`~gym_telemetry_demo.jaeger`), ``testkit`` and the test suite's Prometheus runner
+start and stop a long-running child:
+
+:func:`spawn`
+    ``subprocess.Popen`` with two settings. The child leads a new session and process
+    group (``new_session``, the default): a terminal's Ctrl-C reaches the parent alone,
+    which then stops every child once and in order, and :func:`stop_process` can signal
+    whatever the child started in turn (Ray workers, pip, ``go build``), which stays in
+    its group. And on Linux the kernel sends the child SIGTERM when its parent dies
+    without stopping it (``PR_SET_PDEATHSIG``; a SIGKILL, a crash): the safety net for
+    what no signal handler can catch. Signals are deferred meanwhile
+    (:func:`gym_telemetry_demo.stopsignals.deferred`), so a stop signal cannot land
+    between the fork and the caller holding the ``Popen``.
+
+:func:`stop_process` / :func:`stop_processes`
+    SIGTERM to the child's group (or the child alone when it does not lead one), a
+    bounded grace period, then SIGKILL to the group; whatever else of the group is still
+    running once the child has exited gets the rest of the grace period, then SIGKILL.
+
+:func:`run_in_group`
+    ``subprocess.run`` for a command that starts children of its own (a build).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
 import signal
 import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any, Final
+
+from gym_telemetry_demo.stopsignals import deferred
+
+#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
+_PR_SET_PDEATHSIG: Final = 1
+#: After SIGKILL, how long to wait for the kernel to reap a child (s).
+_KILL_WAIT_S: Final = 10.0
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` resolved now, in the parent (the child must not load anything
+    between fork and exec); None off Linux or without it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    # all five arguments as unsigned long: prctl is variadic and reads them as such
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL: Final = _load_prctl()
+
+
+def _die_with_parent_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when this process dies.
+
+    Linux only (``PR_SET_PDEATHSIG``); None elsewhere, and None when called outside the
+    main thread, because the kernel ties the setting to the *thread* that forks: a child
+    forked by a worker thread would be signalled when that thread ends. A child whose
+    parent died before the hook ran exits at once instead of running orphaned.
+    """
+    prctl = _PRCTL
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the kernel knew to tell us
+            os._exit(128 + int(sig))
+
+    return hook
+
+
+def spawn(
+    cmd: Sequence[str],
+    *,
+    stdout: IO[bytes] | int | None = None,
+    stderr: IO[bytes] | int | None = subprocess.STDOUT,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    new_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` as a long-running child (see the module doc); binary pipes.
+
+    ``new_session=False`` keeps the child in this process group (a terminal's Ctrl-C
+    reaches it directly); it still dies with its parent on Linux.
+    """
+    with deferred():
+        # preexec_fn and threads (ruff PLW1509): the hook runs in the child between fork
+        # and exec and calls only prctl, resolved in the parent at import; it takes no
+        # lock another thread could have held at the fork, and imports nothing.
+        return subprocess.Popen(
+            list(cmd),
+            stdout=stdout,
+            stderr=stderr,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=new_session,
+            preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 (see above)
+        )
 
 
 def log_tail(path: Path, chars: int = 4000) -> str:
@@ -20,17 +124,108 @@ def log_tail(path: Path, chars: int = 4000) -> str:
         return ""
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float) -> int | None:
-    """Stop ``proc``: SIGTERM, then SIGKILL if it has not exited within ``grace_s`` seconds.
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
 
-    Returns its exit code, or None when there is no process (never started)."""
-    if proc is None:
-        return None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+
+def _signal(pid: int, group: bool, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member that is not a zombie (a zombie whose
+    parent died waits for init to reap it, which a container's init may never do)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal is still a member
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
         try:
-            proc.wait(timeout=grace_s)
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        # after the command's ")": state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def _group_outlives(pgid: int, deadline: float) -> bool:
+    """Wait until group ``pgid`` is empty or ``deadline`` passes; whether it still has
+    members. What a child started may outlive it (a worker that ignored SIGTERM). The
+    group id stays reserved while any member is alive, so it cannot name someone else's."""
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def stop_processes(
+    procs: Sequence[subprocess.Popen[Any] | None], grace_s: float
+) -> list[int | None]:
+    """Stop every process of ``procs`` at once (see the module doc); their exit codes.
+
+    Each running one gets SIGTERM (its whole group when it leads one) at the same time;
+    all share one deadline ``grace_s`` from now, after which what is left gets SIGKILL.
+    Blocks until every one has been reaped (at most ``grace_s`` plus the kill). Safe to
+    call twice; None entries (never started) give None.
+    """
+    deadline = time.monotonic() + grace_s
+    # Whether each leads its own group is read before it is reaped (returncode still
+    # None): once reaped, its pid may name someone else's process.
+    groups = [
+        proc is not None and proc.returncode is None and _leads_group(proc.pid) for proc in procs
+    ]
+    for proc, group in zip(procs, groups, strict=True):
+        if proc is not None and proc.poll() is None:
+            _signal(proc.pid, group, signal.SIGTERM)
+    for proc, group in zip(procs, groups, strict=True):
+        if proc is None:
+            continue
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    return proc.returncode
+            _signal(proc.pid, group, signal.SIGKILL)
+            proc.wait(timeout=_KILL_WAIT_S)
+        if group and _group_outlives(proc.pid, deadline):
+            _signal(proc.pid, True, signal.SIGKILL)
+    return [None if proc is None else proc.returncode for proc in procs]
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, grace_s: float) -> int | None:
+    """Stop ``proc`` (its group when it leads one): SIGTERM, then SIGKILL if it has not
+    exited within ``grace_s`` seconds. Returns its exit code, None when there is no
+    process (never started)."""
+    return stop_processes([proc], grace_s)[0]
+
+
+def run_in_group(
+    cmd: Sequence[str], timeout_s: float, grace_s: float = 10.0
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)`` for a
+    command that starts children of its own (a build): it runs in its own process group
+    (:func:`spawn`), which is stopped as a whole (:func:`stop_process`) when the call
+    ends by a timeout (``subprocess.TimeoutExpired`` is raised) or is interrupted (a
+    stop signal); the plain ``run`` would kill the command alone and leave its children
+    running. Output is decoded as UTF-8 with replacement."""
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        stop_process(proc, grace_s)
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )
