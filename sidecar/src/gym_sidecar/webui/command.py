@@ -7,8 +7,9 @@ Reads the store that ``gym-sidecar run`` writes (the same ``--config`` /
 ``GYM_SIDECAR_*`` / ``--store-dir`` sources as ``gym-sidecar rollouts``), read-only, from
 any process; the store may appear after the view starts. It listens on loopback unless
 told otherwise (``--listen``, env ``GYM_SIDECAR_UI_LISTEN``); port 0 picks a free port.
-Once listening it prints ``web view: http://HOST:PORT/`` on stdout. SIGINT/SIGTERM stop
-it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
+Once listening it prints ``web view: http://HOST:PORT/`` on stdout. SIGINT, SIGTERM and
+SIGHUP stop it (exit 0: a read-only view has nothing to reload, and SIGHUP is what a
+closed terminal sends); exit 2 on bad arguments, 1 when it cannot listen.
 
 The listener is the sidecar's own (:mod:`gym_sidecar.httpserver`, with the admin
 listener's connection cap).
@@ -109,12 +110,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         await listener.start()
-        print(f"web view: http://{listener.address}/", flush=True)
-        print(f"store: {view.store_path}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # before the URL is printed: whoever waits for that line may signal at once
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
+        print(f"web view: http://{listener.address}/", flush=True)
+        print(f"store: {view.store_path}", flush=True)
         try:
             await stop.wait()
         finally:
