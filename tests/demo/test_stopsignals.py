@@ -134,6 +134,40 @@ def test_a_stop_signal_stops_every_child_then_kills_the_program(sig: signal.Sign
         program.cleanup()
 
 
+#: Built like ``python -m bench``: a step run with run_passing_signals, under run_main.
+ORCHESTRATOR = """
+import sys
+from gym_telemetry_demo.procs import run_passing_signals
+from gym_telemetry_demo.stopsignals import run_main
+
+def main() -> int:
+    done = run_passing_signals([sys.executable, "-c", {step!r}], grace_s=60)
+    print("step exit", done.returncode, flush=True)
+    return 0
+
+run_main(main)
+"""
+
+
+@linux
+def test_a_stop_signal_is_passed_on_to_the_running_step() -> None:
+    """SIGTERM to the orchestrator alone: its step stops its own children, then both
+    die by the signal (``subprocess.run`` would SIGKILL the step and orphan them)."""
+    program = Program(ORCHESTRATOR.format(step=PROGRAM.format(child=_child())))
+    try:
+        program.wait_line("up")
+        before = marked_processes(program.marker)
+        assert len(before) == 6  # orchestrator, step, 2 children, 2 grandchildren
+        program.proc.send_signal(signal.SIGTERM)
+        assert program.finish() == -signal.SIGTERM
+        assert "stopped by SIGTERM" in program.lines  # the step's own handler
+        assert "exit codes [-15, -15]" in program.lines
+        assert "step exit -15" not in program.lines  # the orchestrator did not carry on
+        assert [p.cmdline for p in before.values() if p.running()] == []
+    finally:
+        program.cleanup()
+
+
 @linux
 def test_a_child_gets_sigterm_when_its_parent_is_killed() -> None:
     """What no handler can catch (SIGKILL, a crash): PR_SET_PDEATHSIG (Linux only)."""

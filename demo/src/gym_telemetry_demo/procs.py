@@ -24,6 +24,10 @@ start and stop a long-running child:
 
 :func:`run_in_group`
     ``subprocess.run`` for a command that starts children of its own (a build).
+
+:func:`run_passing_signals`
+    ``subprocess.run`` for a step that stops its own children on a stop signal (a
+    benchmark run by ``python -m bench``): the signal is passed on and the step waited for.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
-from gym_telemetry_demo.stopsignals import deferred
+from gym_telemetry_demo.stopsignals import Stopped, deferred
 
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 _PR_SET_PDEATHSIG: Final = 1
@@ -202,6 +206,8 @@ def stop_processes(
             proc.wait(timeout=_KILL_WAIT_S)
         if group and _group_outlives(proc.pid, deadline):
             _signal(proc.pid, True, signal.SIGKILL)
+            # SIGKILL is delivered asynchronously: return once the group is gone
+            _group_outlives(proc.pid, time.monotonic() + _KILL_WAIT_S)
     return [None if proc is None else proc.returncode for proc in procs]
 
 
@@ -228,4 +234,38 @@ def run_in_group(
         stop_process(proc, grace_s)
     return subprocess.CompletedProcess(
         proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+
+
+def run_passing_signals(
+    cmd: Sequence[str], grace_s: float, *, capture: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd)`` (``capture``: output captured as text) for a child that
+    handles stop signals itself (it runs with
+    :func:`gym_telemetry_demo.stopsignals.run_main`).
+
+    The child stays in this process group, so a terminal's Ctrl-C reaches it directly.
+    A stop signal received meanwhile (:class:`~gym_telemetry_demo.stopsignals.Stopped`,
+    e.g. a SIGTERM sent to this process alone) is passed on to the child, which gets
+    ``grace_s`` to stop its own children (then SIGKILL); then ``Stopped`` propagates.
+    ``subprocess.run`` would SIGKILL the child at once and orphan what it started.
+    """
+    pipe = subprocess.PIPE if capture else None
+    proc = spawn(cmd, stdout=pipe, stderr=pipe, new_session=False)
+    try:
+        out, err = proc.communicate()
+    except Stopped as stop:
+        # a second copy when the child got the signal too (Ctrl-C): it ignores repeats
+        _signal(proc.pid, False, stop.signo)
+        try:
+            proc.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=_KILL_WAIT_S)
+        raise
+    return subprocess.CompletedProcess(
+        proc.args,
+        proc.returncode,
+        None if out is None else out.decode(errors="replace"),
+        None if err is None else err.decode(errors="replace"),
     )

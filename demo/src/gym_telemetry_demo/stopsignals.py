@@ -18,6 +18,8 @@ two (starting a child and keeping its ``Popen``; stopping the children): a signa
 arrives inside it raises :class:`Stopped` when the block ends, unless the block is
 already leaving with an exception. Without :func:`stop_on_signals` it does nothing.
 
+:func:`run_main` is the whole recipe for a program's entry point (the benchmarks use it).
+
 :func:`exit_with` ends the program: a code ``128 + N`` for a stop signal ``N`` (what
 :attr:`Stopped.exit_code` gives) is turned back into death by signal ``N``, the
 convention for a program stopped by a signal (a shell then prints 130, 143, 129; a
@@ -31,7 +33,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Final, NoReturn
 
@@ -133,3 +135,17 @@ def exit_with(code: int) -> NoReturn:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signo])
         os.kill(os.getpid(), signo)
     sys.exit(code)
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """``sys.exit(main())`` for a program that starts child processes: ``main`` runs with
+    :func:`stop_on_signals`, so SIGTERM and SIGHUP unwind it as Ctrl-C does (its
+    ``finally`` blocks and context managers stop its children); then :func:`exit_with`:
+    after a stop signal, death by that signal."""
+    with stop_on_signals():
+        try:
+            code = main() or 0
+        except Stopped as stop:
+            code = stop.exit_code
+    signo = received()
+    exit_with(code if signo is None else 128 + signo)
