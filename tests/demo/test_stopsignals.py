@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gym_telemetry_demo import procs
@@ -231,6 +232,26 @@ def test_die_with_parent_is_set_from_the_main_thread_only() -> None:
     worker.start()
     worker.join()
     assert found == [None]
+
+
+def test_a_signal_while_a_child_starts_stops_that_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal lands between the fork and ``spawn`` returning: the caller would never
+    hold the child, so ``spawn`` stops it before raising."""
+    real_popen = subprocess.Popen
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen_then_signal(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc: subprocess.Popen[bytes] = real_popen(*args, **kwargs)
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)  # the real child runs; the signal is held
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    with stop_on_signals(), pytest.raises(Stopped):
+        spawn([sys.executable, "-c", "import time; time.sleep(600)"])
+    monkeypatch.undo()
+    [child] = started
+    assert child.returncode == -signal.SIGTERM  # stopped and reaped before Stopped
 
 
 def test_first_signal_raises_stopped_and_later_ones_are_noted() -> None:

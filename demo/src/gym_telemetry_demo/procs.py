@@ -13,9 +13,10 @@ start and stop a long-running child:
     whatever the child started in turn (Ray workers, pip, ``go build``), which stays in
     its group. And on Linux the kernel sends the child SIGTERM when its parent dies
     without stopping it (``PR_SET_PDEATHSIG``; a SIGKILL, a crash): the safety net for
-    what no signal handler can catch. Signals are deferred meanwhile
-    (:func:`gym_telemetry_demo.stopsignals.deferred`), so a stop signal cannot land
-    between the fork and the caller holding the ``Popen``.
+    what no signal handler can catch. A stop signal that arrives while the child is
+    being started (:func:`gym_telemetry_demo.stopsignals.deferred`) is raised once it
+    is, and the child is stopped again before ``spawn`` lets it out: no child is
+    started that its caller does not hold.
 
 :func:`stop_process` / :func:`stop_processes`
     SIGTERM to the child's group (or the child alone when it does not lead one), a
@@ -50,6 +51,8 @@ from gym_telemetry_demo.stopsignals import Stopped, deferred
 _PR_SET_PDEATHSIG: Final = 1
 #: After SIGKILL, how long to wait for the kernel to reap a child (s).
 _KILL_WAIT_S: Final = 10.0
+#: The grace period of a child stopped because a stop signal came while it started (s).
+_SPAWN_STOP_GRACE_S: Final = 10.0
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -105,19 +108,27 @@ def spawn(
     ``new_session=False`` keeps the child in this process group (a terminal's Ctrl-C
     reaches it directly); it still dies with its parent on Linux.
     """
-    with deferred():
-        # preexec_fn and threads (ruff PLW1509): the hook runs in the child between fork
-        # and exec and calls only prctl, resolved in the parent at import; it takes no
-        # lock another thread could have held at the fork, and imports nothing.
-        return subprocess.Popen(
-            list(cmd),
-            stdout=stdout,
-            stderr=stderr,
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            start_new_session=new_session,
-            preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 (see above)
-        )
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with deferred():
+            # preexec_fn and threads (ruff PLW1509): the hook runs in the child between
+            # fork and exec and calls only prctl, resolved in the parent at import; it
+            # takes no lock another thread could have held at the fork, and imports nothing.
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=stdout,
+                stderr=stderr,
+                env=None if env is None else dict(env),
+                cwd=cwd,
+                start_new_session=new_session,
+                preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 (see above)
+            )
+    except Stopped:
+        # the signal came while it was being started, and is raised now: the caller
+        # never gets this child, so it is stopped here
+        stop_process(proc, _SPAWN_STOP_GRACE_S)
+        raise
+    return proc
 
 
 def log_tail(path: Path, chars: int = 4000) -> str:
