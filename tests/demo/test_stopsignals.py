@@ -224,14 +224,22 @@ def test_a_child_that_leads_no_group_is_signalled_alone(tmp_path: Path) -> None:
 def test_die_with_parent_is_set_from_the_main_thread_only() -> None:
     """The kernel signals the child when the thread that forked it ends: from a worker
     thread, that would be long before the parent dies."""
-    if procs._PRCTL is None:
-        pytest.skip("no prctl: not Linux")
-    assert procs._die_with_parent_hook() is not None
+    if procs._SETPRIV is None:
+        pytest.skip("no setpriv: not Linux, or util-linux's setpriv is not installed")
+    assert procs._die_with_parent_prefix() == [procs._SETPRIV, "--pdeathsig", "TERM", "--"]
     found: list[object] = []
-    worker = threading.Thread(target=lambda: found.append(procs._die_with_parent_hook()))
+    worker = threading.Thread(target=lambda: found.append(procs._die_with_parent_prefix()))
     worker.start()
     worker.join()
-    assert found == [None]
+    assert found == [[]]
+
+
+def test_a_missing_program_raises_as_popen_does(tmp_path: Path) -> None:
+    """``setpriv`` in front must not turn a missing program into an exit status."""
+    with pytest.raises(FileNotFoundError):
+        spawn([str(tmp_path / "no-such-program")])
+    with pytest.raises(FileNotFoundError):
+        spawn(["no-such-program-anywhere"], env={"PATH": str(tmp_path)})
 
 
 def test_a_signal_while_a_child_starts_stops_that_child(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Child server processes: started in a process group of their own that dies with the
+r"""Child server processes: started in a process group of their own that dies with the
 parent, stopped as a group with a grace period, and the end of their logs.
 
 The one way the demo's launchers (:mod:`~gym_telemetry_demo.sidecar`,
@@ -13,10 +13,15 @@ start and stop a long-running child:
     whatever the child started in turn (Ray workers, pip, ``go build``), which stays in
     its group. And on Linux the kernel sends the child SIGTERM when its parent dies
     without stopping it (``PR_SET_PDEATHSIG``; a SIGKILL, a crash): the safety net for
-    what no signal handler can catch. A stop signal that arrives while the child is
-    being started (:func:`gym_telemetry_demo.stopsignals.deferred`) is raised once it
-    is, and the child is stopped again before ``spawn`` lets it out: no child is
-    started that its caller does not hold.
+    what no signal handler can catch. It is set by util-linux's ``setpriv --pdeathsig
+    TERM``, which the command is started through and which then execs it (same pid),
+    rather than by a ``preexec_fn``: that makes Python ``fork()`` instead of ``vfork()``,
+    which runs every library's fork handlers (gRPC's pause its threads) in a process
+    full of threads. Without ``setpriv`` (not Linux, or not installed) children do not
+    die with their parent. A stop signal that arrives while the child is being started
+    (:func:`gym_telemetry_demo.stopsignals.deferred`) is raised once it is, and the
+    child is stopped again before ``spawn`` lets it out: no child is started that its
+    caller does not hold.
 
 :func:`stop_process` / :func:`stop_processes`
     SIGTERM to the child's group (or the child alone when it does not lead one), a
@@ -34,64 +39,53 @@ start and stop a long-running child:
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
 from gym_telemetry_demo.stopsignals import Stopped, deferred
 
-#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
-_PR_SET_PDEATHSIG: Final = 1
+#: util-linux's ``setpriv`` (Linux), which sets ``PR_SET_PDEATHSIG`` and execs.
+_SETPRIV: Final = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 #: After SIGKILL, how long to wait for the kernel to reap a child (s).
 _KILL_WAIT_S: Final = 10.0
 #: The grace period of a child stopped because a stop signal came while it started (s).
 _SPAWN_STOP_GRACE_S: Final = 10.0
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` resolved now, in the parent (the child must not load anything
-    between fork and exec); None off Linux or without it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    # all five arguments as unsigned long: prctl is variadic and reads them as such
-    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
-    prctl.restype = ctypes.c_int
-    return prctl
+def _die_with_parent_prefix() -> list[str]:
+    """``setpriv --pdeathsig TERM --``: the command then gets SIGTERM when this process
+    dies. Empty off Linux, without ``setpriv``, and outside the main thread: the kernel
+    ties the setting to the *thread* that forks, so a child forked by a worker thread
+    would be signalled when that thread ends."""
+    if _SETPRIV is None or threading.current_thread() is not threading.main_thread():
+        return []
+    return [_SETPRIV, "--pdeathsig", "TERM", "--"]
 
 
-_PRCTL: Final = _load_prctl()
-
-
-def _die_with_parent_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child receive ``sig`` when this process dies.
-
-    Linux only (``PR_SET_PDEATHSIG``); None elsewhere, and None when called outside the
-    main thread, because the kernel ties the setting to the *thread* that forks: a child
-    forked by a worker thread would be signalled when that thread ends. A child whose
-    parent died before the hook ran exits at once instead of running orphaned.
-    """
-    prctl = _PRCTL
-    if prctl is None or threading.current_thread() is not threading.main_thread():
-        return None
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the kernel knew to tell us
-            os._exit(128 + int(sig))
-
-    return hook
+def _program(cmd: Sequence[str], env: Mapping[str, str] | None, cwd: str | Path | None) -> str:
+    """``cmd[0]`` resolved as ``subprocess.Popen`` resolves it (``env``'s PATH); raises
+    FileNotFoundError as Popen does, which ``setpriv`` in front would turn into an exit
+    status."""
+    name = cmd[0]
+    if os.sep in name:
+        path = Path(cwd or ".") / name
+        if os.access(path, os.X_OK) and path.is_file():
+            return name
+    else:
+        search = (env if env is not None else os.environ).get("PATH", os.defpath)
+        found = shutil.which(name, path=search)
+        if found is not None:
+            return found
+    raise FileNotFoundError(errno.ENOENT, f"No such file or directory: {name!r}", name)
 
 
 def spawn(
@@ -108,20 +102,18 @@ def spawn(
     ``new_session=False`` keeps the child in this process group (a terminal's Ctrl-C
     reaches it directly); it still dies with its parent on Linux.
     """
+    prefix = _die_with_parent_prefix()
+    argv = [*prefix, _program(cmd, env, cwd), *cmd[1:]] if prefix else list(cmd)
     proc: subprocess.Popen[bytes] | None = None
     try:
         with deferred():
-            # preexec_fn and threads (ruff PLW1509): the hook runs in the child between
-            # fork and exec and calls only prctl, resolved in the parent at import; it
-            # takes no lock another thread could have held at the fork, and imports nothing.
             proc = subprocess.Popen(
-                list(cmd),
+                argv,
                 stdout=stdout,
                 stderr=stderr,
                 env=None if env is None else dict(env),
                 cwd=cwd,
                 start_new_session=new_session,
-                preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 (see above)
             )
     except Stopped:
         # the signal came while it was being started, and is raised now: the caller

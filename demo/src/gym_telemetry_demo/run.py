@@ -293,15 +293,20 @@ class _Children:
         """Stop every child started; the sidecar's exit code (None: never started).
 
         The Gym servers first (their last spans reach the sidecar), the web view, the
-        sidecar (it drains into the store and Jaeger), Jaeger last."""
-        if self.servers is not None:
-            self.servers.stop()
-        if self.webview is not None:
-            self.webview.stop()
-        code = self.sidecar.stop() if self.sidecar is not None else None
-        if self.jaeger is not None:
-            self.jaeger.stop()
-        return code
+        sidecar (it drains into the store and Jaeger), Jaeger last. Each is stopped even
+        when stopping one before it raised."""
+        sidecar_code: list[int | None] = [None]
+        sidecar = self.sidecar
+        with contextlib.ExitStack() as stops:  # run last-pushed first
+            if self.jaeger is not None:
+                stops.callback(self.jaeger.stop)
+            if sidecar is not None:
+                stops.callback(lambda: sidecar_code.__setitem__(0, sidecar.stop()))
+            if self.webview is not None:
+                stops.callback(self.webview.stop)
+            if self.servers is not None:
+                stops.callback(self.servers.stop)
+        return sidecar_code[0]
 
 
 def run_demo(opts: DemoOptions, console: Console) -> int:
