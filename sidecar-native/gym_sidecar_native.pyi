@@ -42,7 +42,7 @@ def scan_traces(
     ``ParseFromString`` with the two limits on top), in its order:
 
     1. :class:`TooManyMessages` when ``data`` is longer than 2 x ``max_messages`` and
-       ``gym_sidecar.receiver.limits.count_messages`` counts more than ``max_messages``
+       ``gym_sidecar.wire.protobuf.bounds.count_messages`` counts more than ``max_messages``
        messages in it (the request included; on a corrupt request too, as the receiver
        counts before parsing);
     2. what upb refuses, at the first fault in wire order: :class:`DecodeError`, or
@@ -70,7 +70,7 @@ def scan_traces(
     """
 
 def count_messages(data: bytes, limit: int) -> int:
-    """What ``gym_sidecar.receiver.limits.count_messages`` returns for this trace request
+    """What ``gym_sidecar.wire.protobuf.bounds.count_messages`` returns for this trace request
     (its port, the one ``scan_traces`` uses on corrupt requests; exposed for tests)."""
 
 def schema() -> list[tuple[str, int, str, str, str | None]]:

@@ -51,7 +51,7 @@ def trace_view(
     """``request`` as the receivers hand it to the pipeline: its wire view (bytes plus
     index), with the spans the derive stage reads extracted (``scan``: something else)."""
     from gym_sidecar.metrics.spans import SCAN_SPEC
-    from gym_sidecar.receiver.wire import scan_traces
+    from gym_sidecar.wire.protobuf.scan import scan_traces
 
     data = request if isinstance(request, bytes) else request.SerializeToString()
     spec = SCAN_SPEC if scan is None else scan

@@ -421,7 +421,7 @@ fn schema_table() -> Vec<(
     out
 }
 
-/// How many messages `gym_sidecar.receiver.limits.count_messages` counts in a trace
+/// How many messages `gym_sidecar.wire.protobuf.bounds.count_messages` counts in a trace
 /// request (stopping past `limit`): its port, exposed so the tests compare the two.
 #[pyfunction(name = "count_messages")]
 fn count_messages_py(data: &Bound<'_, PyBytes>, limit: &Bound<'_, PyInt>) -> i64 {

@@ -1,7 +1,7 @@
 """The trace pipeline on the wire view writes out what it wrote when it worked on parsed
 protobuf messages.
 
-For requests hypothesis writes at the wire level (``receiver/wire_requests.py``: several
+For requests hypothesis writes at the wire level (``wire/protobuf/wire_requests.py``: several
 resources, repeated ``resource`` fields, unknown fields at every level, schema URLs,
 empty and absent resources, ...), enrich -> derive -> gate runs on the scanned request,
 and the reference -- the pipeline as it was before the wire view, on the upb message:
@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from testkit.otlp_samples import trace_batch
-from tests.sidecar.receiver.wire_requests import trace_requests
+from tests.sidecar.wire.protobuf.wire_requests import trace_requests
 from tests.support.collect_stage import CollectStage
 
 ENRICH = {

@@ -23,11 +23,19 @@ class WebViewChild:
     (``with WebViewChild(...).start(timeout_s=60) as view``, or unstarted: ``__enter__`` starts it).
     """
 
-    def __init__(self, store_dir: Path, workdir: Path, jaeger_url: str | None = None) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        workdir: Path,
+        jaeger_url: str | None = None,
+        jaeger_ui: Path | None = None,
+    ) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.store_dir = store_dir
         self.log_path = workdir / "webview.log"
         self.jaeger_url = jaeger_url
+        self.jaeger_ui = jaeger_ui
+        """A built Jaeger UI to serve at ``/jaeger/`` (``--jaeger-ui``)."""
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -43,6 +51,8 @@ class WebViewChild:
         ]
         if self.jaeger_url:
             cmd += ["--jaeger-url", self.jaeger_url]
+        if self.jaeger_ui is not None:
+            cmd += ["--jaeger-ui", str(self.jaeger_ui)]
         return cmd
 
     def start(self, timeout_s: float = 30.0) -> WebViewChild:

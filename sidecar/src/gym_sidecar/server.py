@@ -38,12 +38,12 @@ from gym_sidecar.admin import Readiness, build_admin_app
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
 from gym_sidecar.hangup import TerminalHangup
-from gym_sidecar.httpserver.limits import ConnectionLimits
-from gym_sidecar.httpserver.listener import AsgiListener
 from gym_sidecar.malloc import MemoryTuner
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+from gym_sidecar.wire.http1.listener import AsgiListener
 
 logger = logging.getLogger(__name__)
 

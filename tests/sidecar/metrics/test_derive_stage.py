@@ -10,7 +10,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.metrics.config import MetricsConfig
-from gym_sidecar.metrics.otlp import SCOPE_NAME
+from gym_sidecar.metrics.otlp_request import SCOPE_NAME
 from gym_sidecar.metrics.series import HistogramSeries, SeriesPoints
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics

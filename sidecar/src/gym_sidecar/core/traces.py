@@ -19,7 +19,7 @@ again cost 64 % of the sidecar's instructions per span (callgrind, whole sidecar
 at resources and scope names only, and at a handful of fields of the spans it derives
 metrics from.
 
-The index is built by a scanner (``gym_sidecar.receiver.wire``), which also validates
+The index is built by a scanner (``gym_sidecar.wire.protobuf.scan``), which also validates
 the whole request as protobuf (wire format, UTF-8 of string fields, nesting and message
 count limits) exactly as the upb parser would, so a request that reaches a stage is one
 every backend can decode. Two scanners build it: the native one
@@ -54,7 +54,7 @@ ByteRange: TypeAlias = tuple[int, int]
 
 NATIVE_ENV = "GYM_SIDECAR_NATIVE"
 """``0`` keeps the sidecar on the pure-Python scanner even where the native one imports
-(``gym_sidecar.receiver.wire``); not a configuration key."""
+(``gym_sidecar.wire.protobuf.scan``); not a configuration key."""
 
 RESOURCE_SPANS_TAG = b"\x0a"
 """ExportTraceServiceRequest field 1 (resource_spans), wire type 2."""

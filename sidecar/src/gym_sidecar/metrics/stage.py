@@ -41,7 +41,7 @@ from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorSt
 from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
-from gym_sidecar.metrics.otlp import build_request
+from gym_sidecar.metrics.otlp_request import build_request
 from gym_sidecar.metrics.prometheus import DerivedCollector
 from gym_sidecar.metrics.spans import SCAN_SPEC, EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics

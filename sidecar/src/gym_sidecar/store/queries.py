@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -237,16 +237,57 @@ def find_traces(conn: sqlite3.Connection, ident: str) -> list[str]:
     ]
 
 
+_SERVICE_LIKE: Final = "(',' || t.services || ',') LIKE ? ESCAPE '\\'"
+"""SQL predicate on ``traces t``: one of its services is the pattern's name."""
+
+
+def _service_pattern(service: str) -> str:
+    escaped = service.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return "%," + escaped + ",%"
+
+
+def trace_payloads(conn: sqlite3.Connection, trace_id: str) -> list[tuple[bytes, int]]:
+    """(stored request, when it was stored) of each request holding a span of
+    ``trace_id`` (hex), in the order they were stored. The requests hold other traces'
+    spans too."""
+    return [
+        (bytes(payload), int(stored_ns))
+        for payload, stored_ns in conn.execute(
+            "SELECT b.payload, b.stored_ns FROM traces t JOIN batches b ON b.id = t.batch_id "
+            "WHERE t.trace_id = ? ORDER BY b.id",
+            (bytes.fromhex(trace_id),),
+        )
+    ]
+
+
+def window_payloads(
+    conn: sqlite3.Connection, services: Sequence[str], stored_after_ns: int, stored_before_ns: int
+) -> Iterator[bytes]:
+    """Stored requests with a span of one of ``services`` (exact names), stored in
+    [``stored_after_ns``, ``stored_before_ns``], most recently stored first; lazily, so a
+    caller with a bound stops reading where it stops iterating."""
+    likes = []
+    args: list[Any] = [stored_after_ns, stored_before_ns]
+    for service in services:
+        likes.append(_SERVICE_LIKE)
+        args.append(_service_pattern(service))
+    if not likes:
+        return
+    for (payload,) in conn.execute(
+        "SELECT b.payload FROM batches b WHERE b.stored_ns BETWEEN ? AND ? AND EXISTS "
+        f"(SELECT 1 FROM traces t WHERE t.batch_id = b.id AND ({' OR '.join(likes)})) "
+        "ORDER BY b.id DESC",
+        args,
+    ):
+        yield bytes(payload)
+
+
 def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
     """Every stored span of ``trace_id`` (hex), by start time (decodes its batches)."""
     tid = bytes.fromhex(trace_id)
     out: list[SpanRecord] = []
     seen: set[bytes] = set()
-    for payload, stored_ns in conn.execute(
-        "SELECT b.payload, b.stored_ns FROM traces t JOIN batches b ON b.id = t.batch_id "
-        "WHERE t.trace_id = ? ORDER BY b.id",
-        (tid,),
-    ):
+    for payload, stored_ns in trace_payloads(conn, trace_id):
         request = ExportTraceServiceRequest.FromString(payload)
         for rs in request.resource_spans:
             service = service_of(rs.resource)
@@ -331,9 +372,8 @@ def recent_traces(
     where: list[str] = []
     args: list[Any] = []
     if service is not None:
-        where.append("(',' || t.services || ',') LIKE ? ESCAPE '\\'")
-        escaped = service.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        args.append("%," + escaped + ",%")
+        where.append(_SERVICE_LIKE)
+        args.append(_service_pattern(service))
     if rollout_id is not None:
         where.append("t.trace_id IN (SELECT trace_id FROM gym_spans WHERE rollout_id = ?)")
         args.append(rollout_id)
