@@ -9,8 +9,9 @@ any process; the store may appear after the view starts. It listens on loopback 
 told otherwise (``--listen``, env ``GYM_SIDECAR_UI_LISTEN``); port 0 picks a free port.
 Once listening it prints ``web view: http://HOST:PORT/`` on stdout (and ``Jaeger UI:
 http://HOST:PORT/jaeger/`` with ``--jaeger-ui``, a built Jaeger UI to serve over the
-store: :mod:`.jaeger_ui`). SIGINT/SIGTERM stop
-it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
+store: :mod:`.jaeger_ui`). SIGINT, SIGTERM and SIGHUP stop it (exit 0: a read-only view
+has nothing to reload, and SIGHUP is what a closed terminal sends); exit 2 on bad
+arguments, 1 when it cannot listen.
 
 The listener is the sidecar's own (:mod:`gym_sidecar.wire.http1`, with the admin
 listener's connection cap).
@@ -129,14 +130,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         await listener.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # before the URL is printed: whoever waits for that line may signal at once
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
         print(f"web view: http://{listener.address}/", flush=True)
         if jaeger_ui is not None:
             print(f"Jaeger UI: http://{listener.address}{BASE_PATH}/", flush=True)
         print(f"store: {view.store_path}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         try:
             await stop.wait()
         finally:
