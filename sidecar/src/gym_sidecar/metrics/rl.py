@@ -1,0 +1,327 @@
+"""The RL view's metrics (issue 41), read from the spans the derive stage reads.
+
+Per span (both producers' spans alike, told apart by ``core.producers``; the values are
+the scanner's, ``metrics.fields``):
+
+- ``gym.verify`` with a numeric ``nemo.gym.reward``: one ``gym.verify.reward`` point
+  (``succeeded`` read as for ``gym.verify.*``: the attribute, else the status); a
+  verifier that raised carries no reward, so it gives no point. ``gym.env.step``: one
+  ``gym.env.step.reward`` point (no point attributes).
+- ``gym.rollout``: ``gym.rollout.turns`` (``nemo.gym.rollout.turns``) and
+  ``gym.rollout.tokens`` (``nemo.gym.rollout.input_tokens`` / ``output_tokens``, one point
+  each, ``gen_ai.token.type``), failed rollouts included, from the span that carries them
+  whether it is nested or not: the agent writes them on exactly one span per rollout
+  (the one whose process made the model calls; a relaying rollout's span has none).
+- a model call (``gym.model.responses|chat_completions|messages``, on the Gym model
+  server the call reached): ``gen_ai.client.operation.duration`` (the span's duration,
+  s; ``error.type`` on a failed call: the attribute, else the exception event's class
+  name, else ``_OTHER``), ``gen_ai.client.token.usage`` (one point per usage attribute
+  present, ``gen_ai.token.type``), and for a streamed call that succeeded
+  ``gen_ai.server.time_to_first_token`` (``gen_ai.response.time_to_first_chunk``). Point
+  attributes ``gen_ai.operation.name`` (the span's, else ``chat``, OpenTelemetry's value
+  for all three dialects, which Gym's own telemetry does not write) and
+  ``gen_ai.request.model`` when the span has it. Nothing else counts a model call: not
+  the hop that reached it, not Gym's agent relaying its own ``/v1/responses``
+  (``gym.agent.responses``), not the usage Gym sums into ``/run`` and ``/verify`` answers.
+- a retried or failed hop (``http_client``, read sparsely): ``gym.http.client.retries``
+  += ``http.request.resend_count``, ``gym.http.client.timeouts`` += 1 when its
+  ``error.type`` is ``timeout``; point attribute ``nemo.gym.target.server.name`` when the
+  hop has one.
+
+A value of the wrong type (a string reward, a negative or boolean token count, a
+non-finite number) gives no point and is counted in ``invalid_values``. Points are kept
+per ScopeSpans block and series (``series.SeriesPoints``), as the duration metrics' are;
+exemplars carry the point's value. :class:`RlExtractor` only reads; recording is
+``metrics.rl_tables``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import gym_telemetry_semconv as semconv
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from gym_sidecar.core.traces import AttrValue, DerivedSpan
+from gym_sidecar.metrics import fields
+from gym_sidecar.metrics.series import Attrs, SeriesPoints
+
+# The histograms, by index (their names: HISTOGRAMS).
+VERIFY_REWARD: Final = 0
+STEP_REWARD: Final = 1
+TOKEN_USAGE: Final = 2
+OPERATION_DURATION: Final = 3
+TIME_TO_FIRST_TOKEN: Final = 4
+TURNS: Final = 5
+ROLLOUT_TOKENS: Final = 6
+HISTOGRAMS: Final[tuple[str, ...]] = (
+    semconv.METRIC_VERIFY_REWARD,
+    semconv.METRIC_ENV_STEP_REWARD,
+    semconv.METRIC_GEN_AI_TOKEN_USAGE,
+    semconv.METRIC_GEN_AI_OPERATION_DURATION,
+    semconv.METRIC_GEN_AI_TIME_TO_FIRST_TOKEN,
+    semconv.METRIC_ROLLOUT_TURNS,
+    semconv.METRIC_ROLLOUT_TOKENS,
+)
+# The sums, by index.
+RETRIES: Final = 0
+TIMEOUTS: Final = 1
+SUMS: Final[tuple[str, ...]] = (
+    semconv.METRIC_HTTP_CLIENT_RETRIES,
+    semconv.METRIC_HTTP_CLIENT_TIMEOUTS,
+)
+
+MODEL_SPANS: Final = frozenset(
+    {semconv.SPAN_MODEL_RESPONSES, semconv.SPAN_MODEL_CHAT, semconv.SPAN_MODEL_MESSAGES}
+)
+ERROR_TYPE_OTHER: Final = "_OTHER"
+NS_PER_S: Final = 1e9
+_STATUS_ERROR: Final = Status.STATUS_CODE_ERROR
+
+_OK: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, True),)
+_FAILED: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, False),)
+_INPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_INPUT),)
+_OUTPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_OUTPUT),)
+_isfinite = math.isfinite
+
+
+@dataclass(slots=True)
+class RlPending:
+    """The RL points of one request, not yet recorded: per histogram (index) and block,
+    one :class:`SeriesPoints` per series in the order their first points came; the sums
+    as (index, resource, attributes, amount) per block and series."""
+
+    runs: list[tuple[int, SeriesPoints]] = field(default_factory=list)
+    sums: list[tuple[int, bytes, Attrs, int]] = field(default_factory=list)
+    invalid: int = 0
+    """Values of the wrong type or range (no point)."""
+    invalid_spans: int = 0
+    """Model-call spans without a start time or ending before it (no point)."""
+    model_calls: int = 0
+    hops: int = 0
+
+
+def _count(value: AttrValue) -> int | None:
+    """A non-negative int (not a bool), else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def _number(value: AttrValue) -> float | None:
+    """A finite int or float (not a bool) as a float, else None."""
+    kind = type(value)
+    if kind is float:
+        return value if _isfinite(value) else None  # type: ignore[arg-type,return-value]
+    if kind is int:
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+class _Block:
+    """The series one block gives (an index and attributes -> its points)."""
+
+    __slots__ = ("bounds", "exemplars", "key", "out", "runs", "spans")
+
+    def __init__(
+        self,
+        key: bytes,
+        spans: Sequence[DerivedSpan],
+        out: RlPending,
+        bounds: Sequence[list[float]],
+        exemplars: bool,
+    ) -> None:
+        self.key = key
+        self.spans = spans
+        self.out = out
+        self.bounds = bounds
+        self.exemplars = exemplars
+        self.runs: dict[tuple[int, Attrs], SeriesPoints] = {}
+
+    def add(self, metric: int, attrs: Attrs, value: float, span: DerivedSpan) -> None:
+        points = self.runs.get((metric, attrs))
+        if points is None:
+            points = SeriesPoints(self.key, attrs, self.bounds[metric], self.exemplars, self.spans)
+            if points.exemplars is not None:
+                points.exemplar_values = {}
+            self.runs[(metric, attrs)] = points
+            self.out.runs.append((metric, points))
+        bucket = bisect_left(points.bounds, value)  # inclusive upper bounds
+        points.counts[bucket] += 1
+        points.values.append(value)
+        if points.exemplars is not None and points.exemplar_values is not None:
+            points.exemplars[bucket] = span  # the block's last span in the bucket wins
+            points.exemplar_values[bucket] = value
+
+
+class RlExtractor:
+    """Reads the RL points of spans (module doc). Pure: never touches the store; safe
+    from any thread (the attribute cache only grows by equal values)."""
+
+    def __init__(
+        self, bounds: Sequence[list[float]], exemplars: bool, max_error_chars: int
+    ) -> None:
+        self.bounds = bounds
+        """Per histogram (index), its bucket bounds (floats)."""
+        self.exemplars = exemplars
+        self.max_error_chars = max_error_chars
+        self._model_attrs: dict[tuple[AttrValue, AttrValue, str | None], Attrs] = {}
+
+    def _block(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> _Block:
+        return _Block(key, spans, out, self.bounds, self.exemplars)
+
+    def rollouts(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
+        """Turns and tokens of the ``gym.rollout`` spans that carry them."""
+        rollout = semconv.SPAN_ROLLOUT
+        block: _Block | None = None
+        for span in spans:
+            if span[0] != rollout:
+                continue
+            values = span[6]
+            turns, tokens_in, tokens_out = (
+                values[fields.TURNS],
+                values[fields.ROLLOUT_INPUT_TOKENS],
+                values[fields.ROLLOUT_OUTPUT_TOKENS],
+            )
+            if turns is None and tokens_in is None and tokens_out is None:
+                continue
+            if block is None:
+                block = self._block(key, spans, out)
+            for metric, attrs, raw in (
+                (TURNS, (), turns),
+                (ROLLOUT_TOKENS, _INPUT, tokens_in),
+                (ROLLOUT_TOKENS, _OUTPUT, tokens_out),
+            ):
+                if raw is None:
+                    continue
+                count = _count(raw)
+                if count is None:
+                    out.invalid += 1
+                    continue
+                block.add(metric, attrs, float(count), span)
+
+    def verifications(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
+        """The rewards of ``gym.verify`` and ``gym.env.step`` spans."""
+        verify, step = semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP
+        block: _Block | None = None
+        for span in spans:
+            name = span[0]
+            if name not in (verify, step):
+                continue
+            raw = span[6][fields.REWARD]
+            if raw is None:
+                continue
+            reward = _number(raw)
+            if reward is None:
+                out.invalid += 1
+                continue
+            if block is None:
+                block = self._block(key, spans, out)
+            if name == step:
+                block.add(STEP_REWARD, (), reward, span)
+                continue
+            succeeded = span[6][fields.SUCCEEDED]
+            ok = succeeded is True or (succeeded is not False and span[5] != _STATUS_ERROR)
+            block.add(VERIFY_REWARD, _OK if ok else _FAILED, reward, span)
+
+    def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
+        """Duration, tokens and time to first token of the model-call spans."""
+        block: _Block | None = None
+        for span in spans:
+            name, start, end, _, _, status, values = span
+            if name not in MODEL_SPANS:
+                continue
+            duration = end - start
+            if duration < 0 or not start:
+                out.invalid_spans += 1
+                continue
+            out.model_calls += 1
+            if block is None:
+                block = self._block(key, spans, out)
+            error_type = self._error_type(values) if status == _STATUS_ERROR else None
+            base = self._attrs(values, None)
+            block.add(
+                OPERATION_DURATION,
+                base if error_type is None else self._attrs(values, error_type),
+                duration / NS_PER_S,
+                span,
+            )
+            for raw, token_type in (
+                (values[fields.USAGE_INPUT_TOKENS], _INPUT),
+                (values[fields.USAGE_OUTPUT_TOKENS], _OUTPUT),
+            ):
+                if raw is None:
+                    continue
+                count = _count(raw)
+                if count is None:
+                    out.invalid += 1
+                    continue
+                block.add(TOKEN_USAGE, (*base, *token_type), float(count), span)
+            raw = values[fields.TIME_TO_FIRST_CHUNK]
+            if raw is not None and error_type is None:
+                ttft = _number(raw)
+                if ttft is None or ttft < 0:
+                    out.invalid += 1
+                else:
+                    block.add(TIME_TO_FIRST_TOKEN, base, ttft, span)
+
+    def _attrs(self, values: tuple[AttrValue, ...], error_type: str | None) -> Attrs:
+        """``error.type`` (when given), ``gen_ai.operation.name``, ``gen_ai.request.model``
+        (when the span has one), sorted by key; one tuple per distinct set (cached)."""
+        model, operation = values[fields.REQUEST_MODEL], values[fields.OPERATION_NAME]
+        cache_key = (model, operation, error_type)
+        attrs = self._model_attrs.get(cache_key)
+        if attrs is not None:
+            return attrs
+        pairs: list[tuple[str, bool | str]] = []
+        if error_type is not None:
+            pairs.append((semconv.ERROR_TYPE, error_type))
+        op = operation if type(operation) is str and operation else semconv.GEN_AI_OPERATION_CHAT
+        pairs.append((semconv.GEN_AI_OPERATION_NAME, op[: self.max_error_chars]))
+        if type(model) is str and model:
+            pairs.append((semconv.GEN_AI_REQUEST_MODEL, model[: self.max_error_chars]))
+        attrs = tuple(pairs)
+        if len(self._model_attrs) < _MAX_CACHED:
+            self._model_attrs[cache_key] = attrs
+        return attrs
+
+    def _error_type(self, values: tuple[AttrValue, ...]) -> str:
+        """A failed call's ``error.type``: the attribute, else the exception event's class
+        name without its module, else ``_OTHER``; truncated (as ``gym.verify``'s)."""
+        error_type = values[fields.ERROR_TYPE]
+        if not isinstance(error_type, str) or not error_type:
+            exception_type = values[fields.EXCEPTION_TYPE]
+            error_type = (
+                exception_type.rpartition(".")[2] if isinstance(exception_type, str) else ""
+            )
+        return error_type[: self.max_error_chars] or ERROR_TYPE_OTHER
+
+    def hops(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
+        """Retries and timeouts of the retried or failed hops (a sparse block's spans)."""
+        sums: dict[tuple[int, Attrs], int] = {}
+        timeout = semconv.ERROR_TYPE_TIMEOUT
+        for span in spans:
+            values = span[6]
+            out.hops += 1
+            target = values[fields.TARGET_SERVER]
+            attrs: Attrs = (
+                ((semconv.TARGET_SERVER_NAME, target[: self.max_error_chars]),)
+                if type(target) is str and target
+                else ()
+            )
+            raw = values[fields.RESEND_COUNT]
+            if raw is not None:
+                resends = _count(raw)
+                if resends is None:
+                    out.invalid += 1
+                elif resends:
+                    sums[(RETRIES, attrs)] = sums.get((RETRIES, attrs), 0) + resends
+            if values[fields.ERROR_TYPE] == timeout:
+                sums[(TIMEOUTS, attrs)] = sums.get((TIMEOUTS, attrs), 0) + 1
+        out.sums.extend((metric, key, attrs, n) for (metric, attrs), n in sums.items())
+
+
+_MAX_CACHED: Final = 4096
+"""Model-call attribute sets remembered by an extractor (past it, built each time)."""
