@@ -13,7 +13,6 @@ details open, stats and the service map.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.procs import run_passing_signals  # noqa: E402
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
 from gym_telemetry_demo.webview import WebViewChild  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
@@ -45,7 +46,10 @@ def run_demo(store_dir: Path, workdir: Path) -> None:
         str(workdir),
     ]
     print("ui_screenshots: running the demo for a store to photograph...", file=sys.stderr)
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    # a stop signal sent to this script is passed on: the demo stops what it started
+    done = run_passing_signals(cmd, grace_s=120, capture=True)
+    if done.returncode != 0:
+        raise SystemExit(f"ui_screenshots: the demo failed ({done.returncode}):\n{done.stdout}")
 
 
 def shoot(base: str, out: Path) -> list[Path]:
@@ -94,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop the demo and the web view as Ctrl-C does
