@@ -20,6 +20,7 @@ import pytest
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.stage import build_gate_stage
+from gym_sidecar.metrics import fields
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -526,3 +527,28 @@ def test_rl_points_survive_a_refused_export() -> None:
     # not committed (as after a refused export): the next snapshot has them again
     again = stage.store.collect()
     assert [p.value for _, p in again.rl_sums] == [2]
+
+
+def test_the_value_indexes_name_their_keys() -> None:
+    expected = {
+        fields.SUCCEEDED: semconv.VERIFY_SUCCEEDED,
+        fields.REWARD: semconv.REWARD,
+        fields.OPERATION_NAME: semconv.GEN_AI_OPERATION_NAME,
+        fields.TURNS: semconv.ROLLOUT_TURNS,
+        fields.USAGE_INPUT_TOKENS: semconv.GEN_AI_USAGE_INPUT_TOKENS,
+        fields.USAGE_OUTPUT_TOKENS: semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+        fields.REQUEST_MODEL: semconv.GEN_AI_REQUEST_MODEL,
+        fields.TIME_TO_FIRST_CHUNK: semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+        fields.ROLLOUT_INPUT_TOKENS: semconv.ROLLOUT_INPUT_TOKENS,
+        fields.ROLLOUT_OUTPUT_TOKENS: semconv.ROLLOUT_OUTPUT_TOKENS,
+        fields.ERROR_TYPE: semconv.ERROR_TYPE,
+        fields.NESTED: semconv.ROLLOUT_NESTED,
+        fields.RESEND_COUNT: semconv.HTTP_REQUEST_RESEND_COUNT,
+        fields.TARGET_SERVER: semconv.TARGET_SERVER_NAME,
+    }
+    assert {i: fields.ATTR_KEYS[i] for i in expected} == expected
+    assert len(fields.ATTR_KEYS) == len(expected) == fields.EXCEPTION_TYPE
+    assert set(fields.SCAN_SPEC.sparse_keys) == {
+        semconv.HTTP_REQUEST_RESEND_COUNT,
+        semconv.ERROR_TYPE,
+    }

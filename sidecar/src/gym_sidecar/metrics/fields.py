@@ -24,33 +24,36 @@ from gym_sidecar.core import producers
 from gym_sidecar.core.traces import ScanSpec
 
 ATTR_KEYS: Final[tuple[str, ...]] = (
-    semconv.ROLLOUT_NESTED,
     semconv.VERIFY_SUCCEEDED,
-    semconv.ERROR_TYPE,
     semconv.REWARD,
+    semconv.GEN_AI_OPERATION_NAME,
     semconv.ROLLOUT_TURNS,
-    semconv.ROLLOUT_INPUT_TOKENS,
-    semconv.ROLLOUT_OUTPUT_TOKENS,
     semconv.GEN_AI_USAGE_INPUT_TOKENS,
     semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
     semconv.GEN_AI_REQUEST_MODEL,
-    semconv.GEN_AI_OPERATION_NAME,
     semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+    semconv.ROLLOUT_INPUT_TOKENS,
+    semconv.ROLLOUT_OUTPUT_TOKENS,
+    semconv.ERROR_TYPE,
+    semconv.ROLLOUT_NESTED,
     semconv.HTTP_REQUEST_RESEND_COUNT,
     semconv.TARGET_SERVER_NAME,
 )
-NESTED: Final = 0
-SUCCEEDED: Final = 1
-ERROR_TYPE: Final = 2
-REWARD: Final = 3
-TURNS: Final = 4
-ROLLOUT_INPUT_TOKENS: Final = 5
-ROLLOUT_OUTPUT_TOKENS: Final = 6
-USAGE_INPUT_TOKENS: Final = 7
-USAGE_OUTPUT_TOKENS: Final = 8
-REQUEST_MODEL: Final = 9
-OPERATION_NAME: Final = 10
-TIME_TO_FIRST_CHUNK: Final = 11
+"""In the order the pure-Python scanner searches a block's bytes for them (it reads a
+block's attributes once one occurs): the keys every verification, rollout and model call
+of the agent carries come first, so a block of them is decided by the first search."""
+SUCCEEDED: Final = 0
+REWARD: Final = 1
+OPERATION_NAME: Final = 2
+TURNS: Final = 3
+USAGE_INPUT_TOKENS: Final = 4
+USAGE_OUTPUT_TOKENS: Final = 5
+REQUEST_MODEL: Final = 6
+TIME_TO_FIRST_CHUNK: Final = 7
+ROLLOUT_INPUT_TOKENS: Final = 8
+ROLLOUT_OUTPUT_TOKENS: Final = 9
+ERROR_TYPE: Final = 10
+NESTED: Final = 11
 RESEND_COUNT: Final = 12
 TARGET_SERVER: Final = 13
 EXCEPTION_TYPE: Final = len(ATTR_KEYS)

@@ -41,7 +41,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
@@ -138,22 +138,24 @@ class _Block:
         self.out = out
         self.bounds = bounds
         self.exemplars = exemplars
-        self.runs: dict[tuple[int, Attrs], SeriesPoints] = {}
+        self.runs: list[dict[Attrs, SeriesPoints]] = [{} for _ in bounds]
+        """Per histogram (index): attributes -> the block's points of that series."""
 
     def add(self, metric: int, attrs: Attrs, value: float, span: DerivedSpan) -> None:
-        points = self.runs.get((metric, attrs))
+        points = self.runs[metric].get(attrs)
         if points is None:
             points = SeriesPoints(self.key, attrs, self.bounds[metric], self.exemplars, self.spans)
             if points.exemplars is not None:
                 points.exemplar_values = {}
-            self.runs[(metric, attrs)] = points
+            self.runs[metric][attrs] = points
             self.out.runs.append((metric, points))
         bucket = bisect_left(points.bounds, value)  # inclusive upper bounds
         points.counts[bucket] += 1
         points.values.append(value)
-        if points.exemplars is not None and points.exemplar_values is not None:
-            points.exemplars[bucket] = span  # the block's last span in the bucket wins
-            points.exemplar_values[bucket] = value
+        values_of = points.exemplar_values
+        if values_of is not None:
+            points.exemplars[bucket] = span  # type: ignore[index]  # the block's last span wins
+            values_of[bucket] = value
 
 
 class RlExtractor:
@@ -167,7 +169,7 @@ class RlExtractor:
         """Per histogram (index), its bucket bounds (floats)."""
         self.exemplars = exemplars
         self.max_error_chars = max_error_chars
-        self._model_attrs: dict[tuple[AttrValue, AttrValue, str | None], Attrs] = {}
+        self._model_attrs: dict[tuple[AttrValue, AttrValue], tuple[Attrs, Attrs, Attrs]] = {}
 
     def _block(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> _Block:
         return _Block(key, spans, out, self.bounds, self.exemplars)
@@ -227,11 +229,21 @@ class RlExtractor:
             block.add(VERIFY_REWARD, _OK if ok else _FAILED, reward, span)
 
     def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
-        """Duration, tokens and time to first token of the model-call spans."""
+        """Duration, tokens and time to first token of the model-call spans.
+
+        Runs once per model call (the derive stage's busiest RL loop): the common case, a
+        completed call with usage and no stream, takes the inline path below."""
         block: _Block | None = None
+        model_spans, error = MODEL_SPANS, _STATUS_ERROR
+        i_in, i_out, i_ttfc = (
+            fields.USAGE_INPUT_TOKENS,
+            fields.USAGE_OUTPUT_TOKENS,
+            fields.TIME_TO_FIRST_CHUNK,
+        )
+        add: Any = None
         for span in spans:
             name, start, end, _, _, status, values = span
-            if name not in MODEL_SPANS:
+            if name not in model_spans:
                 continue
             duration = end - start
             if duration < 0 or not start:
@@ -240,52 +252,55 @@ class RlExtractor:
             out.model_calls += 1
             if block is None:
                 block = self._block(key, spans, out)
-            error_type = self._error_type(values) if status == _STATUS_ERROR else None
-            base = self._attrs(values, None)
-            block.add(
-                OPERATION_DURATION,
-                base if error_type is None else self._attrs(values, error_type),
-                duration / NS_PER_S,
-                span,
-            )
-            for raw, token_type in (
-                (values[fields.USAGE_INPUT_TOKENS], _INPUT),
-                (values[fields.USAGE_OUTPUT_TOKENS], _OUTPUT),
-            ):
-                if raw is None:
-                    continue
-                count = _count(raw)
-                if count is None:
+                add = block.add
+            base, base_in, base_out = self._attrs(values)
+            if status == error:
+                failed = self._failed_attrs(values)
+                add(OPERATION_DURATION, failed, duration / NS_PER_S, span)
+            else:
+                add(OPERATION_DURATION, base, duration / NS_PER_S, span)
+            raw = values[i_in]
+            if raw is not None:
+                if type(raw) is int and raw >= 0:
+                    add(TOKEN_USAGE, base_in, float(raw), span)
+                else:
                     out.invalid += 1
-                    continue
-                block.add(TOKEN_USAGE, (*base, *token_type), float(count), span)
-            raw = values[fields.TIME_TO_FIRST_CHUNK]
-            if raw is not None and error_type is None:
+            raw = values[i_out]
+            if raw is not None:
+                if type(raw) is int and raw >= 0:
+                    add(TOKEN_USAGE, base_out, float(raw), span)
+                else:
+                    out.invalid += 1
+            raw = values[i_ttfc]
+            if raw is not None and status != error:
                 ttft = _number(raw)
                 if ttft is None or ttft < 0:
                     out.invalid += 1
                 else:
-                    block.add(TIME_TO_FIRST_TOKEN, base, ttft, span)
+                    add(TIME_TO_FIRST_TOKEN, base, ttft, span)
 
-    def _attrs(self, values: tuple[AttrValue, ...], error_type: str | None) -> Attrs:
-        """``error.type`` (when given), ``gen_ai.operation.name``, ``gen_ai.request.model``
-        (when the span has one), sorted by key; one tuple per distinct set (cached)."""
+    def _attrs(self, values: tuple[AttrValue, ...]) -> tuple[Attrs, Attrs, Attrs]:
+        """A model call's point attributes: ``gen_ai.operation.name`` (the span's, else
+        ``chat``) and ``gen_ai.request.model`` (when the span has one), sorted by key;
+        then the same plus ``gen_ai.token.type`` input, output. Cached per distinct pair,
+        so each set is one tuple (hashed once per lookup, compared by identity first)."""
         model, operation = values[fields.REQUEST_MODEL], values[fields.OPERATION_NAME]
-        cache_key = (model, operation, error_type)
-        attrs = self._model_attrs.get(cache_key)
-        if attrs is not None:
-            return attrs
-        pairs: list[tuple[str, bool | str]] = []
-        if error_type is not None:
-            pairs.append((semconv.ERROR_TYPE, error_type))
+        cache_key = (model, operation)
+        found = self._model_attrs.get(cache_key)
+        if found is not None:
+            return found
         op = operation if type(operation) is str and operation else semconv.GEN_AI_OPERATION_CHAT
-        pairs.append((semconv.GEN_AI_OPERATION_NAME, op[: self.max_error_chars]))
+        base: Attrs = ((semconv.GEN_AI_OPERATION_NAME, op[: self.max_error_chars]),)
         if type(model) is str and model:
-            pairs.append((semconv.GEN_AI_REQUEST_MODEL, model[: self.max_error_chars]))
-        attrs = tuple(pairs)
+            base = (*base, (semconv.GEN_AI_REQUEST_MODEL, model[: self.max_error_chars]))
+        found = (base, (*base, *_INPUT), (*base, *_OUTPUT))
         if len(self._model_attrs) < _MAX_CACHED:
-            self._model_attrs[cache_key] = attrs
-        return attrs
+            self._model_attrs[cache_key] = found
+        return found
+
+    def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
+        """A failed call's duration attributes: ``error.type`` first, then :meth:`_attrs`'."""
+        return ((semconv.ERROR_TYPE, self._error_type(values)), *self._attrs(values)[0])
 
     def _error_type(self, values: tuple[AttrValue, ...]) -> str:
         """A failed call's ``error.type``: the attribute, else the exception event's class

@@ -420,6 +420,7 @@ def _derived(
             break
     out: list[DerivedSpan] = []
     append = out.append
+    scalars = _SCALARS
     for span in ss.spans:
         values = nothing
         found: list[AttrValue] | None = None
@@ -429,7 +430,10 @@ def _derived(
                 if i is not None:
                     if found is None:
                         found = list(nothing)
-                    found[i] = _value(kv.value)
+                    # _value, inlined: this loop runs once per attribute of a derived span
+                    any_value = kv.value
+                    kind = any_value.WhichOneof("value")
+                    found[i] = getattr(any_value, kind) if kind in scalars else None
         code = span.status.code
         # Event values are failure details: read from ERROR spans only (the contract).
         if read_events and code == _STATUS_ERROR and span.events:
