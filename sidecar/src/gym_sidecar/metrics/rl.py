@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from functools import partial
+from typing import Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
@@ -157,6 +159,29 @@ class _Block:
             points.exemplars[bucket] = span  # type: ignore[index]  # the block's last span wins
             values_of[bucket] = value
 
+    def add_many(
+        self, metric: int, attrs: Attrs, values: list[float], spans: list[DerivedSpan]
+    ) -> None:
+        """:meth:`add` of each value (with its span) in order, batched: the buckets are
+        found and counted by C loops (``map``, ``Counter``), and ``dict(zip(...))`` keeps
+        each bucket's last span, as adding them one at a time would."""
+        points = self.runs[metric].get(attrs)
+        if points is None:
+            points = SeriesPoints(self.key, attrs, self.bounds[metric], self.exemplars, self.spans)
+            if points.exemplars is not None:
+                points.exemplar_values = {}
+            self.runs[metric][attrs] = points
+            self.out.runs.append((metric, points))
+        buckets = list(map(partial(bisect_left, points.bounds), values))
+        counts = points.counts
+        for bucket, n in Counter(buckets).items():
+            counts[bucket] += n
+        points.values += values
+        values_of = points.exemplar_values
+        if values_of is not None:
+            points.exemplars.update(zip(buckets, spans, strict=True))  # type: ignore[union-attr]
+            values_of.update(zip(buckets, values, strict=True))
+
 
 class RlExtractor:
     """Reads the RL points of spans (module doc). Pure: never touches the store; safe
@@ -231,53 +256,74 @@ class RlExtractor:
     def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
         """Duration, tokens and time to first token of the model-call spans.
 
-        Runs once per model call (the derive stage's busiest RL loop): the common case, a
-        completed call with usage and no stream, takes the inline path below."""
-        block: _Block | None = None
+        The derive stage's busiest RL loop (one model call in five spans of an agent's
+        fleet): the block's completed calls are grouped by their (model, operation) in
+        one light pass, then each group's points are computed by comprehensions and added
+        in batches (:meth:`_Block.add_many`); failed calls (rare) go one by one."""
         model_spans, error = MODEL_SPANS, _STATUS_ERROR
+        i_model, i_op = fields.REQUEST_MODEL, fields.OPERATION_NAME
+        groups: dict[tuple[AttrValue, AttrValue], list[DerivedSpan]] = {}
+        failed: list[DerivedSpan] = []
+        for span in spans:
+            if span[0] not in model_spans:
+                continue
+            if span[5] == error:
+                failed.append(span)
+                continue
+            values = span[6]
+            group = groups.get((values[i_model], values[i_op]))
+            if group is None:
+                group = groups[(values[i_model], values[i_op])] = []
+            group.append(span)
+        if not groups and not failed:
+            return
+        block = self._block(key, spans, out)
         i_in, i_out, i_ttfc = (
             fields.USAGE_INPUT_TOKENS,
             fields.USAGE_OUTPUT_TOKENS,
             fields.TIME_TO_FIRST_CHUNK,
         )
-        add: Any = None
-        for span in spans:
-            name, start, end, _, _, status, values = span
-            if name not in model_spans:
+        for group in groups.values():
+            valid = [s for s in group if s[1] and s[2] >= s[1]]
+            out.invalid_spans += len(group) - len(valid)
+            if not valid:
                 continue
-            duration = end - start
-            if duration < 0 or not start:
-                out.invalid_spans += 1
-                continue
-            out.model_calls += 1
-            if block is None:
-                block = self._block(key, spans, out)
-                add = block.add
-            base, base_in, base_out = self._attrs(values)
-            if status == error:
-                failed = self._failed_attrs(values)
-                add(OPERATION_DURATION, failed, duration / NS_PER_S, span)
-            else:
-                add(OPERATION_DURATION, base, duration / NS_PER_S, span)
-            raw = values[i_in]
-            if raw is not None:
-                if type(raw) is int and raw >= 0:
-                    add(TOKEN_USAGE, base_in, float(raw), span)
-                else:
-                    out.invalid += 1
-            raw = values[i_out]
-            if raw is not None:
-                if type(raw) is int and raw >= 0:
-                    add(TOKEN_USAGE, base_out, float(raw), span)
-                else:
-                    out.invalid += 1
-            raw = values[i_ttfc]
-            if raw is not None and status != error:
-                ttft = _number(raw)
+            out.model_calls += len(valid)
+            base, base_in, base_out = self._attrs(valid[0][6])
+            block.add_many(
+                OPERATION_DURATION, base, [(s[2] - s[1]) / NS_PER_S for s in valid], valid
+            )
+            for index, attrs in ((i_in, base_in), (i_out, base_out)):
+                given = [s for s in valid if s[6][index] is not None]
+                counted = [s for s in given if _count(s[6][index]) is not None]
+                out.invalid += len(given) - len(counted)
+                if counted:
+                    tokens = [float(s[6][index]) for s in counted]  # type: ignore[arg-type]
+                    block.add_many(TOKEN_USAGE, attrs, tokens, counted)
+            streamed = [s for s in valid if s[6][i_ttfc] is not None]
+            for span in streamed:  # streamed calls: few, one by one
+                ttft = _number(span[6][i_ttfc])
                 if ttft is None or ttft < 0:
                     out.invalid += 1
                 else:
-                    add(TIME_TO_FIRST_TOKEN, base, ttft, span)
+                    block.add(TIME_TO_FIRST_TOKEN, base, ttft, span)
+        for span in failed:
+            start, end, values = span[1], span[2], span[6]
+            if end < start or not start:
+                out.invalid_spans += 1
+                continue
+            out.model_calls += 1
+            block.add(
+                OPERATION_DURATION, self._failed_attrs(values), (end - start) / NS_PER_S, span
+            )
+            base, base_in, base_out = self._attrs(values)
+            for raw, attrs in ((values[i_in], base_in), (values[i_out], base_out)):
+                if raw is None:
+                    continue
+                if type(raw) is int and raw >= 0:
+                    block.add(TOKEN_USAGE, attrs, float(raw), span)
+                else:
+                    out.invalid += 1
 
     def _attrs(self, values: tuple[AttrValue, ...]) -> tuple[Attrs, Attrs, Attrs]:
         """A model call's point attributes: ``gen_ai.operation.name`` (the span's, else
