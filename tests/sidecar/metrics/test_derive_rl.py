@@ -500,7 +500,7 @@ def test_prometheus_exposition() -> None:
     assert got[("gym_verify_reward_count", ok)] == 2
     assert got[("gym_verify_reward_sum", ok)] == 1.0
     assert got[("gym_verify_reward_bucket", ok | {("le", "0.0")})] == 1
-    assert got[("gym_verify_reward_bucket", ok | {("le", "-0.5")})] == 0
+    assert got[("gym_verify_reward_bucket", ok | {("le", "0.9")})] == 1
     call = labels(MODEL_SERVER, gen_ai_operation_name="chat", gen_ai_request_model="policy-7b")
     assert got[("gen_ai_client_operation_duration_count", call)] == 1
     assert got[("gen_ai_client_operation_duration_sum", call)] == pytest.approx(0.15)
@@ -552,3 +552,34 @@ def test_the_value_indexes_name_their_keys() -> None:
         semconv.HTTP_REQUEST_RESEND_COUNT,
         semconv.ERROR_TYPE,
     }
+
+
+def test_the_openmetrics_exposition_parses() -> None:
+    """Every RL histogram keeps a ``_sum`` in OpenMetrics, which forbids one on a
+    histogram with a negative bucket: no bound may be negative (a negative reward counts
+    in the first bucket)."""
+    from prometheus_client.openmetrics.exposition import generate_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+
+    stage, tail = pipeline()
+    got = derive(
+        stage,
+        tail,
+        request(
+            (RESOURCES, {VERIFY: [verify(-2.0), verify(1.0)]}),
+            (AGENT, {ROLLOUT: [rollout(turns=2)]}),
+        ),
+    )
+    text = generate_latest(stage.metrics.registry).decode()
+    families = {f.name: f for f in om(text)}
+    reward = families["gym_verify_reward"]
+    first = [s for s in reward.samples if s.name.endswith("_bucket") and s.labels["le"] == "0.0"]
+    assert [s.value for s in first] == [1.0]
+    # a negative sum: that series has no _sum nor _count there (OpenMetrics forbids a
+    # negative one); the OTLP export carries it
+    assert not [s for s in reward.samples if s.name.endswith(("_sum", "_count"))]
+    assert [p.point.sum for p in got[semconv.METRIC_VERIFY_REWARD]] == [-1.0]
+    turns = families["gym_rollout_turns"]
+    assert [s.value for s in turns.samples if s.name == "gym_rollout_turns_sum"] == [2.0]
+    with pytest.raises(ValueError, match="must not be negative"):
+        MetricsConfig(reward_buckets=[-1.0, 0.0, 1.0])

@@ -291,7 +291,7 @@ bounds_lists = st.one_of(
     st.just(None),  # the defaults (integers, as the config's default factory gives them)
     st.lists(
         st.one_of(
-            st.floats(min_value=-5.0, max_value=4e6, allow_nan=False),
+            st.floats(min_value=0.0, max_value=4e6, allow_nan=False),  # none negative
             st.sampled_from([0.0, 1e-6, 0.0015, 0.1, 1.0, 2.5, 1e13, 2e13]),
         ),
         min_size=1,

@@ -56,9 +56,6 @@ DEFAULT_VERIFY_BUCKETS_MS: tuple[float, ...] = (
 
 
 DEFAULT_REWARD_BUCKETS: tuple[float, ...] = (
-    -10,
-    -1,
-    -0.5,
     0,
     0.1,
     0.2,
@@ -71,11 +68,13 @@ DEFAULT_REWARD_BUCKETS: tuple[float, ...] = (
     0.9,
     1,
     2,
+    5,
     10,
 )
 """Rewards (``gym.verify.reward``, ``gym.env.step.reward``): mostly in [0, 1], a binary
 reward lands exactly on the bounds 0 and 1 (bounds are inclusive upper bounds), with room
-for shaped rewards on either side."""
+for larger shaped rewards; a negative reward is counted in the first bucket (``le="0"``)
+and in the sum (no bound may be negative: see ``_check_buckets``)."""
 
 DEFAULT_TURNS_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100, 200, 500)
 """Model calls per rollout (``gym.rollout.turns``)."""
@@ -264,6 +263,13 @@ class MetricsConfig(BaseModel):
             raise ValueError(f"at most {MAX_BUCKETS} bucket boundaries, got {len(value)}")
         if not all(math.isfinite(v) for v in value):
             raise ValueError("bucket boundaries must be finite numbers")
+        if value[0] < 0:
+            # OpenMetrics forbids a _sum on a histogram with a negative bucket: one such
+            # histogram would make every scrape of /metrics in that format fail
+            raise ValueError(
+                "bucket boundaries must not be negative (a value below the first bound is "
+                "counted in its bucket)"
+            )
         if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError("bucket boundaries must be strictly increasing")
         return [float(v) for v in value]

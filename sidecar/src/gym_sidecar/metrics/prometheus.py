@@ -267,6 +267,10 @@ def _histogram(
             fam.samples.append(
                 Sample(fam.name + "_bucket", {**labels, "le": le}, count, None, exemplar)
             )
+        if total < 0:
+            # A negative sum (negative rewards): OpenMetrics allows no negative _sum, nor
+            # a _count without one; the buckets stay, the OTLP export carries the sum.
+            continue
         fam.samples.append(Sample(fam.name + "_count", labels, buckets[-1][1]))
         fam.samples.append(Sample(fam.name + "_sum", labels, total))
     return fam

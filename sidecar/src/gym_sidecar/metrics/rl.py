@@ -199,59 +199,66 @@ class RlExtractor:
     def _block(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> _Block:
         return _Block(key, spans, out, self.bounds, self.exemplars)
 
+    def _counts(  # noqa: PLR0917 (a private helper of three loops)
+        self,
+        block: _Block,
+        metric: int,
+        attrs: Attrs,
+        index: int,
+        spans: list[DerivedSpan],
+        out: RlPending,
+    ) -> None:
+        """The points of value ``index`` (a count: a non-negative int) of ``spans``, in
+        one batch; values of another type or sign are counted invalid."""
+        given = [s for s in spans if s[6][index] is not None]
+        if not given:
+            return
+        counted = [s for s in given if type(s[6][index]) is int and s[6][index] >= 0]  # type: ignore[operator]
+        out.invalid += len(given) - len(counted)
+        if counted:
+            values = [float(s[6][index]) for s in counted]  # type: ignore[arg-type]
+            block.add_many(metric, attrs, values, counted)
+
     def rollouts(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
-        """Turns and tokens of the ``gym.rollout`` spans that carry them."""
+        """Turns and tokens of the ``gym.rollout`` spans that carry them (in batches: a
+        rollout block of an agent holds many)."""
         rollout = semconv.SPAN_ROLLOUT
-        block: _Block | None = None
-        for span in spans:
-            if span[0] != rollout:
-                continue
-            values = span[6]
-            turns, tokens_in, tokens_out = (
-                values[fields.TURNS],
-                values[fields.ROLLOUT_INPUT_TOKENS],
-                values[fields.ROLLOUT_OUTPUT_TOKENS],
-            )
-            if turns is None and tokens_in is None and tokens_out is None:
-                continue
-            if block is None:
-                block = self._block(key, spans, out)
-            for metric, attrs, raw in (
-                (TURNS, (), turns),
-                (ROLLOUT_TOKENS, _INPUT, tokens_in),
-                (ROLLOUT_TOKENS, _OUTPUT, tokens_out),
-            ):
-                if raw is None:
-                    continue
-                count = _count(raw)
-                if count is None:
-                    out.invalid += 1
-                    continue
-                block.add(metric, attrs, float(count), span)
+        rolls = [s for s in spans if s[0] == rollout]
+        if not rolls:
+            return
+        block = self._block(key, spans, out)
+        self._counts(block, TURNS, (), fields.TURNS, rolls, out)
+        self._counts(block, ROLLOUT_TOKENS, _INPUT, fields.ROLLOUT_INPUT_TOKENS, rolls, out)
+        self._counts(block, ROLLOUT_TOKENS, _OUTPUT, fields.ROLLOUT_OUTPUT_TOKENS, rolls, out)
 
     def verifications(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
-        """The rewards of ``gym.verify`` and ``gym.env.step`` spans."""
+        """The rewards of ``gym.verify`` and ``gym.env.step`` spans (in batches)."""
         verify, step = semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP
-        block: _Block | None = None
-        for span in spans:
-            name = span[0]
-            if name not in (verify, step):
-                continue
-            raw = span[6][fields.REWARD]
-            if raw is None:
-                continue
-            reward = _number(raw)
+        i_reward, i_succeeded = fields.REWARD, fields.SUCCEEDED
+        given = [s for s in spans if s[6][i_reward] is not None and s[0] in (verify, step)]
+        if not given:
+            return
+        block = self._block(key, spans, out)
+        runs: dict[tuple[int, Attrs], tuple[list[float], list[DerivedSpan]]] = {}
+        for span in given:
+            reward = _number(span[6][i_reward])
             if reward is None:
                 out.invalid += 1
                 continue
-            if block is None:
-                block = self._block(key, spans, out)
-            if name == step:
-                block.add(STEP_REWARD, (), reward, span)
-                continue
-            succeeded = span[6][fields.SUCCEEDED]
-            ok = succeeded is True or (succeeded is not False and span[5] != _STATUS_ERROR)
-            block.add(VERIFY_REWARD, _OK if ok else _FAILED, reward, span)
+            run: tuple[int, Attrs]
+            if span[0] == step:
+                run = (STEP_REWARD, ())
+            else:
+                succeeded = span[6][i_succeeded]
+                ok = succeeded is True or (succeeded is not False and span[5] != _STATUS_ERROR)
+                run = (VERIFY_REWARD, _OK if ok else _FAILED)
+            found = runs.get(run)
+            if found is None:
+                found = runs[run] = ([], [])
+            found[0].append(reward)
+            found[1].append(span)
+        for (metric, attrs), (values, of) in runs.items():
+            block.add_many(metric, attrs, values, of)
 
     def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
         """Duration, tokens and time to first token of the model-call spans.
@@ -293,13 +300,8 @@ class RlExtractor:
             block.add_many(
                 OPERATION_DURATION, base, [(s[2] - s[1]) / NS_PER_S for s in valid], valid
             )
-            for index, attrs in ((i_in, base_in), (i_out, base_out)):
-                given = [s for s in valid if s[6][index] is not None]
-                counted = [s for s in given if _count(s[6][index]) is not None]
-                out.invalid += len(given) - len(counted)
-                if counted:
-                    tokens = [float(s[6][index]) for s in counted]  # type: ignore[arg-type]
-                    block.add_many(TOKEN_USAGE, attrs, tokens, counted)
+            self._counts(block, TOKEN_USAGE, base_in, i_in, valid, out)
+            self._counts(block, TOKEN_USAGE, base_out, i_out, valid, out)
             streamed = [s for s in valid if s[6][i_ttfc] is not None]
             for span in streamed:  # streamed calls: few, one by one
                 ttft = _number(span[6][i_ttfc])
