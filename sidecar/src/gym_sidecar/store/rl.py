@@ -46,6 +46,7 @@ from gym_sidecar.store.stats import bucket_quantile, nearest_rank, window_points
 MAX_ROLLOUTS: Final = 20_000
 """Most rollouts one :func:`environments` answer reads (the most recent)."""
 REWARD_QUANTILES: Final = (0.1, 0.5, 0.9)
+TURN_QUANTILES: Final = (0.5, 0.9)
 LATENCY_QUANTILES: Final = (0.5, 0.9, 0.99)
 
 
@@ -75,7 +76,7 @@ class EnvSummary:
     reward: Summary
     """Over the rollouts with a numeric reward (p10, p50, p90)."""
     turns: Summary
-    """Model calls per rollout (p50, p90, p99)."""
+    """Model calls per rollout (p50, p90)."""
     input_tokens: Summary
     output_tokens: Summary
     duration_ms: Summary
@@ -107,12 +108,24 @@ def summarize(env: str, rows: Sequence[RolloutSummary], resources: Sequence[str]
         rollouts=len(rows),
         failed=sum(1 for r in rows if r.failed),
         reward=Summary.of(values(lambda r: r.reward), REWARD_QUANTILES),
-        turns=Summary.of(values(lambda r: r.turns), LATENCY_QUANTILES),
-        input_tokens=Summary.of(values(lambda r: r.input_tokens), LATENCY_QUANTILES),
-        output_tokens=Summary.of(values(lambda r: r.output_tokens), LATENCY_QUANTILES),
+        turns=Summary.of(values(lambda r: r.turns), TURN_QUANTILES),
+        input_tokens=Summary.of(values(lambda r: r.input_tokens), ()),
+        output_tokens=Summary.of(values(lambda r: r.output_tokens), ()),
         duration_ms=Summary.of([r.duration_ms for r in rows], LATENCY_QUANTILES),
         resources=tuple(sorted(resources)),
     )
+
+
+def _window_rollouts(
+    conn: sqlite3.Connection, window_s: float | None, now_ns: int | None
+) -> tuple[list[RolloutSummary], bool, dict[str, set[str]]]:
+    """The window's rollouts (at most :data:`MAX_ROLLOUTS`, the most recent), whether the
+    bound cut it, and each trace's verifier services."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    rows = queries.rollouts(conn, since_s=window_s, limit=MAX_ROLLOUTS + 1, now_ns=now_ns)
+    truncated = len(rows) > MAX_ROLLOUTS
+    rows = rows[:MAX_ROLLOUTS]
+    return rows, truncated, _verifier_services(conn, {r.trace_id for r in rows})
 
 
 def environments(
@@ -120,23 +133,26 @@ def environments(
 ) -> Environments:
     """Every environment with a rollout started in the last ``window_s`` seconds (all
     when None), by name (module doc)."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    rows = queries.rollouts(conn, since_s=window_s, limit=MAX_ROLLOUTS + 1, now_ns=now_ns)
-    truncated = len(rows) > MAX_ROLLOUTS
-    rows = rows[:MAX_ROLLOUTS]
+    rows, truncated, verifiers = _window_rollouts(conn, window_s, now_ns)
     by_env: dict[str, list[RolloutSummary]] = defaultdict(list)
     for r in rows:
         by_env[r.service].append(r)
-    verifiers = _verifier_services(conn, {r.trace_id for r in rows})
     envs = [
-        summarize(
-            env,
-            found,
-            sorted({s for r in found for s in verifiers.get(r.trace_id, ())}),
-        )
+        summarize(env, found, sorted({s for r in found for s in verifiers.get(r.trace_id, ())}))
         for env, found in sorted(by_env.items())
     ]
     return Environments(envs, len(rows), truncated)
+
+
+def whole_fleet(
+    conn: sqlite3.Connection, window_s: float | None, now_ns: int | None = None
+) -> Environments:
+    """:func:`environments` with every rollout of the window as one environment, ``all``."""
+    rows, truncated, verifiers = _window_rollouts(conn, window_s, now_ns)
+    if not rows:
+        return Environments([], 0, truncated)
+    resources = sorted({s for found in verifiers.values() for s in found})
+    return Environments([summarize("all", rows, resources)], len(rows), truncated)
 
 
 def _verifier_services(conn: sqlite3.Connection, trace_ids: set[str]) -> dict[str, set[str]]:

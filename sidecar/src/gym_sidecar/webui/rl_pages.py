@@ -126,6 +126,7 @@ def _env_row(env: EnvSummary, since: str) -> str:
         f'<td class="num">{"-" if success is None else f"{success:.1%}"}</td>'
         f"{_figure_cells(env.reward)}"
         f'<td class="num">{e(fmt(env.turns.mean))}</td>'
+        f'<td class="num">{e(fmt(env.turns.quantiles[0]))}</td>'
         f'<td class="num">{e(fmt(env.turns.quantiles[1]))}</td>'
         f'<td class="num">{e(fmt(env.input_tokens.mean))}</td>'
         f'<td class="num">{e(fmt(env.output_tokens.mean))}</td>'
@@ -206,8 +207,9 @@ def envs_page(
         "p90",
         "turns mean",
         "turns p50",
-        "input tokens",
-        "output tokens",
+        "p90",
+        "input tokens / rollout",
+        "output tokens / rollout",
         "latency p50",
         "p90",
         "p99",
