@@ -43,7 +43,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final
+from itertools import groupby, repeat
+from operator import itemgetter, sub, truediv
+from typing import Final, cast
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
@@ -89,6 +91,32 @@ _FAILED: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, False),)
 _INPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_INPUT),)
 _OUTPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_OUTPUT),)
 _isfinite = math.isfinite
+
+# Field readers for the C loops of RlExtractor.model_calls (a DerivedSpan, its values).
+_NAME: Final = itemgetter(0)
+_START: Final = itemgetter(1)
+_END: Final = itemgetter(2)
+_STATUS: Final = itemgetter(5)
+_VALUES: Final = itemgetter(6)
+_MODEL: Final = itemgetter(fields.REQUEST_MODEL)
+_OP: Final = itemgetter(fields.OPERATION_NAME)
+_IN_INDEX: Final = fields.USAGE_INPUT_TOKENS
+_OUT_INDEX: Final = fields.USAGE_OUTPUT_TOKENS
+_TTFC_INDEX: Final = fields.TIME_TO_FIRST_CHUNK
+_IN: Final = itemgetter(_IN_INDEX)
+_OUT: Final = itemgetter(_OUT_INDEX)
+_TTFC: Final = itemgetter(_TTFC_INDEX)
+_NONE_ONLY: Final = frozenset({None})
+_INT_ONLY: Final = frozenset({int})
+_NONE_TYPE: Final = frozenset({type(None)})
+
+
+def _all_counts(values: list[AttrValue]) -> bool:
+    """Every value a non-negative int (not a bool), or every value absent: C loops."""
+    kinds = set(map(type, values))
+    if kinds == _NONE_TYPE:
+        return True
+    return kinds == _INT_ONLY and min(cast(list[int], values)) >= 0
 
 
 @dataclass(slots=True)
@@ -179,8 +207,12 @@ class _Block:
         points.values += values
         values_of = points.exemplar_values
         if values_of is not None:
-            points.exemplars.update(zip(buckets, spans, strict=True))  # type: ignore[union-attr]
-            values_of.update(zip(buckets, values, strict=True))
+            exemplars = points.exemplars
+            assert exemplars is not None  # set together with exemplar_values
+            # each bucket's last index (a dict keeps a key's last value), then few buckets
+            for bucket, i in dict(zip(buckets, range(len(buckets)), strict=True)).items():
+                exemplars[bucket] = spans[i]
+                values_of[bucket] = values[i]
 
 
 class RlExtractor:
@@ -263,69 +295,119 @@ class RlExtractor:
     def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
         """Duration, tokens and time to first token of the model-call spans.
 
-        The derive stage's busiest RL loop (one model call in five spans of an agent's
-        fleet): the block's completed calls are grouped by their (model, operation) in
-        one light pass, then each group's points are computed by comprehensions and added
-        in batches (:meth:`_Block.add_many`); failed calls (rare) go one by one."""
+        The derive stage's busiest RL loop (a model call is one span in five to ten of an
+        agent's fleet), so it is written for CPython's C loops: the block's completed
+        calls are grouped by (model, operation) with a stable sort of their keys, each
+        group's values are read with ``map``/``itemgetter`` and checked with ``min`` and
+        ``set`` (the common case: every value valid), and added in batches
+        (:meth:`_Block.add_many`). Failed calls (rare) go one by one, as does a group
+        with an invalid value (:meth:`_group_slow`)."""
         model_spans, error = MODEL_SPANS, _STATUS_ERROR
-        i_model, i_op = fields.REQUEST_MODEL, fields.OPERATION_NAME
-        groups: dict[tuple[AttrValue, AttrValue], list[DerivedSpan]] = {}
-        failed: list[DerivedSpan] = []
-        for span in spans:
-            if span[0] not in model_spans:
-                continue
-            if span[5] == error:
-                failed.append(span)
-                continue
-            values = span[6]
-            group = groups.get((values[i_model], values[i_op]))
-            if group is None:
-                group = groups[(values[i_model], values[i_op])] = []
-            group.append(span)
-        if not groups and not failed:
+        if set(map(_NAME, spans)) <= model_spans and error not in set(map(_STATUS, spans)):
+            done: Sequence[DerivedSpan] = spans  # a model server's block: every call done
+            failed: list[DerivedSpan] = []
+        else:
+            calls = [s for s in spans if s[0] in model_spans]
+            done = [s for s in calls if s[5] != error]
+            failed = [s for s in calls if s[5] == error]
+        if not done and not failed:
             return
         block = self._block(key, spans, out)
-        i_in, i_out, i_ttfc = (
-            fields.USAGE_INPUT_TOKENS,
-            fields.USAGE_OUTPUT_TOKENS,
-            fields.TIME_TO_FIRST_CHUNK,
+        if done:
+            values = list(map(_VALUES, done))
+            keys = list(zip(map(_MODEL, values), map(_OP, values), strict=True))
+            if len(set(keys)) == 1:
+                self._group(block, list(done), values, out)
+            else:
+                # ranks in order of first appearance (keys need not compare: None, str)
+                rank = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+                ranks = list(map(rank.__getitem__, keys))
+                order = sorted(range(len(done)), key=ranks.__getitem__)  # stable: span order
+                for _, indexes in groupby(order, key=ranks.__getitem__):
+                    picked = list(indexes)
+                    self._group(block, [done[i] for i in picked], [values[i] for i in picked], out)
+        for span in failed:
+            self._failed_call(block, span, out)
+
+    def _group(
+        self,
+        block: _Block,
+        group: list[DerivedSpan],
+        values: list[tuple[AttrValue, ...]],
+        out: RlPending,
+    ) -> None:
+        """The points of completed calls of one (model, operation), in batches."""
+        starts = list(map(_START, group))
+        durations = list(map(sub, map(_END, group), starts))
+        if min(starts) <= 0 or min(durations) < 0:
+            self._group_slow(block, group, out)
+            return
+        tokens_in = list(map(_IN, values))
+        tokens_out = list(map(_OUT, values))
+        if not _all_counts(tokens_in) or not _all_counts(tokens_out):
+            self._group_slow(block, group, out)
+            return
+        out.model_calls += len(group)
+        base, base_in, base_out = self._attrs(values[0])
+        block.add_many(
+            OPERATION_DURATION, base, list(map(truediv, durations, repeat(NS_PER_S))), group
         )
-        for group in groups.values():
-            valid = [s for s in group if s[1] and s[2] >= s[1]]
-            out.invalid_spans += len(group) - len(valid)
-            if not valid:
-                continue
-            out.model_calls += len(valid)
-            base, base_in, base_out = self._attrs(valid[0][6])
-            block.add_many(
-                OPERATION_DURATION, base, [(s[2] - s[1]) / NS_PER_S for s in valid], valid
-            )
-            self._counts(block, TOKEN_USAGE, base_in, i_in, valid, out)
-            self._counts(block, TOKEN_USAGE, base_out, i_out, valid, out)
-            streamed = [s for s in valid if s[6][i_ttfc] is not None]
-            for span in streamed:  # streamed calls: few, one by one
-                ttft = _number(span[6][i_ttfc])
+        if tokens_in[0] is not None:
+            block.add_many(TOKEN_USAGE, base_in, list(map(float, tokens_in)), group)
+        if tokens_out[0] is not None:
+            block.add_many(TOKEN_USAGE, base_out, list(map(float, tokens_out)), group)
+        ttfc = list(map(_TTFC, values))
+        if set(ttfc) != _NONE_ONLY:  # streamed calls: few, one by one
+            for span, raw in zip(group, ttfc, strict=True):
+                if raw is None:
+                    continue
+                ttft = _number(raw)
                 if ttft is None or ttft < 0:
                     out.invalid += 1
                 else:
                     block.add(TIME_TO_FIRST_TOKEN, base, ttft, span)
-        for span in failed:
+
+    def _group_slow(self, block: _Block, group: list[DerivedSpan], out: RlPending) -> None:
+        """:meth:`_group` for a group with an invalid time or value: span by span."""
+        i_in, i_out, i_ttfc = _IN_INDEX, _OUT_INDEX, _TTFC_INDEX
+        for span in group:
             start, end, values = span[1], span[2], span[6]
             if end < start or not start:
                 out.invalid_spans += 1
                 continue
             out.model_calls += 1
-            block.add(
-                OPERATION_DURATION, self._failed_attrs(values), (end - start) / NS_PER_S, span
-            )
             base, base_in, base_out = self._attrs(values)
+            block.add(OPERATION_DURATION, base, (end - start) / NS_PER_S, span)
             for raw, attrs in ((values[i_in], base_in), (values[i_out], base_out)):
-                if raw is None:
-                    continue
-                if type(raw) is int and raw >= 0:
-                    block.add(TOKEN_USAGE, attrs, float(raw), span)
-                else:
+                if raw is not None:
+                    if _count(raw) is None:
+                        out.invalid += 1
+                    else:
+                        block.add(TOKEN_USAGE, attrs, float(raw), span)
+            raw = values[i_ttfc]
+            if raw is not None:
+                ttft = _number(raw)
+                if ttft is None or ttft < 0:
                     out.invalid += 1
+                else:
+                    block.add(TIME_TO_FIRST_TOKEN, base, ttft, span)
+
+    def _failed_call(self, block: _Block, span: DerivedSpan, out: RlPending) -> None:
+        """A failed call: its duration with ``error.type``, its usage if it has any (no
+        time to first token: that is of successful responses)."""
+        start, end, values = span[1], span[2], span[6]
+        if end < start or not start:
+            out.invalid_spans += 1
+            return
+        out.model_calls += 1
+        block.add(OPERATION_DURATION, self._failed_attrs(values), (end - start) / NS_PER_S, span)
+        _, base_in, base_out = self._attrs(values)
+        for raw, attrs in ((values[_IN_INDEX], base_in), (values[_OUT_INDEX], base_out)):
+            if raw is not None:
+                if _count(raw) is None:
+                    out.invalid += 1
+                else:
+                    block.add(TOKEN_USAGE, attrs, float(raw), span)
 
     def _attrs(self, values: tuple[AttrValue, ...]) -> tuple[Attrs, Attrs, Attrs]:
         """A model call's point attributes: ``gen_ai.operation.name`` (the span's, else
