@@ -43,7 +43,7 @@ def envs_table(found: Environments, title: str = "Environments") -> Table:
     """One line per environment (agent server); the caption says what the short column
     names mean."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("environment", style="cyan", overflow="fold", max_width=34)
+    table.add_column("environment", style="cyan", no_wrap=True, overflow="ellipsis", max_width=40)
     for name in ("n", "fail", "ok %"):
         table.add_column(name, justify="right", no_wrap=True)
     for name in ("reward", "p10", "p50", "p90", "turns", "p50", "p90", "tok in", "tok out"):
@@ -54,8 +54,9 @@ def envs_table(found: Environments, title: str = "Environments") -> Table:
     for env in found.envs:
         table.add_row(*_env_cells(env))
     notes = [
-        "n: rollouts; ok %: not failed; reward and turns: mean, then percentiles; tok in/out: "
-        "mean tokens per rollout; ms: latency"
+        "environment: the agent server (its service without nemo-gym/); n: rollouts; ok %: "
+        "not failed; reward and turns: mean, then percentiles; tok in/out: mean tokens per "
+        "rollout; ms: latency"
     ]
     if not found.envs:
         notes = ["no rollouts in this window"]
@@ -68,7 +69,7 @@ def envs_table(found: Environments, title: str = "Environments") -> Table:
 def _env_cells(env: EnvSummary) -> list[str | Text]:
     success = env.success
     return [
-        untrusted(env.env, MAX_ID_CHARS),
+        untrusted(_short(env.env), MAX_ID_CHARS),
         str(env.rollouts),
         Text(str(env.failed), style="bold red" if env.failed else ""),
         "-" if success is None else f"{success:.1%}",
