@@ -5,7 +5,7 @@ the cached Gym environment) unless ``--store-dir`` names a store that already ha
 rollouts, then serves that store with ``gym-sidecar ui`` and photographs each page in
 Debian's Chromium (installed with apt when absent, as the browser tests do):
 rollouts, failed rollouts, a failed rollout's waterfall with its failed verification's
-details open, stats and the service map.
+details open, stats, the environments page (issue 41) and the service map.
 
     uv run --frozen python scripts/ui_screenshots.py [--store-dir DIR] [--out docs/images]
 """
@@ -76,6 +76,7 @@ def shoot(base: str, out: Path) -> list[Path]:
         page.screenshot(path=str(target), full_page=True)
         written.append(target)
         snap("stats", "/stats")
+        snap("envs", "/envs")
         snap("map", "/map")
         browser.close()
     return written

@@ -8,12 +8,13 @@ is not counted twice:
 2. :meth:`SpanDeriver.record` adds them to the store once the request was accepted.
 
 The request is a trace request's wire view (:mod:`gym_sidecar.core.traces`). Only
-ScopeSpans blocks whose scope can hold rollouts and verifications
-(``core.producers.ROW_SCOPES``: the agent's rollout and verify scopes, and the one scope
-of Gym's own telemetry, ``nemo.lens.helpers``) are read span by span, from the fields
-the scanner extracted for them (:data:`SCAN_SPEC`: each span's name, times, ids, status
-code, the values of three attributes and the ``exception.type`` of its exception
-event); every other block costs one scope-name lookup. The resource of a block that is
+ScopeSpans blocks whose scope the stage derives from (``core.producers.DERIVE_SCOPES``:
+the agent's rollout, verify, ``model_call`` and ``http_client`` scopes, and the one
+scope of Gym's own telemetry, ``nemo.lens.helpers``) are read span by span, from the
+fields the scanner extracted for them (:data:`SCAN_SPEC`, ``metrics.fields``: each
+span's name, times, ids, status code, the values of the attributes read and the
+``exception.type`` of its exception event); every other block costs one scope-name
+lookup. The resource of a block that is
 read is identified by its serialized bytes as they now stand (as received, or as
 enriched): those bytes are all a pending point keeps of it.
 
@@ -43,6 +44,12 @@ Per span (the producers' dialects are told apart by ``core.producers``):
 - With ``enabled_groups`` given, spans of a group that is ``off`` for their resource (a
   stale agent still sending it) are not read: the derived metrics mean exactly what the
   span-group configuration says (docs/span-groups.md). The gate drops and counts them.
+
+The RL view's points (issue 41: rewards, turns, tokens, model calls, retried and failed
+hops) are read in the same pass over each block by :mod:`gym_sidecar.metrics.rl` and
+kept in :attr:`Pending.rl`: from the rollout and verify scopes as above, from the agent's
+``model_call`` scope and Gym's scope (model calls), and from the agent's ``http_client``
+scope, whose blocks the scan reports sparsely (only its retried or failed hops).
 
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.

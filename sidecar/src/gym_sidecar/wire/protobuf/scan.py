@@ -6,7 +6,8 @@ and messages) and builds the :class:`~gym_sidecar.core.traces.TraceRequest` the 
 pipeline works on: where each ResourceSpans and ScopeSpans block lies, its resource
 bytes, scope name and span count, the derive fields of the spans of the scopes
 ``derive_scopes`` names (:data:`~gym_sidecar.core.traces.DerivedSpan`: their attribute
-values for ``attr_keys``, then their event attribute values for ``event_keys``), and
+values for ``attr_keys``, then their event attribute values for ``event_keys``; of the
+``sparse_scopes`` among them, only the spans with a value for one of ``sparse_keys``), and
 the name and byte range of each span of the scopes ``split_scopes`` names
 (:data:`~gym_sidecar.core.traces.SplitSpan`, for the gate's span-level removal).
 
