@@ -163,6 +163,7 @@ def test_model_calls_and_verifier_rewards_from_the_derived_points(base: str) -> 
     # every verification with a reward: weather's 4 (1, 1, 0, 1), math's 3, the hostile 1
     assert (verifier["service"], verifier["count"]) == (RESOURCES, "8")
     assert float(verifier["mean"]) == pytest.approx((3 + 1.5 + 0.5) / 8)
+    assert verifier["zero"] == "1"  # one reward of 0: exact, the first bucket's bound
 
 
 def test_hostile_names_are_text(base: str) -> None:

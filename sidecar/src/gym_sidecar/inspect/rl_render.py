@@ -121,17 +121,16 @@ def verifiers_table(verifiers: Sequence[VerifierRewards]) -> Table:
     """Per resources server: the rewards of its verifications (gym.verify.reward)."""
     table = Table(title="Verifier rewards", title_justify="left", header_style="bold")
     table.add_column("resources server", style="cyan")
-    for name in ("rewards", "mean", "p10", "p50", "p90", "failed with reward"):
+    for name in ("rewards", "mean", "reward <= 0", "failed with reward"):
         table.add_column(name, justify="right")
     for v in verifiers:
         done = v.completed
+        zero = done.at_most(0.0)
         table.add_row(
             untrusted(v.service, MAX_ID_CHARS),
             str(done.count),
             _fig(done.mean),
-            _fig(done.quantile(0.1)),
-            _fig(done.quantile(0.5)),
-            _fig(done.quantile(0.9)),
+            "-" if zero is None or not done.count else f"{zero / done.count:.1%}",
             str(v.failed.count),
         )
     if not verifiers:

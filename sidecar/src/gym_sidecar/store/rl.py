@@ -203,6 +203,13 @@ class Histogram:
     def quantile(self, q: float) -> float | None:
         return bucket_quantile(self.bounds, self.counts, q)
 
+    def at_most(self, bound: float) -> int | None:
+        """How many values are ``<= bound``, exactly: None unless ``bound`` is one of the
+        histogram's bounds (a bucket's count cannot be split)."""
+        if bound not in self.bounds:
+            return None
+        return sum(self.counts[: self.bounds.index(bound) + 1])
+
 
 @dataclass
 class ModelSummary:

@@ -158,15 +158,16 @@ def _model_row(m: ModelSummary) -> str:
 
 def _verifier_row(v: VerifierRewards) -> str:
     done = v.completed
+    zero = done.at_most(0.0)
+    share = "-" if zero is None or not done.count else f"{zero / done.count:.1%}"
     return (
         f'<tr data-testid="verifier-row" data-service="{e(v.service)}" '
         f'data-count="{done.count}" data-mean="{e(fmt(done.mean, 6))}" '
+        f'data-zero="{"" if zero is None else zero}" '
         f'data-failed-with-reward="{v.failed.count}">'
         f'<td>{clip(v.service, 80)}</td><td class="num">{done.count}</td>'
         f'<td class="num">{e(fmt(done.mean))}</td>'
-        f'<td class="num">{e(fmt(done.quantile(0.1)))}</td>'
-        f'<td class="num">{e(fmt(done.quantile(0.5)))}</td>'
-        f'<td class="num">{e(fmt(done.quantile(0.9)))}</td>'
+        f'<td class="num">{e(share)}</td>'
         f'<td class="num">{v.failed.count}</td></tr>'
     )
 
@@ -248,13 +249,15 @@ def envs_page(
         body.append('<p class="empty" data-testid="no-models">No model calls derived.</p>')
     body.append(
         "<h2>Verifier rewards</h2>"
-        '<p class="hint">From the derived gym.verify.reward: every verification that returned '
-        "a reward (a verifier that raised has none), per resources server.</p>"
+        '<p class="hint">From the derived gym.verify.reward: every completed verification '
+        "that returned a reward (a verifier that raised has none), per resources server; "
+        "reward &le; 0 is the share of answers scored 0 (or below), exact from the "
+        "histogram's first bucket.</p>"
     )
     if verifiers:
         body.append(
             table(
-                ["resources server", "rewards", "mean", "p10", "p50", "p90", "failed with reward"],
+                ["resources server", "rewards", "mean", "reward ≤ 0", "failed with reward"],
                 (_verifier_row(v) for v in verifiers),
                 "verifiers",
             )
