@@ -69,7 +69,7 @@ class SeriesPoints:
         "attrs",
         "bounds",
         "counts",
-        "exemplar_values",
+        "exemplar_value",
         "exemplars",
         "key",
         "spans",
@@ -98,9 +98,10 @@ class SeriesPoints:
         """Points per bucket."""
         self.exemplars: dict[int, DerivedSpan] | None = {} if exemplars else None
         """Bucket -> the block's last span in it (None: exemplars are off)."""
-        self.exemplar_values: dict[int, float] | None = None
-        """Bucket -> the value of that span's point, for a metric whose value is not the
-        span's duration in ms (a reward, tokens, seconds); None: the duration."""
+        self.exemplar_value: Callable[[DerivedSpan], float] | None = None
+        """The point's value of a span, for a metric whose value is not the span's
+        duration in ms (a reward, tokens, seconds): called for each bucket's exemplar
+        span only, when the points are recorded; None: the duration in ms."""
 
 
 def remember_resource(resources: dict[bytes, Resource], key: bytes) -> None:
@@ -175,9 +176,9 @@ class HistogramSeries:
         self.bucket_counts = list(map(add, self.bucket_counts, points.counts))
         if points.exemplars:
             exemplars = self.exemplars
-            values_of = points.exemplar_values
+            value_of = points.exemplar_value
             for bucket, span in points.exemplars.items():
-                exemplar = exemplar_of(span, None if values_of is None else values_of[bucket])
+                exemplar = exemplar_of(span, None if value_of is None else value_of(span))
                 if exemplar is not None:  # empty ids: no exemplar (the last one stays)
                     exemplars[bucket] = exemplar
 
