@@ -210,6 +210,10 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_VERIFY_SUCCESS_RATE: 6,
         semconv.METRIC_ENV_STEP_DURATION: 0,
         semconv.METRIC_ENV_STEP_COUNT: 0,
+        semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
+        semconv.METRIC_ROLLOUT_STALLED: 0,
+        semconv.METRIC_ROLLOUT_LOST: 0,
+        semconv.METRIC_EVENT_LOOP_LAG: 0,
     }
     assert metrics.limit_hits.labels("metrics.cardinality_limit").value == 21
     text = metrics.render().decode()
