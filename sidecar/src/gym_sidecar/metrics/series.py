@@ -177,7 +177,7 @@ class HistogramSeries:
         self.count += count
         self.sum += total
         self.bucket_counts = list(map(add, self.bucket_counts, counts))
-        if count and high > self.win_max:  # noqa: PLR1730 (as in add)
+        if count and high > self.win_max:
             self.win_max = high
 
     @property
