@@ -10,10 +10,10 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, Signal
+from gym_sidecar.live.api import build_view
 from gym_sidecar.live.config import RolloutsConfig
 from gym_sidecar.live.stage import LiveStage, build_live_stage
 from gym_sidecar.live.tracker import Clock, LiveTracker
-from gym_sidecar.live.view import build_view
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.stage import build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -23,8 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from testkit.otlp_samples import kv, trace_batch
-from tests.sidecar.live.support import (
+from testkit.live_events import (
     T0,
     HandClock,
     heartbeat,
@@ -34,6 +33,7 @@ from tests.sidecar.live.support import (
     start,
     step,
 )
+from testkit.otlp_samples import kv, trace_batch
 from tests.sidecar.metrics.traces import ROLLOUT_SCOPE, SpanSpec, request
 from tests.support.collect_stage import CollectStage
 

@@ -8,16 +8,16 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.rollout_end import RolloutEnd
+from gym_sidecar.live.api import build_view
 from gym_sidecar.live.config import RolloutsConfig
 from gym_sidecar.live.events import sender_of
 from gym_sidecar.live.tracker import Clock, LiveTracker
-from gym_sidecar.live.view import build_view
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_telemetry_semconv import live
 
-from tests.sidecar.live.support import (
+from testkit.live_events import (
     T0,
     HandClock,
     S,

@@ -18,8 +18,7 @@ import urllib.request
 from typing import Final
 
 from gym_sidecar.hostport import join_host_port, split_host_port
-from gym_sidecar.live.api import LIVE_PATH
-from gym_sidecar.live.view import LiveView
+from gym_sidecar.live.view import LIVE_PATH, LiveView
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S: Final = 3.0

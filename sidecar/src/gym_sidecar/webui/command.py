@@ -1,7 +1,7 @@
 """``gym-sidecar ui``: serve the web view and the Jaeger-compatible API over the store.
 
     gym-sidecar ui [--listen 127.0.0.1:16687] [--store-dir DIR] [--config FILE]
-                   [--jaeger-url URL] [--settle-s 10]
+                   [--jaeger-url URL] [--settle-s 10] [--admin-url URL]
 
 Reads the store that ``gym-sidecar run`` writes (the same ``--config`` /
 ``GYM_SIDECAR_*`` / ``--store-dir`` sources as ``gym-sidecar rollouts``), read-only, from
@@ -9,6 +9,11 @@ any process; the store may appear after the view starts. It listens on loopback 
 told otherwise (``--listen``, env ``GYM_SIDECAR_UI_LISTEN``); port 0 picks a free port.
 Once listening it prints ``web view: http://HOST:PORT/`` on stdout. SIGINT/SIGTERM stop
 it (exit 0); exit 2 on bad arguments, 1 when it cannot listen.
+
+The ``/live`` page reads the running sidecar's live view from its admin listener:
+``--admin-url`` (env ``GYM_SIDECAR_UI_ADMIN_URL``), by default ``http://`` + the
+configuration's ``admin_listen`` (what ``gym-sidecar run`` with the same configuration
+listens on).
 
 The listener is the sidecar's own (:mod:`gym_sidecar.wire.http1`, with the admin
 listener's connection cap).
@@ -30,6 +35,7 @@ from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, load_config
 DEFAULT_LISTEN = "127.0.0.1:16687"
 ENV_LISTEN = "GYM_SIDECAR_UI_LISTEN"
 ENV_JAEGER_URL = "GYM_SIDECAR_UI_JAEGER_URL"
+ENV_ADMIN_URL = "GYM_SIDECAR_UI_ADMIN_URL"
 EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_BAD_ARGS = 2
@@ -65,6 +71,13 @@ def add_ui(subparsers: Any) -> None:
         help=f"a Jaeger UI with the same traces, linked from trace pages (env {ENV_JAEGER_URL})",
     )
     p.add_argument(
+        "--admin-url",
+        metavar="URL",
+        default=os.environ.get(ENV_ADMIN_URL) or None,
+        help="the sidecar's admin listener, read by the /live page (default: http:// + the "
+        f"configuration's admin_listen; env {ENV_ADMIN_URL})",
+    )
+    p.add_argument(
         "--settle-s",
         type=float,
         default=10.0,
@@ -75,6 +88,7 @@ def add_ui(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from gym_sidecar.hostport import split_host_port
+    from gym_sidecar.live.client import check_admin_url, default_admin_url
     from gym_sidecar.selfmetrics import SelfMetrics
     from gym_sidecar.webui.app import ViewConfig, build_app
     from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
@@ -86,6 +100,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, os.environ, overrides)
         split_host_port(args.listen)
+        admin_url = (
+            check_admin_url(args.admin_url)
+            if args.admin_url is not None
+            else default_admin_url(cfg.admin_listen)
+        )
     except (ConfigError, ValueError) as exc:
         print(f"gym-sidecar ui: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
@@ -102,6 +121,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         store_path=cfg.local_store.db_path(),
         jaeger_url=args.jaeger_url,
         settle_s=args.settle_s,
+        admin_url=admin_url,
     )
     metrics = SelfMetrics()
     limits = ConnectionLimits.from_config(cfg.limits, metrics, "admin_max_connections")

@@ -1,4 +1,6 @@
-"""Building live events and resources for the tracker's tests, and a hand-driven clock."""
+"""Live events (``gym_telemetry_semconv.live``) built by hand, as OTLP log requests the way
+the agent writes them, for the tests of the sidecar's rollouts tracker and for driving a
+real sidecar without an agent; and a hand-driven clock for the tracker's unit tests."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class HandClock:
 
 
 def resource(server: str = "agent_a", instance: str = "i-1", **extra: str) -> Resource:
+    """A Gym server process's resource, as the agent sets it."""
     r = Resource()
     r.attributes.extend(
         [
