@@ -21,11 +21,19 @@ class WebViewChild:
     (``with WebViewChild(...).start(timeout_s=60) as view``, or unstarted: ``__enter__`` starts it).
     """
 
-    def __init__(self, store_dir: Path, workdir: Path, jaeger_url: str | None = None) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        workdir: Path,
+        jaeger_url: str | None = None,
+        admin_url: str | None = None,
+    ) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.store_dir = store_dir
         self.log_path = workdir / "webview.log"
         self.jaeger_url = jaeger_url
+        #: The sidecar's admin listener, for the /live page (None: the ui's default).
+        self.admin_url = admin_url
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -41,6 +49,8 @@ class WebViewChild:
         ]
         if self.jaeger_url:
             cmd += ["--jaeger-url", self.jaeger_url]
+        if self.admin_url:
+            cmd += ["--admin-url", self.admin_url]
         return cmd
 
     def start(self, timeout_s: float = 30.0) -> WebViewChild:
