@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gym_telemetry_demo import hang
 from gym_telemetry_demo.gym_servers import (
     AGENT,
     FAILING_AGENT,
@@ -61,6 +62,8 @@ class DemoOptions:
     """The source tree (``--repo``); None: :func:`~gym_telemetry_demo.gym_servers.repo_root`."""
     jaeger: bool = False
     """Also forward to a Jaeger v2 built from source (``--jaeger``; needs Go)."""
+    hang: bool = False
+    """Then one rollout whose model call hangs: stalled, then lost (``--hang``, :mod:`.hang`)."""
 
 
 def prepare_gym_env(console: Console, repo: Path) -> Path:
@@ -245,7 +248,7 @@ def _webview_report(
     with closing(db.connect(store, readonly=True)) as conn:
         failed = queries.rollouts(conn, since_s=window_s, failed_only=True, limit=1)
     # plain lines, never wrapped: the URLs are meant to be copied
-    console.print("\n[bold]Web view[/bold] (rollouts, waterfalls, stats, service map):")
+    console.print("\n[bold]Web view[/bold] (rollouts, live, waterfalls, stats, service map):")
     console.print(f"  {webview.url}/", soft_wrap=True, highlight=False)
     if failed:
         console.print(f"a failed rollout, {failed[0].rollout_id}:")
@@ -269,6 +272,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
         "metrics": {"interval_s": METRICS_INTERVAL_S},
         "log_level": "warning",
     }
+    if opts.hang:
+        config["rollouts"] = hang.ROLLOUTS_CONFIG
     if jaeger is not None:
         # the local store is kept (--local-store), so the tables below still print;
         # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
@@ -291,8 +296,11 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
-            webview = WebViewChild(opts.store_dir, opts.workdir).start()
+            webview = WebViewChild(opts.store_dir, opts.workdir, admin_url=sidecar.admin_url)
+            webview.start()
             env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
+            if opts.hang:
+                env.update(hang.AGENT_ENV)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = GymServers(
                 python, gym_config, list(SERVERS), env, opts.workdir / "gym", repo=repo
@@ -317,6 +325,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             console.print(f"[yellow]only {seen[0]} of {opts.rollouts} rollouts stored[/yellow]")
             code = 1
         _report(console, store_path, since_ns, opts.failing)
+        if opts.hang and webview is not None:
+            code = code if hang.run_hang(console, servers, sidecar.admin_url, webview.url) else 1
         if jaeger is not None and opts.failing:
             found = _jaeger_report(
                 console, jaeger, store_path, since_ns, opts.wait_s, webview=webview
