@@ -109,6 +109,8 @@ class RecordingSink:
         self.record = record
         self._lock = threading.Lock()
         self.requests: dict[str, list[Any]] = {k: [] for k in _SERVICES}
+        self.metadata: dict[str, dict[str, str]] = {}
+        """Per signal, the request metadata (headers) of the latest call."""
         self.span_count = 0
         self.calls = 0
         self.rejected_calls = 0
@@ -214,6 +216,9 @@ class RecordingSink:
                 time.sleep(self.delay_s)
             with self._lock:
                 self.calls += 1
+                self.metadata[signal_name] = {
+                    str(k): str(v) for k, v in context.invocation_metadata() or ()
+                }
                 failure = self._failures.pop(0) if self._failures else None
                 if failure is None:
                     if signal_name == "traces":
