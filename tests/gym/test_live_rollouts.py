@@ -48,7 +48,10 @@ WAIT_S = 120.0
 @contextmanager
 def live_stack(
     tmp_path: Path, gym_python: Path, lost_after_s: float
-) -> Iterator[tuple[SidecarProcess, GymStack]]:
+) -> Iterator[tuple[SidecarProcess, GymStack, str]]:
+    """A sidecar and the Gym servers sending to it, and the stub model's hang marker
+    (``WAIT_FILE``: released before the servers stop, so the model server stops at once)."""
+    release = tmp_path / "release-the-hang"
     config = {
         "rollouts": {
             "stall_after_s": STALL_S,
@@ -62,7 +65,10 @@ def live_stack(
         env["GYM_TELEMETRY_LIVE_INTERVAL_S"] = "0.5"
         stack = GymStack(gym_python, load_configs("stack.yaml"), NAMES, env, tmp_path / "gym")
         with stack:
-            yield sc, stack
+            try:
+                yield sc, stack, f"WAIT_FILE:{release}"
+            finally:
+                release.touch()  # before the servers stop
 
 
 def live(sc: SidecarProcess) -> LiveView:
@@ -109,7 +115,7 @@ def kill_9(stack: GymStack, name: str) -> None:
 def test_a_hung_rollout_stalls_and_is_lost_when_its_server_is_killed(
     gym_python: Path, tmp_path: Path
 ) -> None:
-    with live_stack(tmp_path, gym_python, lost_after_s=6.0) as (sc, stack):
+    with live_stack(tmp_path, gym_python, lost_after_s=6.0) as (sc, stack, marker):
         agent_url = stack.url(AGENT)
         # every server process sends heartbeats: each is a known instance
         assert wait_for(lambda: {i.server for i in live(sc).instances} >= set(NAMES), WAIT_S)
@@ -124,7 +130,7 @@ def test_a_hung_rollout_stalls_and_is_lost_when_its_server_is_killed(
         assert live(sc).in_flight_total == 0
         # the hung rollout: in flight, then stalled at its model call
         started = time.monotonic()
-        hang.start_hung_rollout(agent_url, 2)
+        hang.start_hung_rollout(agent_url, 2, marker)
         stalled = hang.wait_view(sc.admin_url, hang.stalled_on(AGENT), WAIT_S)
         assert stalled is not None, live(sc)
         assert time.monotonic() - started >= STALL_S  # never before stall_after_s
@@ -148,8 +154,8 @@ def test_a_hung_rollout_stalls_and_is_lost_when_its_server_is_killed(
 
 def test_a_restarted_agent_server_loses_its_rollouts(gym_python: Path, tmp_path: Path) -> None:
     # lost_after_s is long: only the new instance of the same server can explain the loss
-    with live_stack(tmp_path, gym_python, lost_after_s=600.0) as (sc, stack):
-        hang.start_hung_rollout(stack.url(AGENT), 3)
+    with live_stack(tmp_path, gym_python, lost_after_s=600.0) as (sc, stack, marker):
+        hang.start_hung_rollout(stack.url(AGENT), 3, marker)
         found = hang.wait_view(sc.admin_url, lambda v: next(iter(v.in_flight), None), WAIT_S)
         assert found is not None
         kill_9(stack, AGENT)

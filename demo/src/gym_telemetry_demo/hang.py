@@ -49,21 +49,26 @@ AGENT_ENV: Final[dict[str, str]] = {"GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_IN
 """Added to the Gym servers' environment: live events every second."""
 
 
-def hang_body(task_index: int) -> dict[str, Any]:
-    """An agent ``/run`` body whose first model call hangs (:data:`HANG_MARKER`)."""
+def hang_body(task_index: int, marker: str = HANG_MARKER) -> dict[str, Any]:
+    """An agent ``/run`` body whose first model call hangs: ``marker`` (default
+    :data:`HANG_MARKER`; the stub model also knows ``WAIT_FILE:<path>``, a hang that ends
+    when the file exists) in its user message."""
     body = run_body(task_index, 0)
     messages = body["responses_create_params"]["input"]
-    messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']} {HANG_MARKER}"}
+    messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']} {marker}"}
     return body
 
 
-def start_hung_rollout(agent_url: str, task_index: int) -> threading.Thread:
-    """POST the hanging ``/run`` from a daemon thread (it returns when the agent dies)."""
+def start_hung_rollout(
+    agent_url: str, task_index: int, marker: str = HANG_MARKER
+) -> threading.Thread:
+    """POST the hanging ``/run`` from a daemon thread (it returns when the agent dies, or
+    the hang ends)."""
 
     def run() -> None:
         # OSError: the agent was killed under it, which is what the demo does next
         with contextlib.suppress(OSError):
-            post_json(agent_url + "/run", hang_body(task_index), timeout_s=HANG_S)
+            post_json(agent_url + "/run", hang_body(task_index, marker), timeout_s=HANG_S)
 
     thread = threading.Thread(target=run, name="hung-rollout", daemon=True)
     thread.start()
