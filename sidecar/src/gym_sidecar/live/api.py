@@ -51,7 +51,7 @@ def live_router(tracker: LiveTracker | None) -> Router:
     return Router(routes=[Route(LIVE_PATH, rollouts_live, methods=["GET"])])
 
 
-def _rollout_view(tracker: LiveTracker, r: Rollout, now_ns: int) -> RolloutView:
+def _rollout_view(r: Rollout) -> RolloutView:
     return RolloutView(
         rollout_id=r.rollout_id,
         trace_id=r.key[0].hex(),
@@ -64,12 +64,12 @@ def _rollout_view(tracker: LiveTracker, r: Rollout, now_ns: int) -> RolloutView:
         step=r.step,
         step_target=r.target,
         turns=r.turns,
-        stalled=tracker.stalled(r, now_ns),
+        stalled=r.stalled,
     )
 
 
-def _lost_view(tracker: LiveTracker, lost: LostRollout) -> RolloutView:
-    base = _rollout_view(tracker, lost.rollout, lost.lost_ns)
+def _lost_view(lost: LostRollout) -> RolloutView:
+    base = _rollout_view(lost.rollout)
     return RolloutView(
         **{
             **asdict(base),
@@ -84,7 +84,7 @@ def _lost_view(tracker: LiveTracker, lost: LostRollout) -> RolloutView:
 def build_view(tracker: LiveTracker, limit: int = DEFAULT_LIMIT) -> LiveView:
     """The tracker's state now (``limit`` rollouts and instances at most)."""
     now_ns, now_mono = tracker.clock.wall_ns(), tracker.clock.mono_ns()
-    rollouts = [_rollout_view(tracker, r, now_ns) for r in tracker.rollouts.values()]
+    rollouts = [_rollout_view(r) for r in tracker.rollouts.values()]
     rollouts.sort(key=lambda v: (not v.stalled, v.started_unix_nano))
     servers: dict[str, list[int]] = {}
     instances = []
@@ -92,7 +92,7 @@ def build_view(tracker: LiveTracker, limit: int = DEFAULT_LIMIT) -> LiveView:
         name = inst.sender.server
         row = servers.setdefault(name, [0, 0, 0])
         row[0] += len(inst.rollouts)
-        row[1] += sum(tracker.stalled(r, now_ns) for r in inst.rollouts.values())
+        row[1] += sum(r.stalled for r in inst.rollouts.values())
         row[2] += 1
         state = "alive"
         if inst.stopped_mono is not None:
@@ -121,7 +121,7 @@ def build_view(tracker: LiveTracker, limit: int = DEFAULT_LIMIT) -> LiveView:
         in_flight_total=len(rollouts),
         stalled_total=sum(v.stalled for v in rollouts),
         in_flight=rollouts[:limit],
-        lost=[_lost_view(tracker, lost) for lost in reversed(tracker.lost)][:limit],
+        lost=[_lost_view(lost) for lost in reversed(tracker.lost)][:limit],
         servers=[
             ServerView(name, n, s, tracker.lost_by_server.get(name, 0), i)
             for name, (n, s, i) in sorted(servers.items())

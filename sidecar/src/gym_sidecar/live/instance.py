@@ -27,6 +27,7 @@ class Rollout:
         "rollout_id",
         "seen_mono",
         "server",
+        "stalled",
         "start_seen",
         "started_ns",
         "step",
@@ -61,6 +62,9 @@ class Rollout:
         """The Gym server that step is addressed to."""
         self.turns: int | None = None
         """Model calls so far (from the latest step event)."""
+        self.stalled = False
+        """Whether the last check found it stalled (set by the tracker's sweep only, so the
+        live view and the gauges always agree)."""
 
 
 class Instance:

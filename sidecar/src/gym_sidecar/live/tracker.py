@@ -20,6 +20,8 @@ first ``gym.rollout.step``) until one of:
 
 While in flight a rollout is **stalled** when its last activity (its start, the start of
 its latest step) is ``stall_after_s`` old or older; a new step makes it active again.
+Stalls are decided by :meth:`LiveTracker.sweep` (every ``check_interval_s``), which also
+sets the gauges from the same decision: the live view and the gauges always agree.
 
 Times: an event's time is the sender's clock, moved onto the sidecar's by the request's
 own ``observed_time_unix_nano`` (written when the request was built: the offset is the
@@ -279,13 +281,16 @@ class LiveTracker:
                 for rollout in gone:
                     self._forget(inst, rollout)
                 self.counters.rollout("vanished", len(gone))
+            stall_before = now_wall - self._stall_ns
+            for rollout in inst.rollouts.values():
+                rollout.stalled = rollout.last_activity_ns <= stall_before
         horizon = now_mono - self._lost_ns
         while self.ended:
             ended_key, when = next(iter(self.ended.items()))
             if when > horizon:
                 break
             del self.ended[ended_key]
-        self._set_gauges(now_wall)
+        self._set_gauges()
 
     def _gone(self, inst: Instance, now_mono: int) -> str | None:
         if inst.stopped_mono is not None and now_mono - inst.stopped_mono >= self._stop_grace_ns:
@@ -344,24 +349,20 @@ class LiveTracker:
         if self._limit_hits is not None:
             self._limit_hits.labels(limit).inc()
 
-    def stalled(self, rollout: Rollout, now_wall: int) -> bool:
-        """Whether ``rollout`` is stalled at ``now_wall``."""
-        return now_wall - rollout.last_activity_ns >= self._stall_ns
-
-    def per_server(self, now_wall: int) -> dict[bytes, tuple[int, int]]:
-        """(in flight, stalled) per agent server resource."""
+    def per_server(self) -> dict[bytes, tuple[int, int]]:
+        """(in flight, stalled) per agent server resource (stalled as last decided)."""
         values: dict[bytes, tuple[int, int]] = {}
         for inst in self.instances.values():
             if not inst.rollouts:
                 continue
-            stalled = sum(self.stalled(r, now_wall) for r in inst.rollouts.values())
+            stalled = sum(r.stalled for r in inst.rollouts.values())
             key = inst.sender.server_resource
             n, s = values.get(key, (0, 0))
             values[key] = (n + len(inst.rollouts), s + stalled)
         return values
 
-    def _set_gauges(self, now_wall: int) -> None:
-        values = self.per_server(now_wall)
+    def _set_gauges(self) -> None:
+        values = self.per_server()
         with self.derived.lock:
             self.derived.live.set_rollouts(values)
 
