@@ -100,6 +100,7 @@ LIVE_LOST_S = 5.0
 def shoot_live(out: Path, tmp: Path) -> Path:
     """``webview-live.png``: the /live page over the live scene (module docstring)."""
     python = prepare_gym_env(make_console(), REPO)
+    (tmp / "live").mkdir(parents=True, exist_ok=True)
     release = tmp / "release-the-hangs"
     marker = f"WAIT_FILE:{release}"
     rollouts = {"stall_after_s": LIVE_STALL_S, "lost_after_s": LIVE_LOST_S}
