@@ -1,8 +1,10 @@
 """``make demo --hang``: one rollout whose model call hangs, seen stalled, then lost.
 
-After the demo's rollouts, one more ``/run`` goes to the agent with ``SLEEP:<a day>`` in
-its user message: the stub model server (``examples/gym_stack``) waits that long before
-answering the rollout's first model call, so the rollout hangs at ``POST /v1/responses``.
+After the demo's rollouts, one more ``/run`` goes to the agent with ``WAIT_FILE:<path>`` in
+its user message: the stub model server (``examples/gym_stack``) does not answer the
+rollout's first model call until that file exists (at most 10 minutes), so the rollout
+hangs at ``POST /v1/responses``; the demo creates the file once it is done, so the model
+server stops promptly.
 The sidecar runs with a short :data:`STALL_AFTER_S` and :data:`LOST_AFTER_S` and the
 agent sends its live events every :data:`LIVE_INTERVAL_S`, so within seconds the rollout
 is listed stalled on the web view's ``/live`` page and counted in
@@ -21,6 +23,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from gym_sidecar.live.client import LiveUnavailable, fetch_live
@@ -123,12 +126,25 @@ def metric(admin_url: str, name: str, server: str) -> float | None:
     return None
 
 
-def run_hang(console: Console, servers: GymServers, admin_url: str, webview_url: str) -> bool:
-    """The ``--hang`` step (module docstring); False when the sidecar did not show the
-    rollout stalled, then lost, within :data:`WAIT_S` each."""
+def run_hang(
+    console: Console, servers: GymServers, admin_url: str, webview_url: str, release: Path
+) -> bool:
+    """The ``--hang`` step (module docstring; the model call waits for ``release``, which
+    this creates before it returns); False when the sidecar did not show the rollout
+    stalled, then lost, within :data:`WAIT_S` each."""
+    try:
+        return _run_hang(console, servers, admin_url, webview_url, f"WAIT_FILE:{release}")
+    finally:
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.touch()
+
+
+def _run_hang(
+    console: Console, servers: GymServers, admin_url: str, webview_url: str, marker: str
+) -> bool:
     console.rule("[bold]--hang: one rollout whose model call hangs")
     started = time.monotonic()
-    start_hung_rollout(servers.url(AGENT), int(time.time()) % 100_000 * 1000 + 999)
+    start_hung_rollout(servers.url(AGENT), int(time.time()) % 100_000 * 1000 + 999, marker)
     stalled = wait_view(admin_url, stalled_on(AGENT))
     if stalled is None:
         console.print(f"[red]no stalled rollout on {AGENT} within {WAIT_S:.0f} s[/red]")

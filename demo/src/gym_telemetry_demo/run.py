@@ -326,7 +326,10 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             code = 1
         _report(console, store_path, since_ns, opts.failing)
         if opts.hang and webview is not None:
-            code = code if hang.run_hang(console, servers, sidecar.admin_url, webview.url) else 1
+            shown = hang.run_hang(
+                console, servers, sidecar.admin_url, webview.url, opts.workdir / "hang-release"
+            )
+            code = code if shown else 1
         if jaeger is not None and opts.failing:
             found = _jaeger_report(
                 console, jaeger, store_path, since_ns, opts.wait_s, webview=webview

@@ -26,6 +26,7 @@ EXIT_OK = 0
 EXIT_UNAVAILABLE = 1
 EXIT_BAD_ARGS = 2
 ENV_ADMIN_URL = "GYM_SIDECAR_LIVE_ADMIN_URL"
+ENV_PREFIX = "GYM_SIDECAR_LIVE_"
 
 
 def add_live(subparsers: Any) -> None:
@@ -68,7 +69,9 @@ def cmd_live(args: argparse.Namespace) -> int:
         if args.admin_url is not None:
             url = check_admin_url(args.admin_url)
         else:
-            url = default_admin_url(load_config(args.config, os.environ, {}).admin_listen)
+            # GYM_SIDECAR_LIVE_* are this command's own settings, not config keys
+            environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+            url = default_admin_url(load_config(args.config, environ, {}).admin_listen)
     except (ConfigError, ValueError) as exc:
         print(f"gym-sidecar: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS

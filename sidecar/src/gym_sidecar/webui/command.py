@@ -36,6 +36,7 @@ DEFAULT_LISTEN = "127.0.0.1:16687"
 ENV_LISTEN = "GYM_SIDECAR_UI_LISTEN"
 ENV_JAEGER_URL = "GYM_SIDECAR_UI_JAEGER_URL"
 ENV_ADMIN_URL = "GYM_SIDECAR_UI_ADMIN_URL"
+ENV_UI_PREFIX = "GYM_SIDECAR_UI_"
 EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_BAD_ARGS = 2
@@ -98,7 +99,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.store_dir is not None:
         overrides = {"local_store": {"data_dir": args.store_dir}}
     try:
-        cfg = load_config(args.config, os.environ, overrides)
+        # GYM_SIDECAR_UI_* are this command's own settings (read above), not config keys
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_UI_PREFIX)}
+        cfg = load_config(args.config, environ, overrides)
         split_host_port(args.listen)
         admin_url = (
             check_admin_url(args.admin_url)
