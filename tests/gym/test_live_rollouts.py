@@ -115,7 +115,9 @@ def kill_9(stack: GymStack, name: str) -> None:
 def test_a_hung_rollout_stalls_and_is_lost_when_its_server_is_killed(
     gym_python: Path, tmp_path: Path
 ) -> None:
-    with live_stack(tmp_path, gym_python, lost_after_s=6.0) as (sc, stack, marker):
+    # lost_after_s: 30 heartbeats of the agent (0.5 s), so a loaded machine's late one
+    # cannot end the rollout before it is seen stalled
+    with live_stack(tmp_path, gym_python, lost_after_s=15.0) as (sc, stack, marker):
         agent_url = stack.url(AGENT)
         # every server process sends heartbeats: each is a known instance
         assert wait_for(lambda: {i.server for i in live(sc).instances} >= set(NAMES), WAIT_S)

@@ -39,7 +39,6 @@ def test_the_ui_reads_its_own_variables(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    assert proc.returncode == 0
 
 
 def test_live_defaults_to_the_configured_admin_listener() -> None:

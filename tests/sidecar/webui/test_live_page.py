@@ -37,7 +37,14 @@ def send(sc: SidecarProcess, events: list[object], **res: str) -> None:
 
 @pytest.fixture
 def sidecar() -> Iterator[SidecarProcess]:
-    config = {"rollouts": {"stall_after_s": 2.0, "check_interval_s": 0.2, "stop_grace_s": 0}}
+    config = {
+        "rollouts": {
+            "stall_after_s": 2.0,
+            "check_interval_s": 0.2,
+            "stop_grace_s": 0,
+            "lost_after_s": 600,  # only the stop loses anything, however slow the run
+        }
+    }
     with SidecarProcess(config=config) as sc:
         yield sc
 
