@@ -248,7 +248,7 @@ def _webview_report(
     with closing(db.connect(store, readonly=True)) as conn:
         failed = queries.rollouts(conn, since_s=window_s, failed_only=True, limit=1)
     # plain lines, never wrapped: the URLs are meant to be copied
-    console.print("\n[bold]Web view[/bold] (rollouts, live, waterfalls, stats, service map):")
+    console.print("\n[bold]Web view[/bold] (rollouts, waterfalls, stats, service map):")
     console.print(f"  {webview.url}/", soft_wrap=True, highlight=False)
     if failed:
         console.print(f"a failed rollout, {failed[0].rollout_id}:")
