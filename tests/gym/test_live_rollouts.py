@@ -13,7 +13,9 @@ timing asserted is one no speed can break: a rollout is never stalled before
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +49,7 @@ WAIT_S = 120.0
 
 @contextmanager
 def live_stack(
-    tmp_path: Path, gym_python: Path, lost_after_s: float
+    tmp_path: Path, gym_python: Path, lost_after_s: float, **agent_env: str
 ) -> Iterator[tuple[SidecarProcess, GymStack, str]]:
     """A sidecar and the Gym servers sending to it, and the stub model's hang marker
     (``WAIT_FILE``: released before the servers stop, so the model server stops at once)."""
@@ -63,6 +65,7 @@ def live_stack(
     with SidecarProcess(config=config, log_dir=tmp_path) as sc:
         env = telemetry_env(sc.grpc_endpoint, sc.admin_url)
         env["GYM_TELEMETRY_LIVE_INTERVAL_S"] = "0.5"
+        env.update(agent_env)
         stack = GymStack(gym_python, load_configs("stack.yaml"), NAMES, env, tmp_path / "gym")
         with stack:
             try:
@@ -170,3 +173,42 @@ def test_a_restarted_agent_server_loses_its_rollouts(gym_python: Path, tmp_path:
         assert status == 200, answer
         [agent] = [i for i in live(sc).instances if i.server == AGENT]
         assert agent.state == "alive"
+
+
+def test_a_cleanly_stopped_server_sends_stop_and_loses_nothing_whose_span_came(
+    gym_python: Path, tmp_path: Path
+) -> None:
+    # SIGTERM while a rollout runs: Gym's uvicorn cancels it when its short graceful
+    # shutdown runs out (the /run answers 500) and the agent ends its span; spans leave
+    # only at the shutdown flush here (a 60 s batch delay), which the agent runs after it
+    # sent gym.agent.stop: the span arrives after the stop (milliseconds later here; the
+    # rollouts.stop_grace_s of 5 s is for slower flushes) and ends the rollout, so
+    # nothing is counted lost
+    with live_stack(tmp_path, gym_python, lost_after_s=600.0, OTEL_BSP_SCHEDULE_DELAY="60000") as (
+        sc,
+        stack,
+        _marker,
+    ):
+        body = run_body(5, 0)
+        body["responses_create_params"]["input"][-1]["content"] += " SLEEP:30"
+        answers: list[int] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(post_json(stack.url(AGENT) + "/run", body)[0])
+        )
+        thread.start()
+        assert hang.wait_view(sc.admin_url, lambda v: next(iter(v.in_flight), None), WAIT_S)
+        proc = stack.processes[AGENT].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGTERM)
+        thread.join(WAIT_S)
+        assert len(answers) == 1  # the /run was answered (not left hanging)
+        assert wait_for(
+            lambda: sc.metric("gym_sidecar_live_events_total", event="gym.agent.stop") >= 1,
+            WAIT_S,
+        )
+        # the stopped instance is gone once stop_grace_s passed; its rollout ended
+        assert wait_for(lambda: AGENT not in {i.server for i in live(sc).instances}, WAIT_S)
+        view = live(sc)
+        assert view.lost == [] and view.in_flight_total == 0, view
+        assert sc.metric("gym_sidecar_live_rollouts_total", outcome="ended") == 1
+        assert gauges(sc) == (0, 0, 0)
