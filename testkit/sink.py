@@ -120,6 +120,8 @@ class RecordingSink:
         self._open.set()
         self.held_calls = 0
         """Calls waiting in :meth:`hold` right now."""
+        self.held: dict[str, int] = dict.fromkeys(_SERVICES, 0)
+        """The same, per signal (``traces``, ``metrics``, ``logs``)."""
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             options=[
@@ -209,9 +211,11 @@ class RecordingSink:
             if not self._open.is_set():
                 with self._lock:
                     self.held_calls += 1
+                    self.held[signal_name] += 1
                 self._open.wait()
                 with self._lock:
                     self.held_calls -= 1
+                    self.held[signal_name] -= 1
             if self.delay_s:
                 time.sleep(self.delay_s)
             with self._lock:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import Token
@@ -60,6 +61,7 @@ _INPUT_TOKENS: Final = semconv.ROLLOUT_INPUT_TOKENS
 _OUTPUT_TOKENS: Final = semconv.ROLLOUT_OUTPUT_TOKENS
 _REQUEST_MODEL: Final = semconv.GEN_AI_REQUEST_MODEL
 _begin_rollout = inflight.begin
+_isfinite = math.isfinite
 _end_rollout = inflight.end
 
 
@@ -268,10 +270,27 @@ class Site:
                 _ERRORS.record("result markers", exc)
         extra = self.success_attributes if failure is None else self.failure_attributes
         if self.reward:
-            reward = reward_of(result)
+            # reward_of's usual case inline (a model's finite float field); else reward_of
+            try:
+                reward = (result if type(result) is dict else result.__dict__).get("reward")
+            except Exception:  # no fields: reward_of decides
+                reward = None
+            if type(reward) is not float:
+                reward = reward_of(result)
+            elif not _isfinite(reward):
+                reward = None
             if reward is not None:
                 extra = extra.copy() if extra else {}
                 extra[_REWARD] = reward
+            if failure is None and had_rollout_id and type(span) is LeanSpan:
+                # A completed verification, every /verify but a failed one: ``_end``'s
+                # path for it, written out (once per verification on a resources server)
+                try:
+                    _reset(token)
+                except Exception:  # as the API's detach: logged, never raised
+                    _detach(token)
+                span.end_with(extra)  # pre-cleaned constants and the float reward
+                return
         elif self.rollout:
             extra = _rollout_attributes(token, result, extra)
         if failure is None:

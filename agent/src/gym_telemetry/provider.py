@@ -18,7 +18,12 @@
   ``"default"``; then the span-group poller (``gym_telemetry.remote_config``) follows
   the sidecar's configuration from its own daemon thread;
 - export log lines of the SDK rate-limited (one per message per minute) so a sidecar
-  that is down does not flood the log.
+  that is down does not flood the log;
+- the live events (``gym_telemetry._live``): a daemon thread sending, every
+  ``GYM_TELEMETRY_LIVE_INTERVAL_S`` (default 2 s, ``0``: off), the rollouts in flight, their
+  steps and a heartbeat as OTLP logs to where the spans go (same channel, headers,
+  credentials); ``shutdown_telemetry`` sends its last word, ``gym.agent.stop``, first
+  (at most a quarter of its budget, 1 s at most), while the exporter's channel is open.
 
 Precedence everywhere: argument > environment (standard ``OTEL_*`` names) > default.
 ``OTEL_SDK_DISABLED=true`` makes ``init_telemetry`` a no-op that returns False.

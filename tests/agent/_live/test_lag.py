@@ -44,7 +44,8 @@ def test_a_blocked_loop_shows_as_lag() -> None:
     assert stats.sum_ms >= stats.max_ms
     assert sum(stats.bucket_counts) == stats.samples
     assert len(stats.bucket_counts) == len(live.EVENT_LOOP_LAG_BOUNDS_MS) + 1
-    assert stats.bucket_counts[live.EVENT_LOOP_LAG_BOUNDS_MS.index(500.0)] >= 1  # (250, 500]
+    above_250 = stats.bucket_counts[live.EVENT_LOOP_LAG_BOUNDS_MS.index(250.0) + 1 :]
+    assert sum(above_250) >= 1  # the blocked run, in a bucket above 250 ms (no upper bound)
     assert probe.take().samples == 0  # taken: a fresh start
 
 
