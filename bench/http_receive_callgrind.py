@@ -42,6 +42,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gym_telemetry_demo.stopsignals import run_main
+
 from bench.callgrind_support import TOTALS
 from bench.sidecar_callgrind import by_object, self_costs
 from testkit.otlp_samples import trace_request
@@ -252,4 +254,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

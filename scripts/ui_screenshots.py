@@ -17,7 +17,6 @@ hangs, two running (``--no-live`` skips it).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,8 +34,10 @@ from gym_telemetry_demo.gym_servers import (  # noqa: E402
     load_configs,
     telemetry_env,
 )
+from gym_telemetry_demo.procs import run_passing_signals  # noqa: E402
 from gym_telemetry_demo.run import prepare_gym_env  # noqa: E402
 from gym_telemetry_demo.sidecar import SidecarProcess  # noqa: E402
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
 from gym_telemetry_demo.webview import WebViewChild  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
@@ -61,7 +62,10 @@ def run_demo(store_dir: Path, workdir: Path) -> None:
         str(workdir),
     ]
     print("ui_screenshots: running the demo for a store to photograph...", file=sys.stderr)
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    # a stop signal sent to this script is passed on: the demo stops what it started
+    done = run_passing_signals(cmd, grace_s=120, capture=True)
+    if done.returncode != 0:
+        raise SystemExit(f"ui_screenshots: the demo failed ({done.returncode}):\n{done.stdout}")
 
 
 def shoot(base: str, out: Path) -> list[Path]:
@@ -168,4 +172,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop the demo and the web view as Ctrl-C does

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.selfmetrics",
             "gym_sidecar.malloc",
             "gym_sidecar.hostport",
+            "gym_sidecar.hangup",
         ),
     ),
     ("core", ("gym_sidecar.core",)),

@@ -119,9 +119,8 @@ class H2Client:
             self.flush()
 
     def flush(self) -> None:
-        data = self.conn.data_to_send()
-        if data:
-            self.sock.sendall(data)
+        for piece in self.conn.take():  # the subclass's output (data_to_send misses DATA)
+            self.sock.sendall(piece)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -19,7 +19,10 @@ and not in either program, so that the agent and the sidecar apply one rate-limi
 the lines that repeat in their logs (one line per logger and message per interval, then
 the count suppressed) without the sidecar depending on the agent. Likewise
 :mod:`~gym_telemetry_semconv.safetext`: the one rule for client-supplied text in terminal
-output and log lines (control characters shown escaped, long values cut visibly).
+output and log lines (control characters shown escaped, long values cut visibly). And
+:mod:`~gym_telemetry_semconv.gym_dialect`, not re-exported either: the names NeMo Gym's
+*own* telemetry (``nemo_gym.telemetry`` on nemo-lens) writes, which the sidecar reads
+beside the agent's (its scopes, failure encoding, resource keys and in-process metrics).
 
 Standard library only. The names hold no process state; the filter's state lives in the
 filters a program installs on its loggers.

@@ -4,7 +4,9 @@ Subcommands (argparse subparsers; to add one, write ``_add_<name>(subparsers)`` 
 registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMANDS``):
 
 - ``run``: run the sidecar until SIGTERM/SIGINT (exit 0 after a clean shutdown,
-  2 on invalid configuration, 1 when it cannot start, e.g. a port in use).
+  2 on invalid configuration, 1 when it cannot start, e.g. a port in use). SIGHUP
+  reloads the span-group config, or stops it as SIGTERM does when it comes from the
+  controlling terminal closing (:mod:`gym_sidecar.hangup`).
 - ``check-config FILE``: load FILE with the environment and flags applied, print the
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
 - ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store

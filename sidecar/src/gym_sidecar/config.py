@@ -133,6 +133,12 @@ class LimitsConfig(BaseModel):
     admin_body_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for an admin request body (``PUT /v1/span-groups``) to arrive in
     full; slower: 408."""
+    close_linger_s: float = Field(default=2.0, gt=0)
+    """How long a connection the sidecar closes itself (a GOAWAY on the gRPC port; a
+    400, 408, 431 or 503 that closes on the HTTP listeners) keeps reading and discarding
+    after its last answer was sent and its write side shut down, so the client reads
+    that answer rather than a TCP reset; a client that has not closed by then is
+    disconnected (counted)."""
 
     @model_validator(mode="after")
     def _transport_above_message(self) -> LimitsConfig:

@@ -664,7 +664,7 @@ def test_an_exemplar_needs_both_ids() -> None:
     def add(duration_ms: int, end: int, trace_id: bytes, span_id: bytes) -> None:
         points = SeriesPoints(b"r", (), bounds, exemplars=True)
         start = end - duration_ms * 1_000_000
-        span = ("gym.rollout", start, end, trace_id, span_id, 0, (None, None, None))
+        span = ("gym.rollout", start, end, trace_id, span_id, 0, (None, None, None, None))
         bucket = sum(duration_ms > b for b in bounds)
         points.values.append(float(duration_ms))
         points.counts[bucket] += 1

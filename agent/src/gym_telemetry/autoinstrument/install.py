@@ -13,10 +13,12 @@
 - ``nemo_gym.telemetry._fallbacks`` / ``.spans`` / ``.contrib`` / ``.endpoints``: Gym's
   own telemetry primitives and endpoint wrappers become this project's
   (``gym_primitives.REPLACEMENTS``, ``routes.ENDPOINT_REPLACEMENTS``).
-- ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` first runs
-  ``identity.start_server_telemetry(self)`` (identity + SDK), then Gym's own; the hops'
-  ``_traced_request``, ``_request_with_retries`` and the shared aiohttp session get this
-  project's CLIENT span, retry count, timeout and rollout step (``hops``).
+- ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` runs
+  ``identity.start_server_telemetry(self)`` (identity + SDK) instead of Gym's own
+  telemetry set-up; Gym's runs only when this project's could not start (one process,
+  one telemetry: :func:`patch_server_utils`). The hops' ``_traced_request``,
+  ``_request_with_retries`` and the shared aiohttp session get this project's CLIENT
+  span, retry count, timeout and rollout step (``hops``).
 - ``nemo_gym.base_responses_api_model``: a model server's answer objects are read before
   Gym serializes them (``model_calls``: usage, response model, finish reasons).
 - ``nemo_gym.mcp_auto_exposure``: a span per MCP tool call (``mcp``).
@@ -175,7 +177,23 @@ def patch_gym_telemetry_module(module: ModuleType) -> None:
 
 
 def patch_server_utils(module: ModuleType) -> None:
-    """``SimpleServer.setup_telemetry`` starts this project's telemetry first."""
+    """``SimpleServer.setup_telemetry`` starts this project's telemetry, and Gym's own
+    only when this project's is not exporting.
+
+    One process, one telemetry: Gym's ``setup_telemetry`` calls
+    ``nemo_gym.telemetry.setup.init_telemetry``, which -- once a nemo-lens with
+    ``SpanRegistry`` is installed and ``NEMO_GYM_OTEL_ENABLED`` is set -- builds its own
+    TracerProvider (refused as the global one, but with its own batch processor and
+    OTLP exporter), sets its MeterProvider as the global one (Gym's in-process ``gym.*``
+    metrics, exported beside the sidecar's derived ones) and its propagator. With
+    ``GYM_TELEMETRY`` set the operator asked for this project's telemetry, so it wins:
+    Gym's set-up is skipped, Gym's ``get_telemetry()`` stays None, and with it every
+    ``record_*`` metric helper and the FastAPI instrumentor of
+    ``instrument_app_for_telemetry`` (Gym's call sites already run through this
+    project's primitives, ``gym_primitives``). Should this project's SDK not start
+    (``OTEL_SDK_DISABLED``, an error), Gym's own runs as it would without the agent.
+    The hops are patched here too (``hops``).
+    """
     from gym_telemetry.autoinstrument.hops import patch as patch_hops
     from gym_telemetry.autoinstrument.identity import start_server_telemetry
 
@@ -187,8 +205,8 @@ def patch_server_utils(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def setup_telemetry(self: Any) -> None:
-        start_server_telemetry(self)
-        original(self)
+        if not start_server_telemetry(self):
+            original(self)
 
     setattr(setup_telemetry, PATCHED, True)
     server_cls.setup_telemetry = setup_telemetry

@@ -8,9 +8,11 @@ derived: it asks the gate's policy (``enabled_groups``).
 
 ``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
 batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` / ``gym.env.step`` spans
-of the rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`; the stage's
-``trace_scan`` tells the receivers' scanner to extract them), the batch goes on
-unchanged, and ``accepted`` records the points once ``next`` accepted it.
+of both producers (see :mod:`gym_sidecar.metrics.spans`; the stage's ``trace_scan``
+tells the receivers' scanner to extract them), the batch goes on unchanged, and
+``accepted`` records the points once ``next`` accepted it. Metric batches arriving from
+elsewhere have other producers' copies of the derived names renamed or dropped
+(``metrics.owned``, :mod:`gym_sidecar.metrics.ownership`): one owner per name.
 Backpressure (or any error)
 from downstream propagates to the receiver and nothing is recorded, so the client's
 retry of the same request is counted once. Other signals pass straight through.
@@ -40,6 +42,9 @@ from typing import Final
 
 import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.ratelimit import rate_limit
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 
 from gym_sidecar.core.rollout_end import RolloutEndSink
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
@@ -48,6 +53,7 @@ from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.metrics.live_series import LAG_BOUNDS_MS
 from gym_sidecar.metrics.otlp_request import build_request
+from gym_sidecar.metrics.ownership import MetricOwnership
 from gym_sidecar.metrics.prometheus import DerivedCollector
 from gym_sidecar.metrics.spans import SCAN_SPEC, EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -88,6 +94,7 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         self.collector = DerivedCollector(self.store)
         metrics.registry.register(self.collector)
         self._deriver = SpanDeriver(self.store, enabled_groups)
+        self._ownership = MetricOwnership(cfg.owned, metrics)
         self._bounds = {
             semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
@@ -104,8 +111,11 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         # Read before passing on (the gate removes metrics-mode blocks), record in
         # ``accepted``: a batch refused downstream is retried by its client and must
         # count once.
-        if isinstance(batch.message, TraceRequest):
-            return self._deriver.extract(batch.message)
+        message = batch.message
+        if isinstance(message, TraceRequest):
+            return self._deriver.extract(message)
+        if isinstance(message, ExportMetricsServiceRequest):
+            batch.items -= self._ownership.apply(message)
         return None
 
     def accepted(self, batch: Batch, token: Pending | None) -> None:

@@ -54,7 +54,14 @@ Per connection:
   header block too large on the wire or decoding to too much (HPACK bomb), too much
   output the client does not read, an answer the client's flow-control window keeps
   from being sent for ``limits.grpc_message_timeout_s`` (the stream is reset); anything
-  else ``h2`` finds malformed: GOAWAY and closed.
+  else ``h2`` finds malformed: GOAWAY and closed (FRAME_SIZE_ERROR for a frame over
+  SETTINGS_MAX_FRAME_SIZE, ENHANCE_YOUR_CALM for the other bounds, after a
+  RESOURCE_EXHAUSTED answer on the stream of a header block too large; ``h2``'s own code
+  for what it refuses);
+- every GOAWAY reaches the client before the close: nothing more is read into ``h2``,
+  the write side shuts down after the GOAWAY, and the connection drains what the client
+  still sends until it closes, ``limits.close_linger_s`` at most
+  (:mod:`gym_sidecar.wire.linger`; ``limit_hits{close_linger_s}`` when that runs out).
 
 Counted: ``limit_hits{limit=<limits. key>}`` when a configured limit bit,
 ``bad_requests{transport="grpc", reason}`` for each refused call, and
@@ -63,7 +70,9 @@ Counted: ``limit_hits{limit=<limits. key>}`` when a configured limit bit,
 Lifecycle: :meth:`GrpcReceiver.start` binds and serves on the running loop;
 :meth:`GrpcReceiver.stop` closes the listener, sends every connection a GOAWAY naming
 the last stream it will serve, waits up to ``grace_s`` for the calls in progress (which
-finish handing their data to the pipeline and are answered), then closes what is left.
+finish handing their data to the pipeline and are answered), then closes what is left
+(a connection the receiver closed after its GOAWAY drains until its client closes, up
+to ``limits.close_linger_s`` and within ``grace_s``).
 Both are safe to repeat. Everything runs on the event loop; nothing here is thread-safe.
 """
 
@@ -153,6 +162,8 @@ class GrpcReceiver:
         shared = self.shared
         shared.stopping = True
         server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
         for conn in list(shared.connections):
             conn.go_away()
         if shared.in_flight:
@@ -161,6 +172,10 @@ class GrpcReceiver:
                 await asyncio.wait_for(shared.idle.wait(), grace_s)
         for conn in list(shared.connections):
             conn.abort()
+        # Connections closed after their GOAWAY drain until their clients close, within
+        # the grace left and the linger bound; the rest are aborted.
+        linger_s = min(self.shared.limits.close_linger_s, max(deadline - loop.time(), 0.0))
+        await shared.lingering.wait(linger_s)
         logger.info("OTLP/gRPC receiver stopped")
 
 

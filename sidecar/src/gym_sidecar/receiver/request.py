@@ -22,7 +22,7 @@ from gym_sidecar.core.stage import Backpressure, Batch, Signal, Stage
 from gym_sidecar.core.traces import ScanSpec
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.wire.protobuf.decode import BadRequest, decode_json, decode_protobuf
-from gym_sidecar.wire.protobuf.scan import scan_traces
+from gym_sidecar.wire.protobuf.scan import scan_request
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def decode_batch(
     """The batch a request body (protobuf, or OTLP/JSON when ``json``) makes, or
     :class:`BadRequest`.
 
-    Traces become their wire view (:func:`~gym_sidecar.wire.protobuf.scan.scan_traces`,
+    Traces become their wire view (:func:`~gym_sidecar.wire.protobuf.scan.scan_request`,
     reading what ``scan`` asks for); OTLP/JSON traces are decoded as JSON, serialized,
     then scanned (JSON is the rare, slow path anyway). Metrics and logs are decoded
     into protobuf messages. ``max_depth`` and ``max_messages`` are the
@@ -52,13 +52,7 @@ def decode_batch(
     if spec.signal is Signal.TRACES:
         if json:
             body = decode_json(spec, body, max_depth, max_messages).SerializeToString()
-        request = scan_traces(
-            body,
-            max_depth=max_depth,
-            max_messages=max_messages,
-            derive_scopes=scan.derive_scopes,
-            attr_keys=scan.attr_keys,
-        )
+        request = scan_request(body, max_depth=max_depth, max_messages=max_messages, scan=scan)
         return Batch(spec.signal, request, request.span_count(), peer=peer)
     decode = decode_json if json else decode_protobuf
     message = decode(spec, body, max_depth, max_messages)

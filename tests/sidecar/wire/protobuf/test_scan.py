@@ -19,6 +19,7 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 import pytest
 from google.protobuf.json_format import MessageToDict
+from gym_sidecar.core.producers import SPLIT_SCOPES
 from gym_sidecar.core.signals import SPECS
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
@@ -31,9 +32,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 
 from testkit.otlp_samples import deep_json_text, trace_request
 from tests.sidecar.wire.protobuf.wire_requests import (
+    GYM_SCOPE,
     ROLLOUT_SCOPE,
     VERIFY_SCOPE,
     ld,
@@ -67,17 +70,36 @@ def scan_for_derive(scan: Scan, data: bytes, max_depth: int = 100) -> TraceReque
         max_messages=1_000_000,
         derive_scopes=SCAN_SPEC.derive_scopes,
         attr_keys=SCAN_SPEC.attr_keys,
+        event_keys=SCAN_SPEC.event_keys,
+        split_scopes=SPLIT_SCOPES,
     )
 
 
-def last_values(span: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
-    """The DerivedSpan contract, read from upb: each key's last attribute's scalar."""
+def _scalar(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    scalar = kind not in (None, "array_value", "kvlist_value")
+    return getattr(value, kind) if scalar else None
+
+
+def last_values(
+    span: Any, keys: tuple[str, ...], event_keys: tuple[tuple[str, str], ...] = ()
+) -> tuple[Any, ...]:
+    """The DerivedSpan contract, read from upb: each key's last attribute's scalar, then
+    for each event key the last event of that name having the key, its last value (for
+    ERROR spans only)."""
     values: list[Any] = [None] * len(keys)
     for kv in span.attributes:
         if kv.key in keys:
-            kind = kv.value.WhichOneof("value")
-            scalar = kind not in (None, "array_value", "kvlist_value")
-            values[keys.index(kv.key)] = getattr(kv.value, kind) if scalar else None
+            values[keys.index(kv.key)] = _scalar(kv.value)
+    for name, key in event_keys:
+        found: Any = None
+        for event in span.events if span.status.code == 2 else ():
+            if event.name != name:
+                continue
+            for kv in event.attributes:
+                if kv.key == key:
+                    found = _scalar(kv.value)
+        values.append(found)
     return tuple(values)
 
 
@@ -102,6 +124,13 @@ def check_index(view: TraceRequest, data: bytes) -> None:
         for scope, ss in zip(block.scopes, rs.scope_spans, strict=True):
             alone = ExportTraceServiceRequest.FromString(ld(1, data[scope.start : scope.end]))
             assert alone.resource_spans[0].scope_spans == [ss]  # the range is the field
+            if ss.scope.name in SPLIT_SCOPES:
+                assert scope.split is not None
+                assert [name for name, _, _ in scope.split] == [span.name for span in ss.spans]
+                for (_, start, end), span in zip(scope.split, ss.spans, strict=True):
+                    assert ScopeSpans.FromString(data[start:end]).spans == [span]
+            else:
+                assert scope.split is None
             if ss.scope.name not in SCAN_SPEC.derive_scopes:
                 assert scope.derived is None
                 continue
@@ -113,7 +142,7 @@ def check_index(view: TraceRequest, data: bytes) -> None:
                     span.trace_id,
                     span.span_id,
                     span.status.code,
-                    last_values(span, SCAN_SPEC.attr_keys),
+                    last_values(span, SCAN_SPEC.attr_keys, SCAN_SPEC.event_keys),
                 )
                 for span in ss.spans
             ]
@@ -145,6 +174,61 @@ def test_gym_shaped_requests_are_indexed(scan: Scan) -> None:
     derived = [d for b in view.blocks for s in b.scopes for d in s.derived or ()]
     assert {d[0] for d in derived} == {semconv.SPAN_ROLLOUT, semconv.SPAN_VERIFY}
     assert len(derived) == 12
+
+
+@PROPERTY
+@given(trace_requests(), st.data())
+def test_removing_spans_of_a_split_scope_splices_as_upb_would(
+    data: bytes, draw: st.DataObject
+) -> None:
+    """The gate's span-level removal (``ScopeBlock.keep_spans``): the request written
+    out is upb's parse of the received one without exactly those spans."""
+    view = scan_for_derive(scanner.scan_traces, data)
+    want = ExportTraceServiceRequest.FromString(data)
+    for block, rs in zip(view.blocks, want.resource_spans, strict=True):
+        for scope, ss in zip(block.scopes, rs.scope_spans, strict=True):
+            if scope.split is None:
+                continue
+            kept = [i for i in range(len(scope.split)) if draw.draw(st.booleans())]
+            scope.keep_spans(kept)
+            block.edited = True
+            spans = [ss.spans[i] for i in kept]
+            del ss.spans[:]
+            ss.spans.extend(spans)
+            assert scope.spans == len(kept)
+    got = ExportTraceServiceRequest.FromString(view.SerializeToString())
+    assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+
+
+def test_gym_own_telemetry_spans_are_read_and_split(scan: Scan) -> None:
+    """Gym's own dialect: one scope for every group, a failure as an exception event."""
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    ss.scope.name = GYM_SCOPE
+    ok = ss.spans.add(name=semconv.SPAN_VERIFY, start_time_unix_nano=5, end_time_unix_nano=9)
+    failed = ss.spans.add(name=semconv.SPAN_VERIFY, start_time_unix_nano=5, end_time_unix_nano=9)
+    failed.status.code = 2  # type: ignore[assignment]
+    failed.events.add(name="exception").attributes.add(key="exception.type").value.CopyFrom(
+        AnyValue(string_value="__main__.VerifierCrash")
+    )
+    ss.spans.add(name=semconv.SPAN_MODEL_RESPONSES)
+    data = req.SerializeToString()
+    view = scan_for_derive(scan, data)
+    check_index(view, data)
+    (scope,) = view.blocks[0].scopes
+    assert scope.derived is not None
+    assert [d[6] for d in scope.derived] == [
+        (None, None, None, None),
+        (None, None, None, "__main__.VerifierCrash"),
+        (None, None, None, None),
+    ]
+    assert scope.split is not None
+    assert [name for name, _, _ in scope.split] == [
+        semconv.SPAN_VERIFY,
+        semconv.SPAN_VERIFY,
+        semconv.SPAN_MODEL_RESPONSES,
+    ]
+    assert ok.name == semconv.SPAN_VERIFY
 
 
 def verdict(fn: Callable[[], object]) -> tuple[str, str, str | None] | None:
@@ -339,6 +423,8 @@ def fake_native(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> typ
         attr_keys: tuple[str, ...],
         resource_block: type[ResourceBlock],
         scope_block: type[ScopeBlock],
+        event_keys: tuple[tuple[str, str], ...] = (),
+        split_scopes: frozenset[str] = frozenset(),
     ) -> tuple[list[ResourceBlock], list[tuple[int, int]]]:
         assert resource_block is ResourceBlock and scope_block is ScopeBlock
         calls.append(data)
@@ -350,6 +436,8 @@ def fake_native(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> typ
             max_messages=max_messages,
             derive_scopes=derive_scopes,
             attr_keys=attr_keys,
+            event_keys=event_keys,
+            split_scopes=split_scopes,
         )
         return view.blocks, view.other
 

@@ -3,7 +3,9 @@ that they hold what an SDK never sends but a valid request may: unknown fields o
 wire type (groups included) at every level the scanner indexes, known field numbers
 with another wire type (unknown fields to the parser), repeated ``resource`` and
 ``scope`` fields (which merge), schema URLs, empty and absent resources and scopes,
-fields in any order, and spans with every attribute value kind and duplicate keys.
+fields in any order, and spans with every attribute value kind and duplicate keys,
+with and without exception events (Gym's own telemetry's failures) in Gym's own scope
+(``nemo.lens.helpers``, which the gate splits span by span).
 
 Used by the scanner tests (``test_wire.py``) and the pipeline equivalence tests
 (``tests/sidecar/test_trace_pipeline_wire.py``).
@@ -12,6 +14,7 @@ Used by the scanner tests (``test_wire.py``) and the pipeline equivalence tests
 from __future__ import annotations
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv import gym_dialect
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -20,9 +23,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 ROLLOUT_SCOPE = semconv.scope_name(semconv.GROUP_ROLLOUT)
 VERIFY_SCOPE = semconv.scope_name(semconv.GROUP_VERIFY)
 SANDBOX_SCOPE = semconv.scope_name(semconv.GROUP_SANDBOX)
+GYM_SCOPE = gym_dialect.SCOPE_LENS_HELPERS
 SCOPE_NAMES = (
     ROLLOUT_SCOPE,
     VERIFY_SCOPE,
+    GYM_SCOPE,
     SANDBOX_SCOPE,
     semconv.scope_name(semconv.GROUP_MODEL_CALL),
     "fastapi",
@@ -31,7 +36,14 @@ SCOPE_NAMES = (
     "",
 )
 SERVICES = ("svc-a", "svc-b", "nemo-gym/simple_agent")
-SPAN_NAMES = (semconv.SPAN_ROLLOUT, semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP, "POST /run")
+SPAN_NAMES = (
+    semconv.SPAN_ROLLOUT,
+    semconv.SPAN_VERIFY,
+    semconv.SPAN_ENV_STEP,
+    semconv.SPAN_AGENT_RESPONSES,
+    semconv.SPAN_MODEL_RESPONSES,
+    "POST /run",
+)
 SPAN_KEYS = (
     semconv.ROLLOUT_NESTED,
     semconv.VERIFY_SUCCEEDED,
@@ -39,6 +51,9 @@ SPAN_KEYS = (
     semconv.ROLLOUT_ID,
     "x",
 )
+
+
+EVENT_ATTR_KEYS = (gym_dialect.EXCEPTION_TYPE, "exception.message", "x")
 
 
 def varint(n: int) -> bytes:
@@ -126,6 +141,12 @@ def spans(draw: st.DrawFn) -> bytes:
         span.status.message = draw(st.sampled_from(["", "boom"]))
     for key in draw(st.lists(st.sampled_from(SPAN_KEYS), max_size=4)):
         span.attributes.append(KeyValue(key=key, value=draw(any_value())))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        event = span.events.add(
+            name=draw(st.sampled_from([gym_dialect.EXCEPTION_EVENT, "exception", "log", ""]))
+        )
+        for key in draw(st.lists(st.sampled_from(EVENT_ATTR_KEYS), max_size=3)):
+            event.attributes.append(KeyValue(key=key, value=draw(any_value())))
     data = span.SerializeToString()
     if draw(st.booleans()):
         data += draw(unknown_field((1, 2)))

@@ -107,6 +107,10 @@ class Connection(Protocol):
     def response_complete(self, cycle: RequestCycle) -> None:
         """``cycle``'s response is sent in full: start the next request or wait for one."""
 
+    def linger_close(self) -> None:
+        """Close after the last response reached the client (no reset; see
+        :mod:`gym_sidecar.wire.linger`)."""
+
 
 class RequestCycle:
     """One request's ASGI ``receive``/``send`` pair and its state. The connection feeds
@@ -191,7 +195,9 @@ class RequestCycle:
             # (OTLP clients retry 503; uvicorn answered 500, which they do not retry).
             if not self.response_started and not self.disconnected:
                 self.conn.transport.write(_SHUTTING_DOWN)
-            self.conn.transport.close()
+                self.conn.linger_close()
+            else:
+                self.conn.transport.close()
             raise
         except Exception:  # boundary: an app's bug must not reach the client or the loop
             _failure_log.exception(
@@ -288,7 +294,7 @@ class RequestCycle:
             self.response_complete = True
             self._wake()
             if not self.keep_alive:
-                self.conn.transport.close()
+                self.conn.linger_close()
             self.conn.response_complete(self)
 
     def _response_head(self, status: int, headers: Any) -> bytes:

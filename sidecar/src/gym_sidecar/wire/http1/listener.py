@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
-from gym_sidecar.hostport import bound_address, split_host_port
+from gym_sidecar.hostport import bind_tcp, bound_address
 from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
 from gym_sidecar.wire.http1.cycle import App
 from gym_sidecar.wire.http1.protocol import HttpProtocol, ServerState
@@ -25,24 +24,6 @@ BACKLOG = 2048
 CANCEL_WAIT_S = 1.0
 """How long ``stop`` waits for the requests it cancelled to end (an app that ignores
 the cancellation is left behind; its connection is closed all the same)."""
-
-
-def bind_tcp(listen: str) -> socket.socket:
-    """A listening-ready TCP socket bound to ``HOST:PORT`` (IPv4, IPv6 or a host name)."""
-    host, port = split_host_port(listen)
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, socktype, proto, _, address = infos[0]
-    sock = socket.socket(family, socktype, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, f"cannot listen on {listen}: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
 
 
 class AsgiListener:
@@ -109,5 +90,7 @@ class AsgiListener:
                 await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
             for conn in list(state.connections):
                 conn.transport.close()
+        # Refused before admission (the connection cap): not in state, lingering alone.
+        await self.limits.lingering.wait(min(grace_s, self.limits.close_linger_s))
         await server.wait_closed()
         logger.info("%s listener stopped", self.name)

@@ -208,7 +208,8 @@ class HttpProtocol(asyncio.Protocol):
                     b"retry-after: 1\r\n",
                 )
             )
-            transport.close()
+            self._refused = True
+            limits.lingering.close(transport)
             return
         limits.open_connections += 1
         self._admitted = True
@@ -223,6 +224,7 @@ class HttpProtocol(asyncio.Protocol):
         self._arm(limits.idle_timeout_s, self._idle_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.limits.lingering.closed(self.transport)
         if not self._admitted:
             return
         self._admitted = False
@@ -238,6 +240,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._eof = True
+        if self._refused:
+            return None  # lingering: the client closed, so does asyncio
         if self._in_head:  # a request that can never be complete
             self._in_head = False
             self._disarm()
@@ -253,6 +257,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
+            self.limits.lingering.drained(self.transport, len(data))
             return
         self._began_in_read = False
         try:
@@ -263,7 +268,7 @@ class HttpProtocol(asyncio.Protocol):
             if not self._refused:
                 self._malformed(exc)
             return
-        if not self._in_head or self.transport.is_closing():
+        if not self._in_head or self._closing():
             return
         # httptools buffers a header line until it is complete: bound what it holds.
         if self._began_in_read:
@@ -289,6 +294,8 @@ class HttpProtocol(asyncio.Protocol):
         """The listener stops: close now if no request is being answered, else after the
         last one received (whose response says ``Connection: close``)."""
         self._close_when_done = True
+        if self._refused:
+            return  # lingering already; it ends by itself
         if self._running is None:
             self.transport.close()
             return
@@ -387,7 +394,7 @@ class HttpProtocol(asyncio.Protocol):
         if cycle is not self._running:
             return
         self._running = None
-        if self.transport.is_closing():
+        if self._closing():
             return
         self._resume_reading()
         if self._queue:
@@ -418,7 +425,7 @@ class HttpProtocol(asyncio.Protocol):
         )
 
     def _header_expired(self) -> None:
-        if self._in_head and not self.transport.is_closing():
+        if self._in_head and not self._closing():
             self._refuse(
                 HEADER_TIMEOUT,
                 b"408 Request Timeout",
@@ -426,7 +433,7 @@ class HttpProtocol(asyncio.Protocol):
             )
 
     def _idle_expired(self) -> None:
-        if not self._in_head and self._running is None and not self.transport.is_closing():
+        if not self._in_head and self._running is None and not self._closing():
             self.limits.hit(IDLE_TIMEOUT)
             self.transport.close()
 
@@ -441,11 +448,23 @@ class HttpProtocol(asyncio.Protocol):
         self._answer_and_close(refusal(status, message))
 
     def _answer_and_close(self, response: bytes) -> None:
+        self.transport.write(response)
+        self.linger_close()
+
+    def linger_close(self) -> None:
+        """Close once what was written (the last response) reached the client: nothing
+        more is parsed, the write side shuts down after it, and the connection drains
+        what the client still sends until it closes, ``limits.close_linger_s`` at most
+        (:mod:`gym_sidecar.wire.linger`). Closing at once with the client's bytes unread
+        would send a TCP reset, which can destroy the response before it is read."""
         self._refused = True
         self._in_head = False
         self._disarm()
-        self.transport.write(response)
-        self.transport.close()
+        self.limits.lingering.close(self.transport)
+
+    def _closing(self) -> bool:
+        """Closed, closing, or lingering: nothing more to do on this connection."""
+        return self._refused or self.transport.is_closing()
 
     # A connection meets a deadline per request (headers) and between requests (idle).
     # Scheduling and cancelling a timer for each would cost two asyncio timers per
@@ -469,7 +488,7 @@ class HttpProtocol(asyncio.Protocol):
     def _timer_fired(self) -> None:
         self._timer = None
         callback = self._on_deadline
-        if callback is None or self.transport.is_closing():
+        if callback is None or self._closing():
             return
         if self._deadline - self.loop.time() > _EARLY_S:  # the deadline moved later
             self._timer = self.loop.call_at(self._deadline, self._timer_fired)

@@ -21,25 +21,23 @@ Pure functions of their arguments (plus the counters); no I/O.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import StatusCode
 from gym_sidecar.core.signals import SPECS, SignalSpec
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http2 import grpc_framing
+from gym_sidecar.wire.http2.grpc_framing import ENCODINGS, parse_timeout
 
 TRANSPORT = "grpc"
 
-ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
-"""``grpc-encoding`` values the receiver inflates, and their zlib window bits."""
 ACCEPT_ENCODING = b"identity,gzip,deflate"
 """The ``grpc-accept-encoding`` the receiver announces."""
-CONTENT_TYPES = frozenset({b"application/grpc", b"application/grpc+proto"})
+CONTENT_TYPES = frozenset({grpc_framing.CONTENT_TYPE, b"application/grpc+proto"})
 """Content types served (the gRPC spec's, with the protobuf subtype or none)."""
 
 _METHODS: dict[bytes, SignalSpec] = {spec.grpc_method.encode(): spec for spec in SPECS.values()}
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _SHOWN = 128
 """Characters of a client's header value quoted back in a refusal, at most."""
 
@@ -80,15 +78,6 @@ def _shown(value: bytes | None) -> str:
         return "none"
     text = value[:_SHOWN].decode("latin-1")
     return repr(text + ("..." if len(value) > _SHOWN else ""))
-
-
-def parse_timeout(value: bytes) -> float | None:
-    """``grpc-timeout`` (1-8 ASCII digits and a unit, H M S m u n) in seconds; None when
-    it is not that (grpc core ignores such a value, and so does the receiver)."""
-    digits, unit = value[:-1], value[-1:]
-    if not 1 <= len(digits) <= 8 or not digits.isdigit() or unit not in _TIMEOUT_UNITS:
-        return None
-    return int(digits) * _TIMEOUT_UNITS[unit]
 
 
 def check_headers(
@@ -191,34 +180,14 @@ def too_large(what: str, limits: LimitsConfig, metrics: SelfMetrics) -> Answer:
 def inflate(
     chunks: list[bytes], encoding: bytes, limits: LimitsConfig, metrics: SelfMetrics
 ) -> bytes | Answer:
-    """The compressed message in ``chunks`` (its DATA as received, the first chunk
-    starting with the 5-byte prefix) inflated, or the refusal (counted).
-
-    Inflated chunk by chunk, each chunk let go (emptied in ``chunks``) once inflated, so
-    the compressed message is never joined into one more copy. More than
-    ``limits.grpc_max_message_bytes`` inflated is INVALID_ARGUMENT (inflation stops
-    there, so a gzip bomb costs at most that much); broken or truncated data, or data
-    after the end of the compressed stream, is INVALID_ARGUMENT.
-    """
-    name = encoding.decode("latin-1")
-    room = limits.grpc_max_message_bytes + 1
-    inflater = zlib.decompressobj(ENCODINGS[encoding])
-    out: list[bytes] = []
-    for index in range(len(chunks)):
-        data = memoryview(chunks[index])[5:] if index == 0 else chunks[index]
-        chunks[index] = b""
-        try:
-            piece = inflater.decompress(data, room)
-        except zlib.error as exc:
-            metrics.bad_requests.labels(TRANSPORT, "bad_gzip").inc()
-            return invalid(f"message is not valid {name}: {exc}")
-        room -= len(piece)
-        if room <= 0:
-            return too_large("message inflated", limits, metrics)
-        if piece:
-            out.append(piece)
-    if not inflater.eof or inflater.unused_data:
-        metrics.bad_requests.labels(TRANSPORT, "bad_gzip").inc()
-        what = "truncated" if not inflater.eof else "followed by data past its end"
-        return invalid(f"message is {what} ({name})")
-    return out[0] if len(out) == 1 else b"".join(out)
+    """The compressed message in ``chunks`` inflated (:func:`.grpc_framing.inflate`, up
+    to ``limits.grpc_max_message_bytes``), or the refusal (counted): more is
+    INVALID_ARGUMENT (``too_large``), broken or truncated data or data after the end of
+    the compressed stream INVALID_ARGUMENT (``bad_gzip``)."""
+    try:
+        return grpc_framing.inflate(chunks, encoding, limits.grpc_max_message_bytes)
+    except grpc_framing.InflateError as exc:
+        if exc.reason == "too_large":
+            return too_large(str(exc), limits, metrics)
+        metrics.bad_requests.labels(TRANSPORT, exc.reason).inc()
+        return invalid(str(exc))

@@ -18,19 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
 from gym_telemetry_semconv.ratelimit import rate_limit
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import GoAwayFrame, HeadersFrame
 
 from gym_sidecar.config import LimitsConfig
 from gym_sidecar.core.grpc_status import StatusCode, status_trailers
@@ -39,16 +36,23 @@ from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.wire.http2 import grpc_call
 from gym_sidecar.wire.http2.connection import H2Connection
 from gym_sidecar.wire.http2.grpc_call import TRANSPORT, Answer
+from gym_sidecar.wire.http2.grpc_framing import (
+    CONTENT_TYPE,
+    EMPTY_MESSAGE,
+    PREFIX_BYTES,
+    prefix,
+    read_prefix,
+)
 from gym_sidecar.wire.http2.guard import Abuse, FrameGuard, Http2Bounds
+from gym_sidecar.wire.linger import LINGER_LIMIT, Lingering
 
 logger = logging.getLogger(__name__)
 _failure_log = rate_limit(logging.getLogger(__name__ + ".failures"), 10.0)
 
-_CONTENT_TYPE = (b"content-type", b"application/grpc")
+_CONTENT_TYPE = (b"content-type", CONTENT_TYPE)
 _ACCEPT_ENCODING = (b"grpc-accept-encoding", grpc_call.ACCEPT_ENCODING)
 _RESPONSE_HEADERS = [(b":status", b"200"), _CONTENT_TYPE, _ACCEPT_ENCODING]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
-_EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 _NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
 
 
@@ -78,6 +82,13 @@ class Shared:
     """Calls in the pipeline (referenced so that they are not collected)."""
     idle: asyncio.Event | None = None
     """Set when ``in_flight`` drops to 0, once someone waits for that (stop)."""
+    lingering: Lingering = field(init=False)
+    """Connections closed by the receiver, draining until the client closes
+    (:mod:`gym_sidecar.wire.linger`, ``limits.close_linger_s``)."""
+
+    def __post_init__(self) -> None:
+        hits = self.metrics.limit_hits.labels(LINGER_LIMIT)
+        self.lingering = Lingering(self.limits.close_linger_s, hits.inc)
 
     def call_finished(self) -> None:
         self.in_flight -= 1
@@ -151,6 +162,7 @@ class Connection(asyncio.Protocol):
             self.bounds.control,
         )
         self.going_away = False
+        self._closing: asyncio.Transport | None = None  # lingering (see _close)
         self._settings_seen = False
         self._stalled: set[_Call] = set()
         self._preface_timer: asyncio.TimerHandle | None = None
@@ -167,14 +179,8 @@ class Connection(asyncio.Protocol):
             h2.events.ConnectionTerminated: self._on_goaway,
         }
 
-    def _new_h2(self) -> h2.connection.H2Connection:
-        config = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-        conn = H2Connection(config=config)
+    def _new_h2(self) -> H2Connection:
+        conn = H2Connection.for_grpc(client_side=False)
         limits, bounds = self.limits, self.bounds
         codes = h2.settings.SettingCodes
         advertised = {
@@ -218,11 +224,12 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
+            self.shared.lingering.drained(self._closing, len(data))
             return
         try:
             self.guard.feed(data, self.loop.time())
         except Abuse as exc:
-            self._refuse_connection(exc.reason, str(exc), h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self._refuse_connection(exc)
             return
         try:
             events = self.h2.receive_data(data)
@@ -248,6 +255,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.shared.lingering.closed(self._closing)
         self.shared.connections.discard(self)
         for timer in (self._preface_timer, self._block_timer, self._idle_timer):
             if timer is not None:
@@ -338,27 +346,27 @@ class Connection(asyncio.Protocol):
         call.chunks.append(data)
         call.received += len(data)
         if call.length < 0:
-            if call.received < 5:
+            if call.received < PREFIX_BYTES:
                 return
             first = call.chunks[0]
-            if len(first) < 5:
+            if len(first) < PREFIX_BYTES:
                 first = b"".join(call.chunks)
                 call.chunks = [first]
-            call.length = int.from_bytes(first[1:5], "big")
-            call.compressed = first[0] == 1
+            flag, call.length = read_prefix(first)
+            call.compressed = flag == 1
             refusal = grpc_call.check_prefix(
-                first[0], call.length, call.encoding, self.limits, self.metrics
+                flag, call.length, call.encoding, self.limits, self.metrics
             )
             if refusal is not None:
                 self._answer(call, refusal)
                 return
-        if call.received > 5 + call.length:
+        if call.received > PREFIX_BYTES + call.length:
             self.metrics.bad_requests.labels(TRANSPORT, "many_messages").inc()
             self._answer(call, grpc_call.invalid("Export takes exactly one request message"))
 
     def _message_done(self, call: _Call) -> None:
         """The client ended its stream: hand the one whole message to the pipeline."""
-        if call.length < 0 or call.received < 5 + call.length:
+        if call.length < 0 or call.received < PREFIX_BYTES + call.length:
             self.metrics.bad_requests.labels(TRANSPORT, "no_message").inc()
             self._answer(call, grpc_call.invalid("no complete request message received"))
             return
@@ -370,7 +378,7 @@ class Connection(asyncio.Protocol):
                 return
             message = inflated
         else:  # one copy: a slice when it came in one DATA frame, else a join
-            parts = [part for part in (chunks[0][5:], *chunks[1:]) if part]
+            parts = [part for part in (chunks[0][PREFIX_BYTES:], *chunks[1:]) if part]
             message = parts[0] if len(parts) == 1 else b"".join(parts)
             del chunks, parts
         if call.timer is not None:
@@ -438,7 +446,7 @@ class Connection(asyncio.Protocol):
             self._forget(call)
             return
         response = answer.response
-        data = _EMPTY_MESSAGE if not response else struct.pack(">BI", 0, len(response)) + response
+        data = EMPTY_MESSAGE if not response else prefix(False, len(response)) + response
         try:
             self.h2.send_headers(call.stream_id, _RESPONSE_HEADERS)
         except h2.exceptions.ProtocolError:  # reset by the client meanwhile
@@ -465,9 +473,7 @@ class Connection(asyncio.Protocol):
             if call.timer is not None:
                 call.timer.cancel()
                 call.timer = None
-            frame = conn.max_outbound_frame_size  # >= 16 KiB; a response is far smaller
-            for start in range(0, len(data), frame):
-                conn.send_data(call.stream_id, data[start : start + frame])
+            conn.send_data_unsplit(call.stream_id, data, end_stream=False)
             conn.send_headers(call.stream_id, _OK_TRAILERS, end_stream=True)
         except h2.exceptions.ProtocolError:  # reset by the client meanwhile
             pass
@@ -530,18 +536,24 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        data = self.h2.data_to_send()
-        if data:
-            transport.write(data)
+        pieces = self.h2.take()
+        if pieces:
+            for piece in pieces:
+                transport.write(piece)
             if transport.get_write_buffer_size() > self.bounds.max_write_buffer:
                 self.metrics.http2_refusals.labels("not_reading").inc()
                 logger.debug("gRPC connection from %s closed: it does not read", self.peer)
                 self.abort()
 
     def _close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
+        """Close after what was written (the last GOAWAY) reaches the client: nothing
+        more is read into ``h2`` (``data_received`` discards once ``transport`` is None),
+        the write side shuts down, and the connection lingers until the client closes
+        (:class:`~gym_sidecar.wire.linger.Lingering`)."""
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            self._closing = transport
+            self.shared.lingering.close(transport)
 
     def abort(self) -> None:
         """Close at once, dropping what is unsent (the receiver is done with it)."""
@@ -560,20 +572,39 @@ class Connection(asyncio.Protocol):
         self._flush()  # h2 has queued its GOAWAY
         self._close()
 
-    def _refuse_connection(self, reason: str, message: str, code: h2.errors.ErrorCodes) -> None:
-        self.metrics.http2_refusals.labels(reason).inc()
-        logger.debug("gRPC connection from %s closed: %s", self.peer, message)
-        self._write_goaway(code)
+    def _refuse_connection(self, abuse: Abuse) -> None:
+        """A bound of the guard broken: GOAWAY with the abuse's code, then close. A
+        header block too large is first answered on its stream (RESOURCE_EXHAUSTED, one
+        HEADERS frame written past ``h2``, which has not seen the whole block), so the
+        client learns why its call failed."""
+        self.metrics.http2_refusals.labels(abuse.reason).inc()
+        logger.debug("gRPC connection from %s closed: %s", self.peer, abuse)
+        last = self.h2.highest_inbound_stream_id or 0
+        if abuse.stream_id and abuse.stream_id not in self.calls and self.transport is not None:
+            message = "request metadata too large: the header block exceeds its bound"
+            headers = [(b":status", b"200"), _CONTENT_TYPE]
+            headers.extend(
+                (k.encode(), v.encode())
+                for k, v in status_trailers(StatusCode.RESOURCE_EXHAUSTED, message, None)
+            )
+            block = self.h2.encoder.encode(headers)
+            frame = HeadersFrame(abuse.stream_id, block, flags=("END_HEADERS", "END_STREAM"))
+            self.h2.write_raw(frame.serialize())
+            last = max(last, abuse.stream_id)
+        self._write_goaway(h2.errors.ErrorCodes(abuse.error_code), last)
         self._close()
 
-    def _write_goaway(self, code: h2.errors.ErrorCodes = _NO_ERROR) -> None:
-        """A GOAWAY naming the last stream served, written past ``h2``: its own
-        ``close_connection`` would forbid the answers still owed to the calls on it."""
+    def _write_goaway(self, code: h2.errors.ErrorCodes = _NO_ERROR, last: int = -1) -> None:
+        """A GOAWAY naming the last stream served (``last``, else the highest the client
+        opened), written past ``h2``: its own ``close_connection`` would forbid the
+        answers still owed to the calls on it."""
         if self.transport is None:
             return
-        frame = GoAwayFrame(0, last_stream_id=self.h2.highest_inbound_stream_id, error_code=code)
+        if last < 0:
+            last = self.h2.highest_inbound_stream_id or 0
+        frame = GoAwayFrame(0, last_stream_id=last, error_code=code)
+        self.h2.write_raw(frame.serialize())
         self._flush()
-        self.transport.write(frame.serialize())
 
     def go_away(self) -> None:
         """Shutdown: GOAWAY (streams after the last one are refused with REFUSED_STREAM,

@@ -8,8 +8,9 @@ the 9-byte frame headers of the incoming byte stream, before ``h2`` parses a fra
 flood costs a few Python steps per frame, not ``h2``'s work and an answer):
 
 - **frame size**: a frame header announcing more than ``max_frame_bytes`` (the
-  receiver's SETTINGS_MAX_FRAME_SIZE) is ``frame_too_large`` at once (``h2`` checks only
-  once the whole frame is buffered, so 16 MiB could be held per connection first);
+  receiver's SETTINGS_MAX_FRAME_SIZE) is ``frame_too_large`` at once, a connection
+  error FRAME_SIZE_ERROR as RFC 9113, 4.2 says (``h2`` checks only once the whole frame
+  is buffered, so 16 MiB could be held per connection first);
 - **control frames**: HEADERS, SETTINGS, PING, PRIORITY, RST_STREAM, WINDOW_UPDATE,
   GOAWAY, PUSH_PROMISE, frames of unknown types and DATA frames under
   :attr:`ControlBudget.small_data_bytes` without END_STREAM take a token each from a
@@ -24,8 +25,12 @@ flood costs a few Python steps per frame, not ``h2``'s work and an answer):
 - **header blocks**: a HEADERS frame and its CONTINUATIONs may carry at most
   ``max_header_block_bytes`` (compressed; the receiver passes 4 x
   ``limits.http_max_header_bytes``); more is ``header_block_too_large`` (the
-  CONTINUATION flood). A block left open is timed by the receiver
+  CONTINUATION flood), naming the block's stream so that the call can be answered
+  before the connection closes. A block left open is timed by the receiver
   (:attr:`FrameGuard.in_header_block`).
+
+Every :class:`Abuse` but ``frame_too_large`` is a connection error ENHANCE_YOUR_CALM
+(RFC 9113, 10.5: what an endpoint says to a peer that abuses it).
 
 Everything else about framing (lengths over SETTINGS_MAX_FRAME_SIZE, bad preface,
 frames out of sequence, HPACK errors) is ``h2``'s to refuse.
@@ -42,6 +47,8 @@ HEADERS = 0x1
 CONTINUATION = 0x9
 END_STREAM = 0x1
 END_HEADERS = 0x4
+FRAME_SIZE_ERROR = 0x6
+ENHANCE_YOUR_CALM = 0xB
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +67,21 @@ class ControlBudget:
 
 
 class Abuse(Exception):
-    """The peer broke one of the bounds in the module doc; ``reason`` names which."""
+    """The peer broke one of the bounds in the module doc; ``reason`` names which,
+    ``error_code`` is the HTTP/2 error code of the GOAWAY it calls for, ``stream_id``
+    the stream of the header block that broke its bound (0 for other reasons)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        error_code: int = ENHANCE_YOUR_CALM,
+        stream_id: int = 0,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
+        self.error_code = error_code
+        self.stream_id = stream_id
 
 
 class FrameGuard:
@@ -136,18 +153,20 @@ class FrameGuard:
                 self._head = data[pos:]
                 return
             length = int.from_bytes(header[:3], "big")
-            self._frame(header[3], header[4], length)
+            stream_id = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+            self._frame(header[3], header[4], length, stream_id)
             self._skip = length
 
-    def _frame(self, kind: int, flags: int, length: int) -> None:
+    def _frame(self, kind: int, flags: int, length: int, stream_id: int) -> None:
         if length > self.max_frame_bytes:
-            raise Abuse("frame_too_large", f"frame of {length} bytes announced")
+            raise Abuse("frame_too_large", f"frame of {length} bytes announced", FRAME_SIZE_ERROR)
         if kind in (HEADERS, CONTINUATION):
             self._block = (0 if kind == HEADERS else max(self._block, 0)) + length
             if self._block > self.max_header_block_bytes:
                 raise Abuse(
                     "header_block_too_large",
                     f"header block over {self.max_header_block_bytes} bytes",
+                    stream_id=stream_id,
                 )
             if flags & END_HEADERS:
                 self._block = -1

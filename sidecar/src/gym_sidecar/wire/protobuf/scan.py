@@ -4,8 +4,11 @@
 it refuses, with :func:`~gym_sidecar.wire.protobuf.decode.decode_protobuf`'s reasons, limits
 and messages) and builds the :class:`~gym_sidecar.core.traces.TraceRequest` the trace
 pipeline works on: where each ResourceSpans and ScopeSpans block lies, its resource
-bytes, scope name and span count, and the derive fields of the spans of the scopes
-``derive_scopes`` names (:data:`~gym_sidecar.core.traces.DerivedSpan`).
+bytes, scope name and span count, the derive fields of the spans of the scopes
+``derive_scopes`` names (:data:`~gym_sidecar.core.traces.DerivedSpan`: their attribute
+values for ``attr_keys``, then their event attribute values for ``event_keys``), and
+the name and byte range of each span of the scopes ``split_scopes`` names
+(:data:`~gym_sidecar.core.traces.SplitSpan`, for the gate's span-level removal).
 
 Two implementations, one contract:
 
@@ -19,7 +22,8 @@ Two implementations, one contract:
   ResourceSpans -> ScopeSpans field ranges). upb keeps a repeated field's elements in
   wire order, so the i-th ScopeSpans field of a block is ``scope_spans[i]`` of the
   parsed ResourceSpans: counts, scope names and the derive fields are read from the
-  parsed objects, and nothing below a ScopeSpans is walked in Python.
+  parsed objects, and nothing below a ScopeSpans is walked in Python, except the fields
+  of a split scope's block (their ranges; the i-th ``spans`` field is ``spans[i]``).
 
 Which one runs is decided on first use and logged once at INFO (``trace scanner:
 native`` / ``python``); :func:`active_scanner` says which, and :func:`pure_python`
@@ -30,6 +34,7 @@ scans themselves are pure functions of their arguments.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -46,7 +51,9 @@ from gym_sidecar.core.traces import (
     ByteRange,
     DerivedSpan,
     ResourceBlock,
+    ScanSpec,
     ScopeBlock,
+    SplitSpan,
     TraceRequest,
 )
 from gym_sidecar.wire.protobuf.bounds import PARSER_MAX_DEPTH
@@ -63,6 +70,10 @@ _INVALID: Final = f"body is not a valid {_SPEC.request_type.__name__}: "
 _TAG_RESOURCE_SPANS: Final = (1 << 3) | 2  # ExportTraceServiceRequest.resource_spans
 _TAG_RESOURCE: Final = (1 << 3) | 2  # ResourceSpans.resource
 _TAG_SCOPE_SPANS: Final = (2 << 3) | 2  # ResourceSpans.scope_spans
+_TAG_SPANS: Final = (2 << 3) | 2  # ScopeSpans.spans
+
+_STATUS_ERROR: Final = 2
+"""``Status.code`` ERROR: the spans whose event values are read."""
 
 _SCALARS: Final = frozenset(
     {"string_value", "bool_value", "int_value", "double_value", "bytes_value"}
@@ -140,12 +151,16 @@ def scan_traces(
     max_messages: int,
     derive_scopes: frozenset[str],
     attr_keys: tuple[str, ...],
+    event_keys: tuple[tuple[str, str], ...] = (),
+    split_scopes: frozenset[str] = frozenset(),
 ) -> TraceRequest:
-    """The wire view of the ExportTraceServiceRequest ``data``; :class:`BadRequest`
-    (reasons ``bad_request``, ``too_deep``, ``too_many_messages``) for anything the
-    upb parser refuses, for nesting beyond ``max_depth`` message levels and for more
-    than ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes``
-    carry their spans' derive fields, with the values of ``attr_keys``."""
+    """The wire view of the ExportTraceServiceRequest ``data``; :class:`BadRequest` (reasons
+    ``bad_request``, ``too_deep``, ``too_many_messages``) for anything the upb parser
+    refuses, for nesting beyond ``max_depth`` message levels and for more than
+    ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes`` carry
+    their spans' derive fields, with the values of ``attr_keys`` then of ``event_keys``
+    (those of spans whose status is ERROR only); blocks whose scope name is in
+    ``split_scopes`` their spans' names and byte ranges (``ScopeBlock.split``)."""
     native = _SELECTION.scanner()
     if native is None:
         return scan_python(
@@ -154,10 +169,20 @@ def scan_traces(
             max_messages=max_messages,
             derive_scopes=derive_scopes,
             attr_keys=attr_keys,
+            event_keys=event_keys,
+            split_scopes=split_scopes,
         )
     try:
         blocks, other = native.scan_traces(
-            data, max_depth, max_messages, derive_scopes, attr_keys, ResourceBlock, ScopeBlock
+            data,
+            max_depth,
+            max_messages,
+            derive_scopes,
+            attr_keys,
+            ResourceBlock,
+            ScopeBlock,
+            event_keys,
+            split_scopes,
         )
     except native.TooDeep:
         raise too_deep(min(max_depth, PARSER_MAX_DEPTH)) from None
@@ -168,6 +193,19 @@ def scan_traces(
     return TraceRequest(data, blocks, other)
 
 
+def scan_request(data: bytes, *, max_depth: int, max_messages: int, scan: ScanSpec) -> TraceRequest:
+    """:func:`scan_traces` reading what ``scan`` asks for (the receivers' call)."""
+    return scan_traces(
+        data,
+        max_depth=max_depth,
+        max_messages=max_messages,
+        derive_scopes=scan.derive_scopes,
+        attr_keys=scan.attr_keys,
+        event_keys=scan.event_keys,
+        split_scopes=scan.split_scopes,
+    )
+
+
 def scan_python(
     data: bytes,
     *,
@@ -175,12 +213,15 @@ def scan_python(
     max_messages: int,
     derive_scopes: frozenset[str],
     attr_keys: tuple[str, ...],
+    event_keys: tuple[tuple[str, str], ...] = (),
+    split_scopes: frozenset[str] = frozenset(),
 ) -> TraceRequest:
     """The pure-Python scanner (see the module doc); same contract as
     :func:`scan_traces`."""
     message: Any = decode_protobuf(_SPEC, data, max_depth, max_messages)
+    reading = ScanSpec(derive_scopes, attr_keys, event_keys, split_scopes)
     try:
-        blocks, other = _index(data, message.resource_spans, derive_scopes, attr_keys)
+        blocks, other = _index(data, message.resource_spans, reading)
     except (IndexError, ValueError) as exc:
         # upb accepted what this walk cannot follow: it cannot happen for bytes upb
         # parsed (both read the same wire format), but a refusal is the safe answer.
@@ -258,10 +299,7 @@ def _skip(data: bytes, pos: int, tag: int) -> int:
 
 
 def _index(
-    data: bytes,
-    resource_spans: Sequence[Any],
-    derive_scopes: frozenset[str],
-    attr_keys: tuple[str, ...],
+    data: bytes, resource_spans: Sequence[Any], reading: ScanSpec
 ) -> tuple[list[ResourceBlock], list[ByteRange]]:
     """The request's ResourceSpans blocks and other fields; ``resource_spans`` is the
     parsed request's."""
@@ -274,7 +312,7 @@ def _index(
         if tag == _TAG_RESOURCE_SPANS:
             block = ResourceBlock(pos, end, None, [], [])
             rs = resource_spans[len(blocks)]
-            _fill_block(block, data, body, rs, derive_scopes=derive_scopes, attr_keys=attr_keys)
+            _fill_block(block, data, body, rs, reading)
             blocks.append(block)
         else:
             other.append((pos, end))
@@ -284,15 +322,7 @@ def _index(
     return blocks, other
 
 
-def _fill_block(
-    block: ResourceBlock,
-    data: bytes,
-    pos: int,
-    rs: Any,
-    *,
-    derive_scopes: frozenset[str],
-    attr_keys: tuple[str, ...],
-) -> None:
+def _fill_block(block: ResourceBlock, data: bytes, pos: int, rs: Any, reading: ScanSpec) -> None:
     """Index the ResourceSpans ``rs`` (parsed) whose body starts at ``pos``."""
     resources: list[bytes] = []
     scopes = block.scopes
@@ -304,9 +334,12 @@ def _fill_block(
             ss = scope_spans[len(scopes)]
             name = ss.scope.name
             derived = None
-            if name in derive_scopes:
-                derived = _derived(ss, attr_keys, data, pos, field_end)
-            scopes.append(ScopeBlock(pos, field_end, name, len(ss.spans), derived))
+            if name in reading.derive_scopes:
+                derived = _derived(ss, reading, data, pos, field_end)
+            scope = ScopeBlock(pos, field_end, name, len(ss.spans), derived)
+            if name in reading.split_scopes:
+                scope.split = _split(ss, data, body, field_end)
+            scopes.append(scope)
         elif tag == _TAG_RESOURCE:
             resources.append(data[body:field_end])
         else:
@@ -319,6 +352,21 @@ def _fill_block(
         block.resource = resources[0] if len(resources) == 1 else b"".join(resources)
 
 
+def _split(ss: ScopeSpans, data: bytes, pos: int, end: int) -> list[SplitSpan]:
+    """Each span's name (from the parsed ``ss``) and ``spans`` field range, in wire
+    order, of the ScopeSpans whose body is ``data[pos:end]``."""
+    spans = ss.spans
+    out: list[SplitSpan] = []
+    while pos < end:
+        tag, _, field_end = _field(data, pos)
+        if tag == _TAG_SPANS:
+            out.append((spans[len(out)].name, pos, field_end))
+        pos = field_end
+    if len(out) != len(spans):
+        raise ValueError("span count differs from the parser's")
+    return out
+
+
 def _value(value: AnyValue) -> AttrValue:
     kind = value.WhichOneof("value")
     if kind not in _SCALARS:
@@ -328,27 +376,49 @@ def _value(value: AnyValue) -> AttrValue:
 
 
 def _derived(
-    ss: ScopeSpans, attr_keys: tuple[str, ...], data: bytes, start: int, end: int
+    ss: ScopeSpans, reading: ScanSpec, data: bytes, start: int, end: int
 ) -> list[DerivedSpan]:
     """The derive fields of the block's spans. Attributes are read only when one of
-    ``attr_keys`` occurs in the block's bytes at all (the keys are rare)."""
-    nothing: tuple[AttrValue, ...] = (None,) * len(attr_keys)
+    ``attr_keys`` occurs in the block's bytes at all (the keys are rare), events only
+    when one of ``event_keys``' event names does, and then of ERROR spans only."""
+    attr_keys, event_keys = reading.attr_keys, reading.event_keys
+    n_attrs = len(attr_keys)
+    nothing: tuple[AttrValue, ...] = (None,) * (n_attrs + len(event_keys))
     wanted = {key: i for i, key in enumerate(attr_keys)}
-    read_attrs = any(data.find(key.encode(), start, end) >= 0 for key in attr_keys)
+    find = data.find
+    read_attrs = False
+    for needle in _needles(attr_keys):
+        if find(needle, start, end) >= 0:
+            read_attrs = True
+            break
+    read_events = False
+    for needle in _needles(tuple(name for name, _ in event_keys)):
+        if find(needle, start, end) >= 0:
+            read_events = True
+            break
     out: list[DerivedSpan] = []
     append = out.append
     for span in ss.spans:
         values = nothing
+        found: list[AttrValue] | None = None
         if read_attrs:
-            found: list[AttrValue] | None = None
             for kv in span.attributes:
                 i = wanted.get(kv.key)
                 if i is not None:
                     if found is None:
                         found = list(nothing)
                     found[i] = _value(kv.value)
-            if found is not None:
-                values = tuple(found)
+        code = span.status.code
+        # Event values are failure details: read from ERROR spans only (the contract).
+        if read_events and code == _STATUS_ERROR and span.events:
+            for j, (event_name, key) in enumerate(event_keys):
+                value = _event_value(span.events, event_name, key)
+                if value is not None:
+                    if found is None:
+                        found = list(nothing)
+                    found[n_attrs + j] = value
+        if found is not None:
+            values = tuple(found)
         append(
             (
                 span.name,
@@ -356,8 +426,30 @@ def _derived(
                 span.end_time_unix_nano,
                 span.trace_id,
                 span.span_id,
-                span.status.code,
+                code,
                 values,
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _needles(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    """``keys`` as the UTF-8 bytes searched for in a block (encoded once per key set)."""
+    return tuple(key.encode() for key in keys)
+
+
+def _event_value(events: Sequence[Any], name: str, key: str) -> AttrValue:
+    """The value of attribute ``key`` in the last of ``events`` named ``name`` that has
+    it (its last occurrence there); None when none has."""
+    for event in reversed(events):
+        if event.name != name:
+            continue
+        value: AttrValue = None
+        has = False
+        for kv in event.attributes:
+            if kv.key == key:
+                value, has = _value(kv.value), True
+        if has:
+            return value
+    return None

@@ -25,12 +25,14 @@ from gym_sidecar.core.traces import ResourceBlock, ScopeBlock, TraceRequest
 from gym_sidecar.wire.protobuf.decode import BadRequest, decode_protobuf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 REQUEST = ExportTraceServiceRequest.DESCRIPTOR
 SPEC = SPECS[Signal.TRACES]
-DERIVE_SCOPES = frozenset({"gym_telemetry.rollout", "gym_telemetry.verify"})
+DERIVE_SCOPES = frozenset({"gym_telemetry.rollout", "gym_telemetry.verify", "nemo.lens.helpers"})
 ATTR_KEYS = ("nemo.gym.rollout.nested", "gym.verify.succeeded", "error.type")
+EVENT_KEYS = (("exception", "exception.type"),)
+SPLIT_SCOPES = frozenset({"nemo.lens.helpers"})
 PARSER_LEVELS = 101
 """What upb really allows: the request and 100 levels under it."""
 
@@ -84,6 +86,8 @@ def scan(
     max_messages: int = 10**9,
     derive_scopes: frozenset[str] = DERIVE_SCOPES,
     attr_keys: tuple[str, ...] = ATTR_KEYS,
+    event_keys: tuple[tuple[str, str], ...] = EVENT_KEYS,
+    split_scopes: frozenset[str] = SPLIT_SCOPES,
 ) -> tuple[list[ResourceBlock], list[tuple[int, int]]] | Refused:
     """The native answer in the reference's terms."""
     try:
@@ -95,6 +99,8 @@ def scan(
             attr_keys,
             ResourceBlock,
             ScopeBlock,
+            event_keys,
+            split_scopes,
         )
     except (native.DecodeError, native.TooDeep, native.TooManyMessages) as exc:
         assert isinstance(exc, ValueError)
@@ -108,21 +114,39 @@ def canonical(msg: Any) -> bytes:
     return data
 
 
-def expected_values(span: Span, attr_keys: tuple[str, ...]) -> tuple[Any, ...]:
-    """The derive values the Python way: each key's last attribute, read from upb."""
+def _scalar(value: Any) -> Any:
+    case = value.WhichOneof("value")
+    scalar = case not in (None, "array_value", "kvlist_value")
+    return getattr(value, case) if scalar and case else None
+
+
+def expected_values(
+    span: Span, attr_keys: tuple[str, ...], event_keys: tuple[tuple[str, str], ...] = ()
+) -> tuple[Any, ...]:
+    """The derive values the Python way, read from upb: each key's last attribute, then
+    for each event key the value in the last event of that name that has the key (ERROR
+    spans only)."""
     out: list[Any] = []
     for key in attr_keys:
         value: Any = None
         for kv in span.attributes:
             if kv.key == key:
-                case = kv.value.WhichOneof("value")
-                scalar = case not in (None, "array_value", "kvlist_value")
-                value = getattr(kv.value, case) if scalar and case else None
+                value = _scalar(kv.value)
         out.append(value)
+    for name, key in event_keys:
+        found: Any = None
+        for event in span.events if span.status.code == 2 else ():
+            if event.name == name:
+                for kv in event.attributes:
+                    if kv.key == key:
+                        found = _scalar(kv.value)
+        out.append(found)
     return tuple(out)
 
 
-def expected_derived(span: Span, attr_keys: tuple[str, ...]) -> tuple[Any, ...]:
+def expected_derived(
+    span: Span, attr_keys: tuple[str, ...], event_keys: tuple[tuple[str, str], ...] = ()
+) -> tuple[Any, ...]:
     return (
         span.name,
         span.start_time_unix_nano,
@@ -130,7 +154,7 @@ def expected_derived(span: Span, attr_keys: tuple[str, ...]) -> tuple[Any, ...]:
         span.trace_id,
         span.span_id,
         span.status.code,
-        expected_values(span, attr_keys),
+        expected_values(span, attr_keys, event_keys),
     )
 
 
@@ -152,6 +176,8 @@ def check_index(
     other: list[tuple[int, int]],
     derive_scopes: frozenset[str] = DERIVE_SCOPES,
     attr_keys: tuple[str, ...] = ATTR_KEYS,
+    event_keys: tuple[tuple[str, str], ...] = EVENT_KEYS,
+    split_scopes: frozenset[str] = SPLIT_SCOPES,
 ) -> None:
     """Asserts that the index of ``data`` says what upb's parse ``msg`` says."""
     # The blocks and the other ranges tile the request, in wire order.
@@ -175,11 +201,20 @@ def check_index(
             assert type(scope.name) is str
             assert scope.name == ss.scope.name
             assert scope.spans == len(ss.spans)
+            if scope.name in split_scopes:
+                assert scope.split is not None
+                assert [type(n) for n, _, _ in scope.split] == [str] * len(ss.spans)
+                assert [n for n, _, _ in scope.split] == [span.name for span in ss.spans]
+                for (_, start, end), span in zip(scope.split, ss.spans, strict=True):
+                    alone = ScopeSpans.FromString(data[start:end])
+                    assert [canonical(s) for s in alone.spans] == [canonical(span)]
+            else:
+                assert scope.split is None
             if scope.name not in derive_scopes:
                 assert scope.derived is None
                 continue
             assert scope.derived is not None
-            want = [expected_derived(span, attr_keys) for span in ss.spans]
+            want = [expected_derived(span, attr_keys, event_keys) for span in ss.spans]
             assert same(scope.derived, want), (scope.derived, want)
         for start, end in block.other:
             assert block.start < start < end <= block.end
@@ -200,15 +235,27 @@ def check_same_answer(
     max_messages: int = 10**9,
     derive_scopes: frozenset[str] = DERIVE_SCOPES,
     attr_keys: tuple[str, ...] = ATTR_KEYS,
+    event_keys: tuple[tuple[str, str], ...] = EVENT_KEYS,
+    split_scopes: frozenset[str] = SPLIT_SCOPES,
 ) -> str:
     """Asserts that the scan answers as the reference does; returns the outcome's name."""
     want = reference(data, max_depth, max_messages)
-    got = scan(native, data, max_depth, max_messages, derive_scopes, attr_keys)
+    got = scan(
+        native, data, max_depth, max_messages, derive_scopes, attr_keys, event_keys, split_scopes
+    )
     if isinstance(want, Refused):
         assert isinstance(got, Refused) and got.kind == want.kind, (want, got, data.hex())
         return want.kind
     assert not isinstance(got, Refused), (got, data.hex())
-    check_index(data, want, *got, derive_scopes=derive_scopes, attr_keys=attr_keys)
+    check_index(
+        data,
+        want,
+        *got,
+        derive_scopes=derive_scopes,
+        attr_keys=attr_keys,
+        event_keys=event_keys,
+        split_scopes=split_scopes,
+    )
     return "accepted"
 
 

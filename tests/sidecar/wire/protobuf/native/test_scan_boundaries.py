@@ -63,8 +63,12 @@ def upb(data: bytes) -> str:
     return "ok"
 
 
-def derived(data: bytes, keys: tuple[str, ...] = ATTR_KEYS) -> list[tuple[object, ...]]:
-    got = scan(native, data, attr_keys=keys)
+def derived(
+    data: bytes,
+    keys: tuple[str, ...] = ATTR_KEYS,
+    event_keys: tuple[tuple[str, str], ...] = (),
+) -> list[tuple[object, ...]]:
+    got = scan(native, data, attr_keys=keys, event_keys=event_keys)
     assert not isinstance(got, Refused), got
     [block] = got[0]
     [scope] = block.scopes
@@ -430,14 +434,92 @@ def test_derive_values_last_attribute_and_last_member() -> None:
         assert check_same_answer(native, data, attr_keys=keys) == "accepted"
 
 
+def _event(name: bytes | None, *attrs: bytes, tag_pad: bool = False) -> bytes:
+    """A span's ``events`` field: the event's ``name`` (omitted for None) after its
+    attributes (``_attr`` fields re-tagged as Event.attributes, field 3)."""
+    body = b"".join(b"\x1a" + a[1:] for a in attrs)
+    if name is not None:
+        body += ld(2, name)
+    tag = b"\xda\x00" if tag_pad else b"\x5a"  # field 11, wire type 2; padded or not
+    return tag + varint(len(body)) + body
+
+
+EXC = (("exception", "exception.type"),)
+
+
+def test_event_values_are_the_last_event_of_that_name_with_the_key() -> None:
+    """Gym's own telemetry's failure: an ``exception`` event's ``exception.type``. The
+    name may follow the attributes; a later event without the key leaves the value; a
+    later one with it replaces it; an event of another name is not read; a non-minimal
+    tag reads the same; a span whose status is not ERROR has no event values."""
+    typ = AnyValue(string_value="a.B")
+    other = AnyValue(string_value="c.D")
+    cases: list[tuple[bytes, object]] = [
+        (_event(b"exception", _attr("exception.type", typ)), "a.B"),
+        (_event(b"exception", _attr("exception.type", typ), tag_pad=True), "a.B"),
+        (_event(b"log", _attr("exception.type", typ)), None),
+        (_event(None, _attr("exception.type", typ)), None),
+        (
+            _event(b"exception", _attr("exception.type", typ))
+            + _event(b"exception", _attr("exception.message", other)),
+            "a.B",
+        ),
+        (
+            _event(b"exception", _attr("exception.type", typ))
+            + _event(b"exception", _attr("exception.type", other)),
+            "c.D",
+        ),
+        (
+            _event(b"exception", _attr("exception.type", typ), _attr("exception.type", other)),
+            "c.D",
+        ),
+        (_event(b"exception", _attr("exception.type", AnyValue(int_value=3))), 3),
+        (_event(b"exception", _attr("exception.type")), None),
+    ]
+    error = ld(15, b"\x18\x02")  # status.code = ERROR
+    for span, want in cases:
+        for status, expected in ((error, want), (b"", None), (ld(15, b"\x18\x01"), None)):
+            body = ld(5, b"gym.verify") + span + status
+            data = span_request(body, scope="nemo.lens.helpers")
+            assert derived(data, (), EXC)[0][6] == (expected,), span.hex()
+            assert check_same_answer(native, data, attr_keys=(), event_keys=EXC) == "accepted"
+    # the status may come first, or twice (merged)
+    event = _event(b"exception", _attr("exception.type", typ))
+    data = span_request(error + event + ld(15, b""), scope="nemo.lens.helpers")
+    assert derived(data, (), EXC)[0][6] == ("a.B",)
+
+
+def test_a_split_scope_reports_each_span_field() -> None:
+    """``split``: every span's name (the last ``name`` field) and field bytes, also with
+    other fields between the spans and a non-minimal tag."""
+    first = ld(5, b"gym.verify")
+    second = ld(5, b"x") + ld(5, b"gym.model.responses")
+    scope_spans = (
+        ld(1, ld(1, b"nemo.lens.helpers"))
+        + ld(2, first)
+        + ld(3, b"schema")
+        + b"\x92\x00"
+        + varint(len(second))
+        + second
+    )
+    data = ld(1, ld(2, scope_spans))
+    [block], _ = scan(native, data)
+    [scope] = block.scopes
+    assert scope.split is not None
+    assert [name for name, _, _ in scope.split] == ["gym.verify", "gym.model.responses"]
+    assert check_same_answer(native, data) == "accepted"
+
+
 def test_only_named_scopes_are_derived() -> None:
     data = span_request(ld(5, b"gym.rollout"), scope="gym_telemetry.server")
     [block], _ = scan(native, data)
     assert block.scopes[0].derived is None
-    [block], _ = scan(native, data, derive_scopes=frozenset({"gym_telemetry.server"}))
+    [block], _ = scan(
+        native, data, derive_scopes=frozenset({"gym_telemetry.server"}), event_keys=()
+    )
     assert block.scopes[0].derived == [("gym.rollout", 0, 0, b"", b"", 0, (None, None, None))]
     no_scope = ld(1, ld(2, ld(2, b"")))
-    [block], _ = scan(native, no_scope, derive_scopes=frozenset({""}))
+    [block], _ = scan(native, no_scope, derive_scopes=frozenset({""}), event_keys=())
     assert block.scopes[0].name == ""
     assert block.scopes[0].derived == [("", 0, 0, b"", b"", 0, (None, None, None))]
 

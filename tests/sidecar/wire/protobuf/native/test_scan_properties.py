@@ -37,7 +37,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from tests.sidecar.wire.protobuf.native.support import (
     ATTR_KEYS,
     DERIVE_SCOPES,
+    EVENT_KEYS,
     REQUEST,
+    SPLIT_SCOPES,
     Field,
     check_same_answer,
     decode,
@@ -58,11 +60,14 @@ def examples(n: int) -> int:
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
 TEXT = st.text(max_size=10)
-KEYS = st.sampled_from([*ATTR_KEYS, "k", "", "ключ"])
+KEYS = st.sampled_from([*ATTR_KEYS, "exception.type", "k", "", "ключ"])
 SCOPE_NAMES = st.sampled_from(
     [*sorted(DERIVE_SCOPES), "gym_telemetry.server", "gym_telemetry.http_client", "", "ü"]
 )
-SPAN_NAMES = st.sampled_from(["gym.rollout", "gym.verify", "gym.env.step", "POST /run", "", "ü"])
+SPAN_NAMES = st.sampled_from(
+    ["gym.rollout", "gym.verify", "gym.env.step", "gym.model.responses", "POST /run", "", "ü"]
+)
+EVENT_NAMES = st.one_of(st.sampled_from(["exception", "exception", "e"]), TEXT)
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.one_of(st.sampled_from([0, 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1))
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -121,9 +126,12 @@ def spans(draw: Draw) -> Span:
         span.dropped_attributes_count = draw(U32)
         span.dropped_events_count = draw(U32)
         span.dropped_links_count = draw(U32)
-        event = span.events.add(time_unix_nano=draw(U64), name=draw(TEXT))
+        event = span.events.add(time_unix_nano=draw(U64), name=draw(EVENT_NAMES))
         event.attributes.extend(draw(ATTRIBUTES))
         event.dropped_attributes_count = draw(U32)
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):  # exception events, as Lens writes
+        event = span.events.add(name=draw(EVENT_NAMES))
+        event.attributes.extend(draw(ATTRIBUTES))
         link = span.links.add(
             trace_id=draw(st.binary(max_size=16)), trace_state=draw(TEXT), flags=draw(U32)
         )
@@ -330,7 +338,14 @@ def test_scan_answers_as_upb_and_the_limits() -> None:
         )
         scopes = data.draw(st.sampled_from([DERIVE_SCOPES, frozenset(), frozenset({"", "ü"})]))
         keys = data.draw(st.sampled_from([ATTR_KEYS, (), ("k", "k", "")]))
-        seen[check_same_answer(native, wire, max_depth, max_messages, scopes, keys)] += 1
+        events = data.draw(
+            st.sampled_from([EVENT_KEYS, (), (("e", "k"), ("exception", "exception.type"))])
+        )
+        split = data.draw(st.sampled_from([SPLIT_SCOPES, frozenset(), frozenset({"", "ü"})]))
+        outcome = check_same_answer(
+            native, wire, max_depth, max_messages, scopes, keys, events, split
+        )
+        seen[outcome] += 1
 
     run()
     # The generator reaches every answer (else this test could not fail where it matters).
