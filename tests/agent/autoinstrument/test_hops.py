@@ -122,3 +122,32 @@ def test_attempts_are_counted_only_inside_a_hop() -> None:
     finally:
         hops._ATTEMPTS.reset(token)
     assert attempts.count == 2 and calls == ["http://x/1", "http://x/2", "http://x/3"]
+
+
+def test_with_http_client_off_the_untraced_path_still_steps_the_rollout() -> None:
+    import asyncio
+
+    from gym_telemetry import inflight
+    from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    seen: list[tuple[str, str]] = []
+
+    async def retries(method: str, url: str, **kwargs: Any) -> str:
+        seen.append((method, url))
+        return "response"
+
+    stepping = hops.stepping(retries)
+    span = NonRecordingSpan(SpanContext(9, 9, False, TraceFlags(1)))
+    record = inflight.begin(span, None, nested=False)
+    token = ENCLOSING_ROLLOUT.set(record)
+    try:
+        url = "http://127.0.0.1:1/v1/responses?key=secret"
+        answer = asyncio.run(stepping("post", url, _server_name="policy_model"))
+    finally:
+        ENCLOSING_ROLLOUT.reset(token)
+        inflight.end(record)
+    assert answer == "response" and seen == [("post", url)]  # Gym's call, unchanged
+    assert (record.step, record.target, record.turns) == ("POST /v1/responses", "policy_model", 1)
+    # outside a rollout: nothing but Gym's call
+    assert asyncio.run(stepping("POST", "http://127.0.0.1:1/verify")) == "response"

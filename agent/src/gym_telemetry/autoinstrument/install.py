@@ -192,7 +192,8 @@ def patch_server_utils(module: ModuleType) -> None:
     ``instrument_app_for_telemetry`` (Gym's call sites already run through this
     project's primitives, ``gym_primitives``). Should this project's SDK not start
     (``OTEL_SDK_DISABLED``, an error), Gym's own runs as it would without the agent.
-    The hops are patched here too (``hops``).
+    The module's hops are patched too (``hops.patch``: CLIENT span, retries, timeouts,
+    the rollout's step).
     """
     from gym_telemetry.autoinstrument.hops import patch as patch_hops
     from gym_telemetry.autoinstrument.identity import start_server_telemetry
