@@ -38,6 +38,7 @@ from gym_sidecar.config import SidecarConfig
 from gym_sidecar.httpserver.limits import ConnectionLimits
 from gym_sidecar.httpserver.listener import AsgiListener
 from gym_sidecar.malloc import MemoryTuner
+from gym_sidecar.receiver import wire
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -69,6 +70,9 @@ class SidecarServer:
     async def startup(self) -> None:
         cfg = self.config
         self._memory.start()  # before the receivers' threads exist (M_ARENA_MAX)
+        # Which trace scanner runs is decided (and logged) now, not at the first trace, so
+        # an operator can see it on /metrics from the start.
+        self.metrics.trace_scanner.labels(scanner=wire.active_scanner()).set(1)
         pipeline = build_pipeline(cfg, self.metrics)
         self.pipeline = pipeline
         self.reload_hooks.extend(pipeline.reload_hooks)
