@@ -5,12 +5,12 @@ needs on a cluster without controllers.
 The Gym servers are the demo rollout's (``examples/gym_stack``: the stub model, the
 shipped ``example_single_tool_call`` resources server, ``simple_agent``), one container
 each in the ``gym-server`` image, addressed to each other on the pod's localhost
-(:data:`GYM_STACK`); each listens on the pod IP too (``GYM_SERVER_BIND_HOST``), for
-the kubelet's readiness probes and the test's rollouts. The two senders (``pod_otlp_sender.py``, an OpenTelemetry
-SDK app) differ only in the protocol the app chose: ``http-sender`` sets
-``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`` itself, ``grpc-sender`` sets nothing, so
-the injector's pair applies. No container names the sidecar's address: the injector
-gives it.
+(:data:`GYM_STACK`); each listens on the pod IP too (``GYM_SERVER_BIND_HOST``), for the
+kubelet's readiness probes and the test's rollouts. The two senders
+(``pod_otlp_sender.py``, an OpenTelemetry SDK app) differ only in the protocol the app
+chose: ``http-sender`` sets ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`` itself,
+``grpc-sender`` sets nothing, so the injector's pair applies. No container names the
+sidecar's address: the injector gives it.
 """
 
 from __future__ import annotations
