@@ -291,9 +291,7 @@ def test_the_sidecar_image_gets_the_native_wheel_make_test_built(tmp_path: Path)
     (tmp_path / "gym_telemetry_sidecar_native-0.0.1-cp311-abi3-linux_x86_64.whl").write_bytes(b"x")
     staged = native_wheel.stage(tmp_path)
     assert staged is not None
-    installed = importlib.metadata.distribution(native_wheel.DISTRIBUTION).locate_file(
-        extension[0]
-    )
+    installed = importlib.metadata.distribution(native_wheel.DISTRIBUTION).locate_file(extension[0])
     with zipfile.ZipFile(staged) as wheel:
         assert wheel.read(extension[0]) == Path(str(installed)).read_bytes()
     assert native_wheel.stage(tmp_path) == staged

@@ -57,9 +57,10 @@ def test_the_trace_scanner_in_use_is_on_metrics_and_logged_at_start(
     with SidecarProcess(env=env) as sc:
         assert sc.metric("gym_sidecar_trace_scanner_info", scanner=want) == 1.0
         other = "python" if want == "native" else "native"
-        assert f'gym_sidecar_trace_scanner_info{{scanner="{other}"}}' not in httpx.get(
-            sc.admin_url + "/metrics"
-        ).text
+        assert (
+            f'gym_sidecar_trace_scanner_info{{scanner="{other}"}}'
+            not in httpx.get(sc.admin_url + "/metrics").text
+        )
         lines = [ln for ln in sc.log_text().splitlines() if "trace scanner:" in ln]
     assert len(lines) == 1, lines
     if want == "native":
