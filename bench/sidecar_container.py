@@ -51,7 +51,8 @@ class ContainerSidecar:
         workdir: Path,
         name: str = "container",
     ) -> None:
-        self.image, self.sink_endpoint, self.env = image, sink_endpoint, env
+        self.image, self.env = image, env
+        self.sink_endpoint = sink_endpoint if "://" in sink_endpoint else f"http://{sink_endpoint}"
         self.name = name
         self.workdir = workdir
         self.grpc_port, self.http_port, self.admin_port = free_port(), free_port(), free_port()
@@ -92,15 +93,19 @@ class ContainerSidecar:
             time.sleep(0.2)
         state = json.loads(docker("inspect", "--format", "{{json .State}}", self.container))
         self.pid = int(state["Pid"])
-        metrics = self._admin("/metrics") or ""
-        self.scanner = next(
-            (
-                line.split('scanner="', 1)[1].split('"', 1)[0]
-                for line in metrics.splitlines()
-                if line.startswith("gym_sidecar_trace_scanner_info{")
-            ),
-            None,
-        )
+        for _ in range(50):  # a scrape can time out on a busy machine: try again
+            metrics = self._admin("/metrics") or ""
+            self.scanner = next(
+                (
+                    line.split('scanner="', 1)[1].split('"', 1)[0]
+                    for line in metrics.splitlines()
+                    if line.startswith("gym_sidecar_trace_scanner_info{")
+                ),
+                None,
+            )
+            if self.scanner is not None:
+                break
+            time.sleep(0.2)
         time.sleep(2.0)
         self.idle_mib = status_mib(self.pid, "VmRSS")
         self.startup_mib = status_mib(self.pid, "VmHWM")

@@ -100,11 +100,15 @@ class DefaultSidecar:
         self.idle_mib: float | None = None
         self.startup_mib: float | None = None
         self.show_smaps = show_smaps
+        self.scanner: str | None = None
 
     def start(self) -> None:
         self.proc.start()
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
+        for scanner in ("native", "python"):
+            if self.proc.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
+                self.scanner = scanner
         time.sleep(2.0)
         self.idle_mib = status_mib(self.pid, "VmRSS")
         self.startup_mib = status_mib(self.pid, "VmHWM")
