@@ -7,10 +7,15 @@ in. The sidecar image installs that same wheel offline, from the build context's
 wheel uv built -- the one whose compiled extension has exactly the hash the installed
 distribution's RECORD lists -- and copies it there. Nothing is compiled again.
 
-Where the extension is not installed (a plain ``uv sync``, no Rust), :func:`stage`
-returns None and the image is built without it (the sidecar then runs, and says it
-runs, the pure-Python scanner). Installed but no matching wheel in uv's cache (the cache
-was pruned since) is an error naming the command that builds it again.
+The extension is read when this module is first imported (:data:`AT_IMPORT`: in a test
+session, at collection, before any test runs) as well as at each call: ``make test``'s
+demo tests run ``scripts/bootstrap.sh``, whose exact ``uv sync`` removes the extension
+from ``.venv`` half-way through the session, and the wheel the session started with is
+still the one to stage (uv's cache keeps it). Where the extension was never installed
+(a plain ``uv sync``, no Rust), :func:`stage` returns None and the image is built
+without it (the sidecar then runs, and says it runs, the pure-Python scanner).
+Installed but no matching wheel in uv's cache (the cache was pruned since) is an error
+naming the command that builds it again.
 """
 
 from __future__ import annotations
@@ -48,6 +53,16 @@ def installed_extension() -> tuple[str, str] | None:
     raise NativeWheelError(f"{DISTRIBUTION} is installed but its RECORD lists no extension")
 
 
+AT_IMPORT = installed_extension()
+"""The installed extension when this module was imported (see the module docstring)."""
+
+
+def session_extension() -> tuple[str, str] | None:
+    """The extension installed now, or else the one installed when this module was
+    imported (None: this environment never had it)."""
+    return installed_extension() or AT_IMPORT
+
+
 def uv_cache_dir() -> Path:
     """uv's cache (``uv cache dir``; ``$UV_CACHE_DIR`` or ``~/.cache/uv`` without uv)."""
     uv = shutil.which("uv")
@@ -60,7 +75,7 @@ def uv_cache_dir() -> Path:
     return Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
 
 
-def _record_hash(data: bytes) -> str:
+def record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
     return f"sha256={digest.decode()}"
 
@@ -69,7 +84,7 @@ def _holds(wheel: Path, extension: tuple[str, str]) -> bool:
     path, want = extension
     try:
         with zipfile.ZipFile(wheel) as archive:
-            return _record_hash(archive.read(path)) == want
+            return record_hash(archive.read(path)) == want
     except (OSError, KeyError, zipfile.BadZipFile):
         return False
 
@@ -91,7 +106,7 @@ def find_built_wheel(extension: tuple[str, str], cache: Path | None = None) -> P
 def stage(into: Path = WHEELS_DIR) -> Path | None:
     """Copy the installed extension's wheel into ``into`` (the only native wheel there);
     its path, or None when the extension is not installed here."""
-    extension = installed_extension()
+    extension = session_extension()
     if extension is None:
         return None
     wheel = find_built_wheel(extension)

@@ -277,12 +277,11 @@ def test_the_sidecar_image_gets_the_native_wheel_make_test_built(tmp_path: Path)
     """What ``testkit.native_wheel`` stages for sidecar.Dockerfile is the very wheel whose
     extension this environment runs (found in uv's cache, not rebuilt); staging again
     leaves one native wheel in the folder."""
-    import importlib.metadata
     import zipfile
 
     from testkit import native_wheel
 
-    extension = native_wheel.installed_extension()
+    extension = native_wheel.session_extension()
     if extension is None:
         reason = "gym_sidecar_native is not installed (`uv sync --frozen --group native`)"
         if os.environ.get("GYM_TEST_NATIVE") == "required":
@@ -291,8 +290,7 @@ def test_the_sidecar_image_gets_the_native_wheel_make_test_built(tmp_path: Path)
     (tmp_path / "gym_telemetry_sidecar_native-0.0.1-cp311-abi3-linux_x86_64.whl").write_bytes(b"x")
     staged = native_wheel.stage(tmp_path)
     assert staged is not None
-    installed = importlib.metadata.distribution(native_wheel.DISTRIBUTION).locate_file(extension[0])
-    with zipfile.ZipFile(staged) as wheel:
-        assert wheel.read(extension[0]) == Path(str(installed)).read_bytes()
+    with zipfile.ZipFile(staged) as wheel:  # the extension, byte for byte (its RECORD hash)
+        assert native_wheel.record_hash(wheel.read(extension[0])) == extension[1]
     assert native_wheel.stage(tmp_path) == staged
     assert [p.name for p in tmp_path.glob("*.whl")] == [staged.name]

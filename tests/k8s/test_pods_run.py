@@ -246,7 +246,7 @@ def test_the_injected_pod_runs_with_its_native_sidecar_ready(pod: Pod) -> None:
 
 
 def test_the_pod_sidecar_runs_the_native_scanner(pod: Pod) -> None:
-    if native_wheel.installed_extension() is None:
+    if native_wheel.session_extension() is None:
         reason = "gym_sidecar_native is not installed here, so the image was built without it"
         if os.environ.get("GYM_TEST_NATIVE") == "required":
             pytest.fail(f"GYM_TEST_NATIVE=required: {reason}")
