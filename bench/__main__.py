@@ -34,15 +34,24 @@ Runs, in order, each in its own processes:
 
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.
+
+Ctrl-C, SIGTERM and SIGHUP stop it alike: the running step gets the signal (each step
+stops the servers it started, ``gym_telemetry_demo.stopsignals.run_main``), the steps
+after it do not run, and it dies by the signal.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gym_telemetry_demo.procs import run_passing_signals
+from gym_telemetry_demo.stopsignals import run_main
+
+#: How long a step gets to stop what it started once a stop signal is passed on (s).
+STEP_STOP_GRACE_S = 180.0
 
 
 def _loadavg() -> str:
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== agent per-call overhead (load average {_loadavg()})", flush=True)
     cmd = [sys.executable, "-m", "bench.agent_overhead"] + (["--quick"] if args.quick else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = run_passing_signals(cmd, STEP_STOP_GRACE_S, capture=True)
     sys.stdout.write(done.stdout + done.stderr)
     suffix = "_quick" if args.quick else ""
     (args.out / f"agent_overhead{suffix}.txt").write_text(
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for module, extra in runs:
         print(f"\n== {module} {' '.join(extra)} (load average {_loadavg()})", flush=True)
         cmd = [sys.executable, "-m", module, *common, *extra]
-        failures += subprocess.run(cmd, check=False).returncode != 0
+        failures += run_passing_signals(cmd, STEP_STOP_GRACE_S).returncode != 0
 
     print(
         f"\nall benchmarks: {time.monotonic() - t0:.0f} s, load average {_loadavg()}; "
@@ -174,10 +183,11 @@ def round3(args: argparse.Namespace) -> int:
     failures = 0
     for step in steps:
         print(f"\n== {' '.join(step)} (load average {_loadavg()})", flush=True)
-        failures += subprocess.run([sys.executable, "-m", *step], check=False).returncode != 0
+        step_cmd = [sys.executable, "-m", *step]
+        failures += run_passing_signals(step_cmd, STEP_STOP_GRACE_S).returncode != 0
     print(f"\nround 3: {time.monotonic() - t0:.0f} s, load average {_loadavg()}; in {args.out}/")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -30,6 +30,8 @@ import os
 import subprocess
 import sys
 
+from gym_telemetry_demo.stopsignals import run_main
+
 _CHILD = r"""
 import asyncio, collections, gc, os, sys
 from types import SimpleNamespace
@@ -149,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -11,7 +11,7 @@ one warm-up pass. Since the pipeline works on a request's wire view
 (``gym_sidecar.core.traces``), the step has three parts:
 
 - ``scan``: the share of the receiver's scan that the derive stage causes, i.e. the
-  pure-Python scanner (``receiver.wire.scan_python``) asked for the derive stage's
+  pure-Python scanner (``wire.protobuf.scan.scan_python``) asked for the derive stage's
   ``SCAN_SPEC`` minus the same scan asked for nothing (it then reads the rollout/verify
   spans' fields from the parsed request);
 - ``extract``: ``SpanDeriver.extract`` (the points, from those fields);
@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from gym_telemetry_demo.stopsignals import run_main
 
 from bench.callgrind_support import TOTALS, instrument_on, valgrind_command
 
@@ -87,7 +89,7 @@ def child(bodies: Path, repeats: int) -> None:
     def scan(derive: bool) -> list[Any]:
         if spec is None:  # before the wire view: extract reads the parsed request
             return parsed if derive else []
-        from gym_sidecar.receiver.wire import scan_python
+        from gym_sidecar.wire.protobuf.scan import scan_python
 
         return [
             scan_python(
@@ -225,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -28,6 +28,7 @@ from gym_sidecar.core.stage import Backpressure, Batch, Signal
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.stopsignals import run_main
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -120,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -39,6 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+from gym_telemetry_demo.stopsignals import run_main
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -221,4 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

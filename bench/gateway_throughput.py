@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.stopsignals import run_main
 
 from testkit.otelcol import TIER1, TIER2, Collector, gateway_binary
 
@@ -135,4 +136,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

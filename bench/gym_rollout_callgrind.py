@@ -63,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import wait_listening  # noqa: E402
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
 
 from bench.callgrind_support import (  # noqa: E402
     TOTALS,
@@ -495,4 +496,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

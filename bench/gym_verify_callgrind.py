@@ -74,6 +74,7 @@ CHILD = REPO / "bench" / "gym_verify_callgrind_child.py"
 sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import wait_listening  # noqa: E402
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
 
 from bench.callgrind_support import (  # noqa: E402
     agent_path,
@@ -374,4 +375,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -40,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
+
 from bench.gym_verify_throughput import BAGGAGE, TRACEPARENT, gym_python, verify_body  # noqa: E402
 
 _CHILD = r"""
@@ -175,4 +177,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import free_port, wait_listening  # noqa: E402
+from gym_telemetry_demo.stopsignals import run_main  # noqa: E402
 
 from testkit.gym_stack import EXAMPLE_TASK, GymStack, load_configs  # noqa: E402
 
@@ -263,4 +264,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -7,8 +7,9 @@ harness; it asserts nothing).
 
 What runs: a child process under ``valgrind --tool=callgrind --instr-atstart=no`` serving
 the sidecar's OTLP/HTTP receiver (``receiver.http.OtlpHttpApp``, default limits) on the
-sidecar's HTTP listener (``AsgiListener``: ``gym_sidecar.httpserver`` in this tree,
-``gym_sidecar.asgi_listener`` -- uvicorn -- in a tree from before it), in front of a
+sidecar's HTTP listener (``AsgiListener``: ``gym_sidecar.wire.http1`` in this tree,
+``gym_sidecar.httpserver`` in a tree from before the wire package,
+``gym_sidecar.asgi_listener`` -- uvicorn -- in one older still), in front of a
 pipeline head that accepts every batch and does nothing else; so what is counted is
 the HTTP/1.1 server, the receiver app, the body's decoding (the trace scanner) and the
 response, and no pipeline stage or export. ``--app minimal`` serves a raw ASGI app
@@ -41,6 +42,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gym_telemetry_demo.stopsignals import run_main
+
 from bench.callgrind_support import TOTALS
 from bench.sidecar_callgrind import by_object, self_costs
 from testkit.otlp_samples import trace_request
@@ -69,13 +72,21 @@ def serve(which: str) -> None:
     from gym_sidecar.selfmetrics import SelfMetrics
 
     try:
-        from gym_sidecar.httpserver.limits import ConnectionLimits
-        from gym_sidecar.httpserver.listener import AsgiListener
-    except ImportError:  # a tree from before httpserver: uvicorn's protocol, subclassed
-        from gym_sidecar.asgi_listener import (  # type: ignore[import-not-found,no-redef]
-            AsgiListener,
-            ConnectionLimits,
-        )
+        from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+        from gym_sidecar.wire.http1.listener import AsgiListener
+    except ImportError:
+        try:  # a tree from before the wire package
+            from gym_sidecar.httpserver.limits import (  # type: ignore[import-not-found,no-redef]
+                ConnectionLimits,
+            )
+            from gym_sidecar.httpserver.listener import (  # type: ignore[import-not-found,no-redef]
+                AsgiListener,
+            )
+        except ImportError:  # older still: uvicorn's protocol, subclassed
+            from gym_sidecar.asgi_listener import (  # type: ignore[import-not-found,no-redef]
+                AsgiListener,
+                ConnectionLimits,
+            )
 
     class Accept(Stage):
         name = "accept"
@@ -243,4 +254,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

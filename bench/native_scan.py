@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gym_telemetry_demo.stopsignals import run_main
+
 from bench.callgrind_support import TOTALS, instrument_on, valgrind_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,4 +232,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -18,7 +18,7 @@ request:
   ``upb parse`` is that parse alone (``ParseFromString``), so ``scan - upb parse`` is
   the walk, which the native scanner replaces too;
 - ``pipeline``: per request what the gRPC receiver does once it has the batch
-  (``receiver.otlp.submit``: ``head.consume`` and its counters; the response): enrich,
+  (``receiver.request.submit``: ``head.consume`` and its counters; the response): enrich,
   derive (extract, and record once accepted), gate, and the queue stage (serialize,
   ``ExportQueue.put``);
 - ``send``: the sender's workers drain the queue (lease, payload, export, ack).
@@ -50,6 +50,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gym_telemetry_demo.stopsignals import run_main
 
 from bench.callgrind_support import TOTALS, instrument_on, valgrind_command
 
@@ -94,11 +96,11 @@ async def _child(
 ) -> dict[str, Any]:
     from gym_sidecar.assemble import build_pipeline
     from gym_sidecar.config import SidecarConfig
-    from gym_sidecar.core.otlp import SPECS
+    from gym_sidecar.core.signals import SPECS
     from gym_sidecar.core.stage import Signal, pipeline_trace_scan
-    from gym_sidecar.receiver.otlp import build_response, decode_batch, submit
-    from gym_sidecar.receiver.wire import active_scanner, pure_python
+    from gym_sidecar.receiver.request import build_response, decode_batch, submit
     from gym_sidecar.selfmetrics import SelfMetrics
+    from gym_sidecar.wire.protobuf.scan import active_scanner, pure_python
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -349,4 +351,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gym_telemetry_demo.stopsignals import run_main
+
 CHILD = r"""
 import contextvars, sys, timeit, types
 case, n = sys.argv[1], int(sys.argv[2])
@@ -86,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gym_telemetry_demo.stopsignals import run_main
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
@@ -431,4 +432,4 @@ def harness(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

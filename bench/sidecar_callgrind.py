@@ -62,6 +62,7 @@ from pathlib import Path
 
 import yaml
 from gym_telemetry_demo.ports import free_port
+from gym_telemetry_demo.stopsignals import run_main
 
 from bench.callgrind_support import TOTALS
 from bench.loadgen import LOADS
@@ -432,4 +433,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

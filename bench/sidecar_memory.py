@@ -57,6 +57,7 @@ from collections import Counter
 from pathlib import Path
 
 from gym_telemetry_demo.sidecar import SidecarProcess
+from gym_telemetry_demo.stopsignals import run_main
 
 from bench.loadgen import LOADS
 from bench.sidecar_container import ContainerSidecar
@@ -263,4 +264,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -24,6 +24,7 @@ import grpc
 import httpx
 from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.sidecar import SidecarProcess
+from gym_telemetry_demo.stopsignals import run_main
 
 from testkit.otlp_samples import SERVICES, trace_request
 
@@ -109,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -44,6 +44,7 @@ from typing import Any
 import gym_telemetry_semconv as semconv
 from gym_telemetry_demo.ports import free_port
 from gym_telemetry_demo.sidecar import SidecarProcess
+from gym_telemetry_demo.stopsignals import run_main
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.loadgen import build_requests
@@ -374,4 +375,4 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

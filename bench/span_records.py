@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 
+from gym_telemetry_demo.stopsignals import run_main
+
 _CHILD = r"""
 import gc, os, sys, time
 os.environ.update(
@@ -115,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

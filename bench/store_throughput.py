@@ -48,6 +48,7 @@ from gym_sidecar.store.exporter import LocalStoreExporter
 from gym_sidecar.store.writer import StoreMetrics
 from gym_telemetry_demo.ports import free_port, wait_listening
 from gym_telemetry_demo.sidecar import SidecarProcess
+from gym_telemetry_demo.stopsignals import run_main
 
 from testkit.otlp_samples import SERVICES
 from testkit.rollout_requests import Rollout, trace_request
@@ -215,4 +216,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # SIGTERM and SIGHUP stop its children as Ctrl-C does

@@ -8,6 +8,24 @@ Usage::
                                                # semconv wheels built from the current
                                                # tree; print python
     python3 scripts/gym_env.py path            # print where the env lives (no build)
+    python3 scripts/gym_env.py --recipe lens ensure   # the same for another recipe
+
+Recipes (``--recipe``):
+
+- ``agent`` (default): Python 3.11, Gym and this project's agent, plus
+  ``EXTRA_PACKAGES``.
+- ``lens``: Python 3.13, Gym, the agent and ``nemo-lens`` 0.1.0 from PyPI with the
+  OpenTelemetry SDK, exporters and the FastAPI / aiohttp-client instrumentations
+  (``LENS_PACKAGES``): the environment in which Gym's *own* telemetry
+  (``nemo_gym.telemetry``) can run, for the tests of the sidecar against upstream's code
+  (docs/nemo-gym.md, "Gym's own telemetry"). Why 3.13: nemo-lens 0.1.0 declares
+  ``Requires-Python >=3.13`` and its ``nemo/lens/strategies.py`` uses the ``type``
+  statement (PEP 695, Python 3.12+), so on 3.11 importing ``nemo_gym.telemetry`` with
+  lens installed raises SyntaxError, which Gym's ``except ImportError`` fallback does
+  not catch. The interpreter is ``$GYM_TELEMETRY_LENS_PYTHON``, else a ``python3.13``
+  that runs, else pyenv's newest 3.13. What PyPI's lens lacks for Gym 0.7.0
+  (``SpanRegistry``, two resource-attribute names) is not installed here: the tests
+  put a stand-in on ``PYTHONPATH`` (``testkit/lens_standin``).
 
 Why a separate environment: nemo-gym 0.7.0 declares ``Requires-Python >=3.13.14`` and pulls
 ~1.5 GB of dependencies (ray, pyarrow, scipy, ...). Its code runs on 3.11, so the env is
@@ -18,8 +36,9 @@ then install the wheel itself with ``--no-deps --ignore-requires-python``.
 Contract:
 - The env lives outside the repository, in
   ``$GYM_TELEMETRY_CACHE`` (default ``~/.cache/gym-telemetry``)
-  ``/gym-env/nemo-gym-<version>-py<maj.min>-<hash>/``; the hash covers everything
-  installed (Gym version, Python version, the agent's dependency list, this recipe).
+  ``/gym-env/nemo-gym-<version>-py<maj.min>[-<recipe>]-<hash>/`` (no recipe part for
+  ``agent``); the hash covers everything installed (Gym version, Python version, the
+  agent's dependency list, the recipe's packages and version).
 - A ``.complete`` marker is written only after every step succeeded; an env without it
   is deleted and rebuilt. A lock file serialises concurrent callers (they wait).
 - Only the standard library and pip are needed; packages come from the configured
@@ -44,6 +63,7 @@ import tempfile
 import time
 import tomllib
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 GYM_PACKAGE = "nemo-gym"
@@ -60,6 +80,12 @@ EXTRA_PACKAGES = (
     "opentelemetry-instrumentation-httpx>=0.48b0",
     "opentelemetry-instrumentation-aiohttp-client>=0.48b0",
 )
+#: The ``lens`` recipe's packages beyond Gym and the agent: PyPI's nemo-lens with the SDK
+#: and exporters (``sdk``) and the instrumentations Gym's own telemetry turns on
+#: (``fastapi``: the SERVER span per request; ``aiohttp``). Part of that recipe's hash.
+LENS_PACKAGES = ("nemo-lens[sdk,fastapi,aiohttp]==0.1.0",)
+#: Bump when the ``lens`` recipe's build steps change.
+LENS_RECIPE_VERSION = "1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT_DIR = REPO_ROOT / "agent"
 SEMCONV_DIR = REPO_ROOT / "semconv"
@@ -69,21 +95,96 @@ MARKER = ".complete"
 _EXTRA_MARKER = re.compile(r"\bextra\s*==")
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What one cached environment holds (module doc, "Recipes")."""
+
+    name: str
+    python: tuple[int, int]
+    python_env: str
+    """Environment variable naming the interpreter to build from."""
+    version: str
+    packages: tuple[str, ...]
+    checks: tuple[str, ...]
+    """Imports that must work once the env is built (each a ``python -c`` line)."""
+
+
+RECIPES = {
+    "agent": Recipe(
+        "agent",
+        (3, 11),
+        "GYM_TELEMETRY_GYM_PYTHON",
+        RECIPE_VERSION,
+        EXTRA_PACKAGES,
+        (
+            "import nemo_gym.server_utils, fastapi, aiohttp, opentelemetry.sdk",
+            "import minisweagent, swebench, opentelemetry.instrumentation.httpx",
+        ),
+    ),
+    "lens": Recipe(
+        "lens",
+        (3, 13),
+        "GYM_TELEMETRY_LENS_PYTHON",
+        LENS_RECIPE_VERSION,
+        LENS_PACKAGES,
+        (
+            "import nemo_gym.server_utils, fastapi, aiohttp, opentelemetry.sdk",
+            "import nemo.lens.helpers, nemo_gym.telemetry.setup",
+            "import opentelemetry.instrumentation.fastapi, opentelemetry.exporter.otlp",
+        ),
+    ),
+}
+RECIPE = RECIPES["agent"]
+"""The recipe this run builds (``--recipe``)."""
+
+
 def _log(msg: str) -> None:
     print(f"gym_env: {msg}", file=sys.stderr, flush=True)
 
 
+def _runs(python: str, version: tuple[int, int]) -> bool:
+    """Whether ``python`` starts and is Python ``version``."""
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError:
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "{}.{}".format(*version)
+
+
+def _pyenv_pythons(version: tuple[int, int]) -> list[str]:
+    """pyenv's interpreters of ``version``, newest first (none without pyenv)."""
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found = sorted(
+        Path(root, "versions").glob("{}.{}.*".format(*version)),
+        key=lambda p: [int(x) if x.isdigit() else -1 for x in p.name.split(".")],
+        reverse=True,
+    )
+    return [str(p / "bin" / "python{}.{}".format(*version)) for p in found]
+
+
 def _base_python() -> str:
-    """The Python 3.11 interpreter the env is created from."""
-    explicit = os.environ.get("GYM_TELEMETRY_GYM_PYTHON")
+    """The interpreter the recipe's env is created from (module doc)."""
+    explicit = os.environ.get(RECIPE.python_env)
     if explicit:
         return explicit
-    if sys.version_info[:2] == (3, 11):
+    if sys.version_info[:2] == RECIPE.python:
         return sys.executable
-    found = shutil.which("python3.11")
-    if found is None:
-        raise SystemExit("gym_env: Python 3.11 is needed (set GYM_TELEMETRY_GYM_PYTHON)")
-    return found
+    candidates = [
+        shutil.which("python{}.{}".format(*RECIPE.python)),
+        *_pyenv_pythons(RECIPE.python),
+    ]
+    for candidate in candidates:
+        if candidate is not None and _runs(candidate, RECIPE.python):
+            return candidate
+    raise SystemExit(
+        "gym_env: Python {}.{} is needed (set {})".format(*RECIPE.python, RECIPE.python_env)
+    )
 
 
 def _agent_dependencies() -> list[str]:
@@ -118,10 +219,11 @@ def env_dir() -> Path:
     cache = Path(os.environ.get("GYM_TELEMETRY_CACHE", Path.home() / ".cache" / "gym-telemetry"))
     pyver = _python_tag(_base_python())
     key = "\n".join(
-        [GYM_PACKAGE, GYM_VERSION, pyver, RECIPE_VERSION, *_agent_dependencies(), *EXTRA_PACKAGES]
+        [GYM_PACKAGE, GYM_VERSION, pyver, RECIPE.version, *_agent_dependencies(), *RECIPE.packages]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache / "gym-env" / f"nemo-gym-{GYM_VERSION}-py{pyver}-{digest}"
+    tag = "" if RECIPE.name == "agent" else f"-{RECIPE.name}"
+    return cache / "gym-env" / f"nemo-gym-{GYM_VERSION}-py{pyver}{tag}-{digest}"
 
 
 def env_python(root: Path) -> Path:
@@ -173,13 +275,13 @@ def _build(root: Path) -> None:
         ]
     )
     wheel = next(wheels.glob("*.whl"))
-    reqs = [*_gym_requirements(wheel), *_agent_dependencies(), *EXTRA_PACKAGES]
+    reqs = [*_gym_requirements(wheel), *_agent_dependencies(), *RECIPE.packages]
     req_file = root / "gym-requirements.txt"
     req_file.write_text("\n".join(reqs) + "\n")
     _run([*pip, "install", "--prefer-binary", "-r", str(req_file)])
     _run([*pip, "install", "--no-deps", "--ignore-requires-python", str(wheel)])
-    _run([py, "-c", "import nemo_gym.server_utils, fastapi, aiohttp, opentelemetry.sdk"])
-    _run([py, "-c", "import minisweagent, swebench, opentelemetry.instrumentation.httpx"])
+    for check in RECIPE.checks:
+        _run([py, "-c", check])
     (root / MARKER).write_text(f"{GYM_PACKAGE}=={GYM_VERSION}\n")
 
 
@@ -258,9 +360,12 @@ def install_agent() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RECIPE  # noqa: PLW0603 -- one recipe per run of this script
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="agent")
     parser.add_argument("command", choices=["ensure", "install-agent", "path"])
     args = parser.parse_args(argv)
+    RECIPE = RECIPES[args.recipe]
     if args.command == "path":
         print(env_dir())
     elif args.command == "ensure":

@@ -38,8 +38,18 @@ echo "== loaded run: $(nproc) cores, hog: $hog_kind (pid $hog)"
 start=$(date +%s)
 set +e
 if [ "$#" -eq 0 ]; then set -- -q; fi
-uv run --frozen pytest "$@"
-status=$?
+# pytest in the background so that Ctrl-C, SIGTERM or SIGHUP sent to this script is
+# passed on at once (bash runs a trap only once its foreground child has exited), as
+# SIGTERM: pytest then tears its fixtures down (tests/conftest.py) before the hog is
+# stopped. (A background job starts with SIGINT ignored, so Ctrl-C goes through here.)
+uv run --frozen pytest "$@" &
+pytest_pid=$!
+trap 'kill -TERM "$pytest_pid" 2>/dev/null' INT TERM HUP
+while :; do
+    wait "$pytest_pid"
+    status=$?
+    kill -0 "$pytest_pid" 2>/dev/null || break  # else `wait` returned early for a trap
+done
 set -e
 elapsed=$(( $(date +%s) - start ))
 stop_hog

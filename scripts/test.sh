@@ -24,4 +24,7 @@ export GYM_TEST_NATIVE=required
 echo "== ruff check" && uv run --frozen ruff check semconv agent sidecar sidecar-native demo tests testkit bench deploy scripts examples
 echo "== ruff format --check" && uv run --frozen ruff format --check semconv agent sidecar sidecar-native demo tests testkit bench deploy scripts examples
 echo "== mypy --strict" && uv run --frozen mypy
-echo "== pytest" && uv run --frozen pytest "$@"
+echo "== pytest"
+# exec: SIGTERM and SIGHUP sent to this script reach pytest, which tears its fixtures down
+# (tests/conftest.py); a shell waiting in between would die and leave pytest running.
+exec uv run --frozen pytest "$@"

@@ -35,6 +35,8 @@ def scan_traces(
     attr_keys: tuple[str, ...],
     resource_block: Callable[[int, int, bytes | None, list[_S], list[tuple[int, int]]], _R],
     scope_block: Callable[[int, int, str, int, list[_DerivedSpan] | None], _S],
+    event_keys: tuple[tuple[str, str], ...] | None = None,
+    split_scopes: frozenset[str] | None = None,
 ) -> tuple[list[_R], list[tuple[int, int]]]:
     """Validate ``data`` as an OTLP ExportTraceServiceRequest and return its index.
 
@@ -42,7 +44,7 @@ def scan_traces(
     ``ParseFromString`` with the two limits on top), in its order:
 
     1. :class:`TooManyMessages` when ``data`` is longer than 2 x ``max_messages`` and
-       ``gym_sidecar.receiver.limits.count_messages`` counts more than ``max_messages``
+       ``gym_sidecar.wire.protobuf.bounds.count_messages`` counts more than ``max_messages``
        messages in it (the request included; on a corrupt request too, as the receiver
        counts before parsing);
     2. what upb refuses, at the first fault in wire order: :class:`DecodeError`, or
@@ -66,11 +68,18 @@ def scan_traces(
     ``status`` field, 0 without one) and ``values[i]`` the value of the span's last
     attribute whose key is ``attr_keys[i]``: bool, str, int (``int_value``, also
     ``string_value_strindex``), float or bytes, None when it has none or its value is
-    unset, an array or a kvlist.
+    unset, an array or a kvlist; then, for each ``(event name, key)`` of ``event_keys``,
+    the value (the same kinds) of that key's last occurrence in the span's last event of
+    that name (an event's name merged: its last ``name`` field) that has the key, None
+    when none has and for every span whose status code is not 2 (ERROR). A block whose
+    ``name in split_scopes`` gets the attribute ``split`` set on the object
+    ``scope_block`` returned: one ``(name, start, end)`` per span in wire order, the
+    span's name (its last ``name`` field, ``""`` without one) and its ``spans`` field's
+    bytes, tag included (``core.traces.SplitSpan``).
     """
 
 def count_messages(data: bytes, limit: int) -> int:
-    """What ``gym_sidecar.receiver.limits.count_messages`` returns for this trace request
+    """What ``gym_sidecar.wire.protobuf.bounds.count_messages`` returns for this trace request
     (its port, the one ``scan_traces`` uses on corrupt requests; exposed for tests)."""
 
 def schema() -> list[tuple[str, int, str, str, str | None]]:

@@ -62,6 +62,10 @@ class HttpSink:
         self.calls = 0
         self.bad_requests = 0
         self.gzip_requests = 0
+        self.logs: list[ExportLogsServiceRequest] = []
+        """The log export requests received, parsed (``/v1/logs``)."""
+        self.log_headers: list[dict[str, str]] = []
+        """Their HTTP headers."""
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -119,6 +123,9 @@ class HttpSink:
         with self._lock:
             self.calls += 1
             self.span_count += spans
+            if isinstance(msg, ExportLogsServiceRequest):
+                self.logs.append(msg)
+                self.log_headers.append(dict(request.headers))
             if request.headers.get("Content-Encoding", "").lower() == "gzip":
                 self.gzip_requests += 1
         return web.Response(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gym_telemetry_demo.ports import free_port, wait_listening
-from gym_telemetry_demo.procs import log_tail, stop_process
+from gym_telemetry_demo.procs import log_tail, spawn, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "scripts" / "otelcol_build.py"
@@ -105,12 +105,13 @@ class Collector:
     def start(self, timeout_s: float = 120.0) -> Collector:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
+            # in our process group (Ctrl-C reaches it); dies with us on Linux
+            self.proc = spawn(
                 [str(self.binary), "--config", str(self.config)],
                 stdout=log,
-                stderr=subprocess.STDOUT,
                 env=self.env(),
                 cwd=self.workdir,
+                new_session=False,
             )
         try:
             wait_listening(self.grpc_port, timeout_s=timeout_s)
@@ -124,6 +125,9 @@ class Collector:
         except (TimeoutError, OSError) as exc:
             self.stop()
             raise RuntimeError(f"{self.name} did not start ({exc}):\n{self.log_tail()}") from None
+        except BaseException:
+            self.stop()  # interrupted while it started (Ctrl-C, a stop signal)
+            raise
         return self
 
     def healthy(self) -> bool:

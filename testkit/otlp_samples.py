@@ -48,20 +48,18 @@ def kv(key: str, value: Any) -> KeyValue:
 def trace_view(
     request: ExportTraceServiceRequest | bytes, scan: ScanSpec | None = None
 ) -> TraceRequest:
-    """``request`` as the receivers hand it to the pipeline: its wire view (bytes plus
-    index), with the spans the derive stage reads extracted (``scan``: something else)."""
+    """``request`` as the receivers hand it to the default pipeline: its wire view (bytes
+    plus index), with the spans the derive stage reads extracted and the gate's split
+    scopes split (``scan``: something else)."""
+    from dataclasses import replace
+
+    from gym_sidecar.core.producers import SPLIT_SCOPES
     from gym_sidecar.metrics.spans import SCAN_SPEC
-    from gym_sidecar.receiver.wire import scan_traces
+    from gym_sidecar.wire.protobuf.scan import scan_request
 
     data = request if isinstance(request, bytes) else request.SerializeToString()
-    spec = SCAN_SPEC if scan is None else scan
-    return scan_traces(
-        data,
-        max_depth=100,
-        max_messages=1_000_000,
-        derive_scopes=spec.derive_scopes,
-        attr_keys=spec.attr_keys,
-    )
+    spec = replace(SCAN_SPEC, split_scopes=SPLIT_SCOPES) if scan is None else scan
+    return scan_request(data, max_depth=100, max_messages=1_000_000, scan=spec)
 
 
 def trace_batch(request: ExportTraceServiceRequest | bytes, peer: str | None = None) -> Batch:

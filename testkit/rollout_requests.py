@@ -1,4 +1,5 @@
-"""OTLP requests for the store tests: Gym-shaped traces and gym.* metric points."""
+"""OTLP requests for the store tests: Gym-shaped traces (from this project's agent, and
+from Gym's own telemetry) and gym.* metric points."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv import gym_dialect
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -149,4 +151,127 @@ def count_request(ok: int, failed: int, start_ns: int, time_ns: int) -> ExportMe
         dp.start_time_unix_nano = start_ns
         dp.time_unix_nano = time_ns
         dp.as_int = n
+    return req
+
+
+GYM_AGENT = "nemo-gym/failing_weather_simple_agent"
+GYM_RESOURCES = "nemo-gym/failing_weather"
+GYM_MODEL = "nemo-gym/policy_model"
+FASTAPI_SCOPE = "opentelemetry.instrumentation.fastapi"
+
+
+def _scope(rs: object, name: str) -> object:
+    ss = rs.scope_spans.add()  # type: ignore[attr-defined]
+    ss.scope.name = name
+    return ss
+
+
+def _exception(span: Span, exception_type: str, message: str) -> None:
+    span.status.code = Status.STATUS_CODE_ERROR
+    span.status.message = message
+    event = span.events.add(
+        name=gym_dialect.EXCEPTION_EVENT, time_unix_nano=span.end_time_unix_nano
+    )
+    set_attrs(
+        event.attributes,
+        {
+            gym_dialect.EXCEPTION_TYPE: exception_type,
+            "exception.message": message,
+            "exception.escaped": "False",
+        },
+    )
+
+
+def gym_dialect_request(rollouts: list[Rollout]) -> ExportTraceServiceRequest:
+    """What Gym 0.7.0's own telemetry (``per_rollout``) exports for these rollouts, shaped
+    as captured from a real run (``testkit.gym_fleet``): per service one resource;
+    SERVER spans (and their ``http receive``/``http send`` children) in the FastAPI
+    instrumentor's scope; ``gym.rollout``, ``gym.agent.responses``, ``gym.verify``,
+    ``gym.model.responses`` all in ``nemo.lens.helpers``; the agent's hops as CLIENT
+    ``HTTP POST`` in ``nemo.gym``; no rollout id (Gym's ``observability_enabled`` off);
+    a failed verification as ERROR plus an ``exception`` event
+    (``__main__.VerifierCrash``), its rollout likewise (the agent's
+    ``ClientResponseError``)."""
+    req = ExportTraceServiceRequest()
+    services = {}
+    for service, server_type in (
+        (GYM_AGENT, "responses_api_agents"),
+        (GYM_RESOURCES, "resources_servers"),
+        (GYM_MODEL, "responses_api_models"),
+    ):
+        rs = req.resource_spans.add()
+        set_attrs(
+            rs.resource.attributes,
+            {
+                semconv.SERVICE_NAME: service,
+                semconv.SERVER_NAME: service.split("/", 1)[1],
+                semconv.SERVER_TYPE: server_type,
+                gym_dialect.SERVICE_GROUP: "nemo-gym",
+                gym_dialect.DL_RANK: 0,
+            },
+        )
+        services[service] = (
+            _scope(rs, FASTAPI_SCOPE),
+            _scope(rs, gym_dialect.SCOPE_LENS_HELPERS),
+            _scope(rs, gym_dialect.SCOPE_GYM_CLIENT),
+        )
+    agent_server, agent_lens, agent_client = services[GYM_AGENT]
+    res_server, res_lens, _ = services[GYM_RESOURCES]
+    model_server, model_lens, _ = services[GYM_MODEL]
+    internal = Span.SpanKind.SPAN_KIND_INTERNAL
+    for r in rollouts:
+        t, start = r.trace_id, r.start_ns
+        end = start + int(r.duration_ms * 1e6)
+        run = _span(agent_server, t, b"", "POST /run", start, end + 1000)
+        run.kind = Span.SpanKind.SPAN_KIND_SERVER
+        set_attrs(run.attributes, {"http.route": "/run", "http.response.status_code": 200})
+        _span(agent_server, t, run.span_id, "POST /run http send", end, end + 500).kind = internal
+        rollout = _span(agent_lens, t, run.span_id, semconv.SPAN_ROLLOUT, start + 10, end)
+        rollout.kind = internal
+        set_attrs(rollout.attributes, {semconv.SERVER_NAME: GYM_AGENT.split("/", 1)[1]})
+        # /run -> the agent's own /v1/responses -> the model's /v1/responses
+        hop = _span(agent_client, t, rollout.span_id, "HTTP POST", start + 20, start + 900_000)
+        hop.kind = Span.SpanKind.SPAN_KIND_CLIENT
+        responses = _span(
+            agent_server, t, hop.span_id, "POST /v1/responses", start + 25, start + 890_000
+        )
+        responses.kind = Span.SpanKind.SPAN_KIND_SERVER
+        agent_span = _span(
+            agent_lens,
+            t,
+            responses.span_id,
+            semconv.SPAN_AGENT_RESPONSES,
+            start + 26,
+            start + 880_000,
+        )
+        agent_span.kind = internal
+        model_hop = _span(
+            agent_client, t, agent_span.span_id, "HTTP POST", start + 27, start + 850_000
+        )
+        model_hop.kind = Span.SpanKind.SPAN_KIND_CLIENT
+        model_route = _span(
+            model_server, t, model_hop.span_id, "POST /v1/responses", start + 30, start + 800_000
+        )
+        model_route.kind = Span.SpanKind.SPAN_KIND_SERVER
+        model_span = _span(
+            model_lens,
+            t,
+            model_route.span_id,
+            semconv.SPAN_MODEL_RESPONSES,
+            start + 40,
+            start + 700_000,
+        )
+        model_span.kind = internal
+        call = _span(agent_client, t, rollout.span_id, "HTTP POST", end - 2_000_000, end)
+        call.kind = Span.SpanKind.SPAN_KIND_CLIENT
+        route = _span(res_server, t, call.span_id, "POST /verify", end - 1_900_000, end - 100_000)
+        route.kind = Span.SpanKind.SPAN_KIND_SERVER
+        verify = _span(
+            res_lens, t, route.span_id, semconv.SPAN_VERIFY, end - 1_500_000, end - 500_000
+        )
+        verify.kind = internal
+        set_attrs(verify.attributes, {semconv.SERVER_NAME: GYM_RESOURCES.split("/", 1)[1]})
+        if not r.verify_ok:
+            _exception(verify, "__main__.VerifierCrash", "verifier crashed on purpose")
+            _exception(rollout, "aiohttp.client_exceptions.ClientResponseError", "500")
     return req

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.procs import spawn
 
 ROTEL_VERSION = "0.0.1a15"
 PEERS_DIR = Path(os.environ.get("GYM_TELEMETRY_PEERS_DIR", "~/.cache/gym-telemetry/peers"))
@@ -168,14 +169,18 @@ class RotelBlackhole:
             "--log-file",
             str(self.log_file),
         ]
-        out = self.stdout_file.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        with self.stdout_file.open("wb") as out:
+            # in our process group (Ctrl-C reaches it); dies with us on Linux
+            self.proc = spawn(cmd, stdout=out, new_session=False)
         try:
             wait_listening(self.grpc_port, timeout_s=20)
             wait_listening(self.http_port, timeout_s=20)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"rotel did not start: {self.output()[-2000:]}") from None
+        except BaseException:
+            self.stop()  # interrupted while it started
+            raise
         return self
 
     def output(self) -> str:
@@ -253,12 +258,15 @@ class RotelForwarder:
             str(self.log_file),
         ]
         with self.stdout_file.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = spawn(cmd, stdout=out, new_session=False)
         try:
             wait_listening(self.grpc_port, timeout_s=20)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"rotel did not start: {self.output()[-2000:]}") from None
+        except BaseException:
+            self.stop()  # interrupted while it started
+            raise
         return self
 
     def output(self) -> str:

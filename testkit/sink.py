@@ -109,6 +109,8 @@ class RecordingSink:
         self.record = record
         self._lock = threading.Lock()
         self.requests: dict[str, list[Any]] = {k: [] for k in _SERVICES}
+        self.metadata: dict[str, dict[str, str]] = {}
+        """Per signal, the request metadata (headers) of the latest call."""
         self.span_count = 0
         self.calls = 0
         self.rejected_calls = 0
@@ -118,6 +120,8 @@ class RecordingSink:
         self._open.set()
         self.held_calls = 0
         """Calls waiting in :meth:`hold` right now."""
+        self.held: dict[str, int] = dict.fromkeys(_SERVICES, 0)
+        """The same, per signal (``traces``, ``metrics``, ``logs``)."""
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             options=[
@@ -207,13 +211,18 @@ class RecordingSink:
             if not self._open.is_set():
                 with self._lock:
                     self.held_calls += 1
+                    self.held[signal_name] += 1
                 self._open.wait()
                 with self._lock:
                     self.held_calls -= 1
+                    self.held[signal_name] -= 1
             if self.delay_s:
                 time.sleep(self.delay_s)
             with self._lock:
                 self.calls += 1
+                self.metadata[signal_name] = {
+                    str(k): str(v) for k, v in context.invocation_metadata() or ()
+                }
                 failure = self._failures.pop(0) if self._failures else None
                 if failure is None:
                     if signal_name == "traces":

@@ -46,6 +46,7 @@ from typing import Protocol
 
 import yaml
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.procs import spawn
 from gym_telemetry_demo.sidecar import SidecarProcess
 
 from testkit.rotel import ROTEL_VERSION, rotel_binary
@@ -184,7 +185,8 @@ class _ChildCollector:
     def _launch(self, cmd: list[str], name: str, timeout_s: float) -> None:
         """Start ``cmd`` and wait until both ports listen; on timeout stop it and raise."""
         with (self.workdir / f"{name}.out").open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            # in our process group (Ctrl-C reaches it); dies with us on Linux
+            self.proc = spawn(cmd, stdout=out, new_session=False)
         self.pid = self.proc.pid
         try:
             wait_listening(self.grpc_port, timeout_s=timeout_s)
@@ -192,6 +194,9 @@ class _ChildCollector:
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"{name} did not start; see {self.workdir}") from None
+        except BaseException:
+            self.stop()  # interrupted while it started
+            raise
 
     def stop(self) -> None:
         self._terminate()

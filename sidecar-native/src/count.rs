@@ -1,4 +1,4 @@
-//! `gym_sidecar.receiver.limits.count_messages`, step for step, for corrupt requests.
+//! `gym_sidecar.wire.protobuf.bounds.count_messages`, step for step, for corrupt requests.
 //!
 //! On a request upb accepts, the validating pass counts exactly what `count_messages`
 //! counts. On a corrupt one the receiver's answer depends on where `count_messages`

@@ -3,6 +3,11 @@
 //! wins, a message field occurring twice is one message (`status`), and of `AnyValue`'s
 //! oneof the member set last is the value. Fields are matched by their tag's value, so a
 //! non-minimal tag encoding reads the same as the usual one byte.
+//!
+//! Besides attributes, the value of one attribute of an event may be asked for (an
+//! event key: the event's name and the attribute's key): the value in the span's last
+//! event of that name that has the key, for spans whose status is ERROR (None for the
+//! others: event values are failure details).
 
 use crate::scan::{Range, skip_group, skip_value};
 use crate::wire;
@@ -30,21 +35,28 @@ pub struct SpanFields {
     pub status_code: i32,
 }
 
-/// The attribute keys asked for, with a quick test that rules most keys out by length.
+/// The attribute keys asked for, with a quick test that rules most keys out by length,
+/// and the event keys (event name, attribute key) whose values follow theirs.
 pub struct Keys<'a> {
     keys: &'a [&'a [u8]],
     /// Bit `n` set: some key is `n` bytes long (bit 63: 63 bytes or longer).
     lengths: u64,
+    events: &'a [(&'a [u8], &'a [u8])],
 }
 
 impl<'a> Keys<'a> {
-    pub fn new(keys: &'a [&'a [u8]]) -> Self {
+    pub fn new(keys: &'a [&'a [u8]], events: &'a [(&'a [u8], &'a [u8])]) -> Self {
         let lengths = keys.iter().fold(0, |acc, k| acc | 1u64 << k.len().min(63));
-        Keys { keys, lengths }
+        Keys {
+            keys,
+            lengths,
+            events,
+        }
     }
 
+    /// How many values a span has: one per attribute key, then one per event key.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.keys.len() + self.events.len()
     }
 
     /// Whether a key of this length may be one asked for (false rules it out).
@@ -134,6 +146,13 @@ pub fn span(data: &[u8], span: Range, keys: &Keys<'_>, values: &mut [Value]) -> 
                 }
                 kv.1
             }
+            0x5a => {
+                let ev = body(buf, next);
+                if !keys.events.is_empty() {
+                    event(data, ev, keys, values);
+                }
+                ev.1
+            }
             0x7a => {
                 let status = body(buf, next);
                 status_code(data, status, &mut out.status_code);
@@ -142,8 +161,14 @@ pub fn span(data: &[u8], span: Range, keys: &Keys<'_>, values: &mut [Value]) -> 
             _ => skip(buf, tag, next),
         };
     }
+    if out.status_code != STATUS_ERROR {
+        values[keys.keys.len()..].fill(Value::None);
+    }
     out
 }
+
+/// `Status.code` ERROR: the spans whose event values are read.
+const STATUS_ERROR: i32 = 2;
 
 /// Merges one Status occurrence: its `code` (int32: the varint's low 32 bits).
 fn status_code(data: &[u8], status: Range, code: &mut i32) {
@@ -160,29 +185,77 @@ fn status_code(data: &[u8], status: Range, code: &mut i32) {
     }
 }
 
+/// One Event (its body `ev`): for each event key whose event name is this event's
+/// (merged: the last `name`), the value of its last attribute with that key, if it has
+/// one, goes to the key's slot (after the attribute keys' slots). A later event with the
+/// key overwrites an earlier one's value: the last event that has it wins.
+fn event(data: &[u8], ev: Range, keys: &Keys<'_>, values: &mut [Value]) {
+    let buf = &data[..ev.1];
+    let mut name: Range = (0, 0);
+    // Per event key: the value found in this event (the name may come after them).
+    // Allocated only for a span with events, and only when event keys are asked for.
+    let events = keys.events;
+    let mut found: Vec<Option<Value>> = vec![None; events.len()];
+    let mut pos = ev.0;
+    while let Some((tag, next)) = wire::tag(buf, pos) {
+        pos = match tag {
+            0x12 => {
+                name = body(buf, next);
+                name.1
+            }
+            0x1a => {
+                let kv = body(buf, next);
+                let key = kv_key(data, kv);
+                let key_bytes = &data[key.0..key.1];
+                for (slot, (_, wanted)) in found.iter_mut().zip(events) {
+                    if *wanted == key_bytes {
+                        *slot = Some(value_of(data, kv));
+                    }
+                }
+                kv.1
+            }
+            _ => skip(buf, tag, next),
+        };
+    }
+    let name_bytes = &data[name.0..name.1];
+    let first = keys.keys.len();
+    for (j, (wanted_name, _)) in events.iter().enumerate() {
+        if let Some(value) = found[j]
+            && *wanted_name == name_bytes
+        {
+            values[first + j] = value;
+        }
+    }
+}
+
+/// The key of a KeyValue (its body `kv`; merged: the last `key`).
+#[inline(always)]
+fn kv_key(data: &[u8], kv: Range) -> Range {
+    let buf = &data[..kv.1];
+    // The common shape first: the key, then the value, nothing else.
+    if buf.get(kv.0) == Some(&0x0a) {
+        let key = body(buf, kv.0 + 1);
+        if buf.get(key.1) == Some(&0x12) && body(buf, key.1 + 1).1 == kv.1 {
+            return key;
+        }
+    }
+    let mut key: Range = (0, 0);
+    let mut pos = kv.0;
+    while let Some((tag, next)) = wire::tag(buf, pos) {
+        pos = if tag == 0x0a {
+            key = body(buf, next);
+            key.1
+        } else {
+            skip(buf, tag, next)
+        };
+    }
+    key
+}
+
 /// One KeyValue: when its key is one of `keys`, its value goes to that slot.
 #[inline(always)]
 fn attribute(data: &[u8], kv: Range, keys: &Keys<'_>, values: &mut [Value]) {
-    let buf = &data[..kv.1];
-    // The common shape first: the key, then the value, nothing else.
-    let mut key: Range = (0, 0);
-    let mut only_key = false;
-    if buf.get(kv.0) == Some(&0x0a) {
-        key = body(buf, kv.0 + 1);
-        only_key = buf.get(key.1) == Some(&0x12) && body(buf, key.1 + 1).1 == kv.1;
-    }
-    if !only_key {
-        key = (0, 0);
-        let mut pos = kv.0;
-        while let Some((tag, next)) = wire::tag(buf, pos) {
-            pos = if tag == 0x0a {
-                key = body(buf, next);
-                key.1
-            } else {
-                skip(buf, tag, next)
-            };
-        }
-    }
+    let key = kv_key(data, kv);
     if !keys.maybe(key.1 - key.0) {
         return;
     }

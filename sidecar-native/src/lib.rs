@@ -15,6 +15,7 @@ mod count;
 mod derive;
 mod scan;
 mod schema;
+mod split;
 mod wire;
 
 use pyo3::exceptions::PyValueError;
@@ -290,10 +291,39 @@ fn ranges<'py>(py: Python<'py>, ranges: &[Range]) -> PyResult<Bound<'py, PyList>
     PyList::new(py, ranges.iter().map(|&(s, e)| (s, e)))
 }
 
+/// The `(event name, attribute key)` pairs of `event_keys` (a tuple of 2-tuples of str).
+fn event_key_strings<'py>(
+    event_keys: Option<&Bound<'py, PyTuple>>,
+) -> PyResult<Vec<(Bound<'py, PyString>, Bound<'py, PyString>)>> {
+    let Some(event_keys) = event_keys else {
+        return Ok(Vec::new());
+    };
+    event_keys
+        .iter()
+        .map(|pair| {
+            let (name, key): (Bound<'py, PyString>, Bound<'py, PyString>) = pair.extract()?;
+            Ok((name, key))
+        })
+        .collect()
+}
+
+/// The `split` list of one ScopeSpans block: `(name, start, end)` per span.
+fn split_list<'py>(py: Python<'py>, data: &[u8], block: Range) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for ((s, e), start, end) in split::spans(data, block) {
+        out.append((PyString::new(py, utf8(&data[s..e])), start, end))?;
+    }
+    Ok(out)
+}
+
 /// Validates an OTLP trace export request and returns its index.
 ///
 /// See gym_sidecar_native.pyi for the contract.
 #[pyfunction]
+#[pyo3(signature = (
+    data, max_depth, max_messages, derive_scopes, attr_keys, resource_block, scope_block,
+    event_keys=None, split_scopes=None,
+))]
 #[allow(clippy::too_many_arguments)]
 fn scan_traces<'py>(
     py: Python<'py>,
@@ -304,6 +334,8 @@ fn scan_traces<'py>(
     attr_keys: &Bound<'py, PyTuple>,
     resource_block: &Bound<'py, PyAny>,
     scope_block: &Bound<'py, PyAny>,
+    event_keys: Option<&Bound<'py, PyTuple>>,
+    split_scopes: Option<&Bound<'py, PyFrozenSet>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let max_depth = clamp_int(max_depth);
     let max_messages = clamp_int(max_messages);
@@ -316,7 +348,12 @@ fn scan_traces<'py>(
         .iter()
         .map(|k| k.to_str().map(str::as_bytes))
         .collect::<PyResult<_>>()?;
-    let keys = Keys::new(&key_bytes);
+    let events_owned = event_key_strings(event_keys)?;
+    let event_bytes: Vec<(&[u8], &[u8])> = events_owned
+        .iter()
+        .map(|(name, key)| Ok((name.to_str()?.as_bytes(), key.to_str()?.as_bytes())))
+        .collect::<PyResult<_>>()?;
+    let keys = Keys::new(&key_bytes, &event_bytes);
     // The names to derive from, for the pass to record derive fields as it reads (only str
     // members can equal a scope name; the final test is `name in derive_scopes`).
     let scopes_owned: Vec<Bound<'py, PyString>> = derive_scopes
@@ -364,13 +401,16 @@ fn scan_traces<'py>(
             } else {
                 None
             };
-            scopes.append(scope_block.call1((
-                scope.range.0,
-                scope.range.1,
-                name,
-                scope.spans,
-                derived,
-            ))?)?;
+            let split = match split_scopes {
+                Some(set) if set.contains(&name)? => Some(split_list(py, bytes, scope.range)?),
+                _ => None,
+            };
+            let block =
+                scope_block.call1((scope.range.0, scope.range.1, name, scope.spans, derived))?;
+            if let Some(split) = split {
+                block.setattr("split", split)?;
+            }
+            scopes.append(block)?;
         }
         let others = ranges(py, &index.others[block.others.0..block.others.1])?;
         blocks.append(resource_block.call1((
@@ -421,7 +461,7 @@ fn schema_table() -> Vec<(
     out
 }
 
-/// How many messages `gym_sidecar.receiver.limits.count_messages` counts in a trace
+/// How many messages `gym_sidecar.wire.protobuf.bounds.count_messages` counts in a trace
 /// request (stopping past `limit`): its port, exposed so the tests compare the two.
 #[pyfunction(name = "count_messages")]
 fn count_messages_py(data: &Bound<'_, PyBytes>, limit: &Bound<'_, PyInt>) -> i64 {

@@ -261,8 +261,12 @@ def test_verify_semantics_wrong_answer_succeeds_and_raise_fails(serve: Any, span
     assert failed.status.status_code is StatusCode.ERROR
     assert [e.name for e in failed.events] == ["exception"]
     assert failed.events[0].attributes["exception.message"] == "verifier crashed"  # type: ignore[index]
-    for span in (ok, failed):  # reward is experiment data, never telemetry
-        assert not any("reward" in k or "accuracy" in k for k in span.attributes or {})
+    # the reward is its own attribute (issue 41) and never changes succeeded: a wrong
+    # answer's 0.0 is recorded; a verifier that raised has none
+    assert ok.attributes["nemo.gym.reward"] == 0.0  # type: ignore[index]
+    assert "nemo.gym.reward" not in (failed.attributes or {})
+    for span in (ok, failed):
+        assert not any("accuracy" in k for k in span.attributes or {})
 
 
 def test_handler_exception_propagates_unchanged(spans: Spans) -> None:

@@ -37,6 +37,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_telemetry.asgi",
             "gym_telemetry.outcomes",
             "gym_telemetry.streaming",
+            "gym_telemetry.inflight",
+            "gym_telemetry.answers",
+            "gym_telemetry.genai",
         ),
     ),
     (
@@ -45,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("lean path over the SDK", ("gym_telemetry._lean",)),
     ("export switch", ("gym_telemetry._export",)),
+    ("live events", ("gym_telemetry._live",)),
     ("wrapper engine", ("gym_telemetry._engine",)),
     ("public wrappers", ("gym_telemetry.endpoints",)),
     (
@@ -60,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_telemetry.autoinstrument.server_span",
             "gym_telemetry.autoinstrument.routes",
             "gym_telemetry.autoinstrument.gym_primitives",
+            "gym_telemetry.autoinstrument.hops",
+            "gym_telemetry.autoinstrument.model_calls",
             "gym_telemetry.autoinstrument.mcp",
             "gym_telemetry.autoinstrument.harness_http",
             "gym_telemetry.autoinstrument.ray_tasks",

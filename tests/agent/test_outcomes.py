@@ -230,8 +230,10 @@ def test_failsafe_row_is_a_failed_verification(spans: Spans) -> None:
     assert failed.status.status_code is StatusCode.ERROR
     assert failed.status.description == "judge_failed: JudgeError: 500"
     assert ok.attributes["succeeded"] is True  # type: ignore[index]
-    for span in (ok, failed):  # reward is never read
-        assert not any("reward" in k for k in span.attributes or {})
+    # the reward is read from the returned object only: the failsafe's raw row (bytes)
+    # gives none (its body is not parsed again); the wrong answer's 0.0 is recorded
+    assert ok.attributes["nemo.gym.reward"] == 0.0  # type: ignore[index]
+    assert "nemo.gym.reward" not in (failed.attributes or {})
 
 
 def test_rollout_returning_a_failure_fails_its_span(spans: Spans) -> None:
@@ -264,6 +266,7 @@ def test_env_step_span_is_in_the_verify_group(spans: Spans) -> None:
     span = spans.one("gym.env.step")
     assert span.instrumentation_scope.name == "gym_telemetry.verify"  # type: ignore[union-attr]
     assert span.attributes["succeeded"] is True  # type: ignore[index]
+    assert span.attributes["nemo.gym.reward"] == -1.0  # type: ignore[index]
     assert span.attributes["nemo.gym.server.name"] == "blackjack"  # type: ignore[index]
     span_groups.set_enabled(set())
     asyncio.run(traced_env_step_endpoint(step)())

@@ -14,6 +14,7 @@ closed by the bound under test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import Iterator
 
@@ -24,7 +25,7 @@ from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
-from gym_sidecar.receiver.h2_guard import ControlBudget
+from gym_sidecar.wire.http2.guard import ControlBudget
 
 from testkit.otlp_samples import grpc_export, trace_request
 from testkit.sink import RecordingSink
@@ -40,9 +41,11 @@ LIMITS = {
     "grpc_idle_timeout_s": 60,
     "grpc_max_streams_per_connection": 4,
     "http_max_header_bytes": 1 * KiB,
+    "close_linger_s": 1,
 }
 HEADER_BLOCK_BOUND = 4 * KiB  # hpack_factor x http_max_header_bytes
 ENHANCE_YOUR_CALM = 0xB
+FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 CANCEL = 0x8
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION = (
@@ -93,6 +96,22 @@ def assert_still_serving(sc: SidecarProcess, sink: RecordingSink, tag: str) -> N
     assert sink.wait_for(lambda: f"{tag}-0" in {s.span.name for s in sink.spans()}, 30)
 
 
+def assert_answers(client: H2Client) -> None:
+    """A second client, connected before the abuse, still gets its call answered OK
+    (the receiver stayed responsive while it refused the abuser)."""
+    stream_id = client.start(request_headers())
+    client.send(stream_id, grpc_frame(VALID))
+    out = client.wait(stream_id)
+    assert out.grpc_status == 0, out
+
+
+def assert_goaway(client: H2Client, code: int) -> None:
+    """The GOAWAY arrived before the close (not lost to a TCP reset), with ``code``."""
+    assert client.wait_closed(), "the connection stayed open"
+    assert client.goaway is not None, "closed without a GOAWAY reaching the client"
+    assert client.goaway.error_code == code, client.goaway
+
+
 # -- time ------------------------------------------------------------------------------
 
 
@@ -130,24 +149,57 @@ def test_a_frame_larger_than_advertised_is_refused_before_its_body(
     """A DATA frame header announcing SETTINGS_MAX_FRAME_SIZE + 1 bytes, then a little of
     its body: refused on the header (h2 alone would wait for the whole 1 MiB first)."""
     before = refusals(sidecar, "frame_too_large")
-    with H2Client(sidecar.grpc_port) as client:
+    with H2Client(sidecar.grpc_port) as client, H2Client(sidecar.grpc_port) as other:
         handshake(client)
         limit = client.remote_settings[0x5]  # SETTINGS_MAX_FRAME_SIZE
         client.send_raw(raw_frame(DATA, 0, 1, b"x" * 100, length=limit + 1))
-        assert client.wait_closed()
-        assert client.goaway is not None and client.goaway.error_code == ENHANCE_YOUR_CALM
+        assert_goaway(client, FRAME_SIZE_ERROR)  # RFC 9113, 4.2
+        assert_answers(other)
     assert refusals(sidecar, "frame_too_large") == before + 1
 
 
-def test_a_header_block_larger_than_the_bound_is_refused(sidecar: SidecarProcess) -> None:
-    """HEADERS and CONTINUATION frames adding up to more than 4 x the metadata limit on
-    the wire (the CONTINUATION flood): refused as the block grows, not when it ends."""
-    before = refusals(sidecar, "header_block_too_large")
+def test_a_client_that_stays_after_its_goaway_is_cut_off_and_counted(
+    sidecar: SidecarProcess,
+) -> None:
+    """After a refusal the receiver shuts its write side and drains; a client that keeps
+    its side open is dropped after ``limits.close_linger_s`` (1 s here), counted."""
+    before = limit_hits(sidecar, "close_linger_s")
     with H2Client(sidecar.grpc_port) as client:
         handshake(client)
-        piece = b"\x00" * (HEADER_BLOCK_BOUND // 2 + 1)
-        client.send_raw(raw_frame(HEADERS, 0, 1, piece) + raw_frame(CONTINUATION, 0, 1, piece))
-        assert client.wait_closed()
+        client.send_raw(raw_frame(DATA, 0, 1, b"x", length=client.remote_settings[0x5] + 1))
+        assert_goaway(client, FRAME_SIZE_ERROR)
+        assert wait_for(lambda: limit_hits(sidecar, "close_linger_s") == before + 1, 30)
+
+
+@pytest.mark.parametrize(
+    ("piece_bytes", "pieces"),
+    [(HEADER_BLOCK_BOUND // 2 + 1, 2), (16 * KiB, 64)],
+    ids=["just over the bound", "a 1 MiB header list"],
+)
+def test_a_header_block_larger_than_the_bound_is_refused(
+    sidecar: SidecarProcess, piece_bytes: int, pieces: int
+) -> None:
+    """HEADERS and CONTINUATION frames adding up to more than 4 x the metadata limit on
+    the wire (the CONTINUATION flood; or a 1 MiB header list in 16 KiB frames): refused
+    as the block grows, not when it ends. The call is answered RESOURCE_EXHAUSTED, then
+    GOAWAY(ENHANCE_YOUR_CALM), both delivered; another client is still answered."""
+    before = refusals(sidecar, "header_block_too_large")
+    with H2Client(sidecar.grpc_port) as client, H2Client(sidecar.grpc_port) as other:
+        handshake(client)
+        # The client's h2 opens stream 1 (so that it can read the answer on it); its own
+        # HEADERS are dropped, the raw frames below go instead.
+        client.conn.send_headers(client.conn.get_next_available_stream_id(), request_headers())
+        client.conn.take()
+        block = header_block(request_headers())
+        piece = b"\x00" * piece_bytes
+        frames = raw_frame(HEADERS, 0, 1, block) + raw_frame(CONTINUATION, 0, 1, piece) * pieces
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            client.send_raw(frames)  # the answer and the GOAWAY must arrive all the same
+        assert client.read_until(lambda: client.closed or client.goaway is not None)
+        assert client.goaway is not None, "closed without a GOAWAY reaching the client"
+        assert client.goaway.error_code == ENHANCE_YOUR_CALM
+        assert client.outcome(1).grpc_status == 8, client.outcome(1)  # RESOURCE_EXHAUSTED
+        assert_answers(other)
     assert refusals(sidecar, "header_block_too_large") == before + 1
 
 
@@ -158,11 +210,11 @@ def test_an_hpack_bomb_is_refused_while_decoding(sidecar: SidecarProcess) -> Non
     before = refusals(sidecar, "header_list_too_large")
     block = header_block(request_headers() + [("x-bomb", "b" * 1000)] * 20)
     assert len(block) < HEADER_BLOCK_BOUND // 2
-    with H2Client(sidecar.grpc_port) as client:
+    with H2Client(sidecar.grpc_port) as client, H2Client(sidecar.grpc_port) as other:
         handshake(client)
         client.send_raw(raw_frame(HEADERS, END_HEADERS, 1, block))
-        assert client.wait_closed()
-        assert client.goaway is not None and client.goaway.error_code == ENHANCE_YOUR_CALM
+        assert_goaway(client, ENHANCE_YOUR_CALM)
+        assert_answers(other)
     assert refusals(sidecar, "header_list_too_large") == before + 1
 
 
@@ -223,7 +275,7 @@ def test_control_frame_floods_end_the_connection(sidecar: SidecarProcess, kind: 
     reset is HEADERS then RST_STREAM, 150 times (CVE-2023-44487); empty DATA frames
     without END_STREAM on an open call cost as much as control frames."""
     before = refusals(sidecar, "control_frame_flood")
-    with H2Client(sidecar.grpc_port) as client:
+    with H2Client(sidecar.grpc_port) as client, H2Client(sidecar.grpc_port) as other:
         handshake(client)
         try:
             if kind == "rapid reset":
@@ -240,6 +292,9 @@ def test_control_frame_floods_end_the_connection(sidecar: SidecarProcess, kind: 
         except (BrokenPipeError, ConnectionResetError):
             pass  # closed while we were still sending: what the test waits for
         assert client.wait_closed(), "the flood was served"
+        assert client.goaway is not None, "closed without a GOAWAY reaching the client"
+        assert client.goaway.error_code == ENHANCE_YOUR_CALM, client.goaway
+        assert_answers(other)
     assert refusals(sidecar, "control_frame_flood") == before + 1
 
 

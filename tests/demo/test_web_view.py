@@ -6,7 +6,8 @@ pages: the rollouts list, the failed filter, a failed rollout's waterfall across
 three services with its failing verification marked, a span's details, the stats and
 the service map, whose numbers are checked against the web view's own Jaeger-compatible
 API (what a tool reading Jaeger's API sees). Then Ctrl-C (SIGINT to the demo's process
-group) and a clean stop.
+group), a clean stop, and the demo dies by SIGINT as an interrupted program does
+(SIGTERM and SIGHUP: ``test_demo_signals.py``).
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def test_stats_and_service_map_numbers_match_the_api(demo: Demo) -> None:
 
 def test_ctrl_c_stops_everything_cleanly(demo: Demo) -> None:
     base = _base(demo)
-    assert demo.interrupt() == 0, demo.out[-6000:]
+    assert demo.interrupt() == -signal.SIGINT, demo.out[-6000:]
     assert "stopped cleanly." in demo.out
+    assert "stopped by SIGINT." in demo.out
     with pytest.raises(OSError):
         urllib.request.urlopen(base + "/rollouts", timeout=10)

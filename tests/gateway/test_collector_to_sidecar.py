@@ -24,7 +24,11 @@ from testkit.otlp_samples import grpc_export, logs_request, metrics_request
 from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
 
-pytestmark = pytest.mark.gateway
+# The first test to need the Collector builds it (about 5 minutes cold on a quiet two-core
+# machine, more on a loaded one): the same hour as the other gateway modules, not the
+# suite's default 300 s, which a cold run at load average 15 ran out of mid-build, failing
+# every gateway test with it (the session fixture keeps its first error).
+pytestmark = [pytest.mark.gateway, pytest.mark.timeout(3600)]
 
 CONFIG = """
 extensions:

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.selfmetrics",
             "gym_sidecar.malloc",
             "gym_sidecar.hostport",
-            "gym_sidecar.http2",
+            "gym_sidecar.hangup",
         ),
     ),
     ("core", ("gym_sidecar.core",)),
@@ -48,14 +48,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.gating.config",
             "gym_sidecar.metrics.config",
             "gym_sidecar.store.config",
+            "gym_sidecar.live.config",
         ),
     ),
+    ("wire", ("gym_sidecar.wire",)),
     (
         "areas",
         (
             "gym_sidecar.receiver",
             "gym_sidecar.enrich",
             "gym_sidecar.metrics",
+            "gym_sidecar.live",
             "gym_sidecar.gating",
             "gym_sidecar.export",
             "gym_sidecar.store",
@@ -64,7 +67,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.webui",
             "gym_sidecar.webhook",
             "gym_sidecar.admin",
-            "gym_sidecar.httpserver",
         ),
     ),
     ("assembly", ("gym_sidecar.assemble",)),
@@ -84,7 +86,17 @@ def layer_of(module: str) -> int:
     return layer_in(PACKAGE, LAYERS, module)
 
 
+AREAS = [name for name, _ in LAYERS].index("areas")
+
+
 def area_of(module: str) -> str:
+    """The area of a module of the areas layer or above: its package under the root. A
+    module of a lower layer counts as its layer (an area's ``config`` module is
+    configuration, which the wire layer may import, and the upward-import check already
+    keeps every lower layer from importing an area)."""
+    layer = layer_of(module)
+    if layer < AREAS:
+        return LAYERS[layer][0]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -1,6 +1,6 @@
 """What a real ``gym-sidecar run`` process imports: never uvicorn nor click.
 
-Its HTTP listeners are :mod:`gym_sidecar.httpserver` on httptools; uvicorn (whose
+Its HTTP listeners are :mod:`gym_sidecar.wire.http1` on httptools; uvicorn (whose
 protocol module alone cost 4.8 MiB resident, with click) must not come back through an
 import anywhere, at start or later while serving. The process runs with
 ``PYTHONPROFILEIMPORTTIME=1``, so the interpreter itself writes one line per module the
@@ -45,6 +45,6 @@ def test_gym_sidecar_run_never_imports_uvicorn_or_click() -> None:
         assert sc.returncode == 0, sc.log_text()[-3000:]
     modules = imported_modules(sc.log_text())
     # The import log is there and complete: the listeners' own modules are in it.
-    assert {"httptools", "gym_sidecar.httpserver.protocol", "gym_sidecar.receiver.http"} <= modules
+    assert {"httptools", "gym_sidecar.wire.http1.protocol", "gym_sidecar.receiver.http"} <= modules
     found = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
     assert found == [], f"gym-sidecar run imported {found}"

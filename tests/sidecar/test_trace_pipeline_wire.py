@@ -1,12 +1,14 @@
 """The trace pipeline on the wire view writes out what it wrote when it worked on parsed
 protobuf messages.
 
-For requests hypothesis writes at the wire level (``receiver/wire_requests.py``: several
+For requests hypothesis writes at the wire level (``wire/protobuf/wire_requests.py``: several
 resources, repeated ``resource`` fields, unknown fields at every level, schema URLs,
 empty and absent resources, ...), enrich -> derive -> gate runs on the scanned request,
 and the reference -- the pipeline as it was before the wire view, on the upb message:
 the enricher's protobuf path on each resource, then the gate's old loop deleting
-ScopeSpans and emptied ResourceSpans -- runs on the parsed request. The bytes the
+ScopeSpans and emptied ResourceSpans (and, in a scope that carries several span groups,
+the spans of dropped groups, then the ScopeSpans they emptied) -- runs on the parsed
+request. The bytes the
 pipeline hands on must parse, and parse to the reference's message (upb's equality:
 every field, unknown fields included, in any order); whether the batch goes on at all
 and how many spans it holds must agree; a request no stage changed goes on as the
@@ -37,7 +39,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from testkit.otlp_samples import trace_batch
-from tests.sidecar.receiver.wire_requests import trace_requests
+from tests.sidecar.wire.protobuf.wire_requests import trace_requests
 from tests.support.collect_stage import CollectStage
 
 ENRICH = {
@@ -89,9 +91,19 @@ def reference(data: bytes, enrich: str, gate: GateStage) -> ExportTraceServiceRe
         groups = policy.for_service(service)
         if not groups.drop:
             continue
-        doomed = [
-            si for si, ss in enumerate(rs.scope_spans) if scopes.group(ss.scope.name) in groups.drop
-        ]
+        doomed = []
+        for si, ss in enumerate(rs.scope_spans):
+            group = scopes.group(ss.scope.name)
+            role = scopes.split(ss.scope.name) if group is None else None
+            if role is not None:  # several groups in one scope: by span name
+                kept = [sp for sp in ss.spans if role.span(sp.name).group not in groups.drop]
+                if len(kept) < len(ss.spans):
+                    del ss.spans[:]
+                    ss.spans.extend(kept)
+                    if not kept:
+                        doomed.append(si)
+            elif group in groups.drop:
+                doomed.append(si)
         for si in reversed(doomed):
             del rs.scope_spans[si]
         if not rs.scope_spans:
@@ -141,10 +153,12 @@ def test_the_wire_pipeline_writes_what_the_message_pipeline_wrote(
     # What the export queue keeps of a request nothing was removed from: its pieces.
     assert b"".join(view.parts()) == out
     received = ExportTraceServiceRequest.FromString(data)
-    scopes = [len(rs.scope_spans) for rs in received.resource_spans]
-    assert view.removed_nothing() == (
-        scopes == [len(rs.scope_spans) for rs in expected.resource_spans]
-    )
+
+    def shape(req: ExportTraceServiceRequest) -> list[list[int]]:
+        """Spans per ScopeSpans per ResourceSpans (single spans leave split scopes)."""
+        return [[len(ss.spans) for ss in rs.scope_spans] for rs in req.resource_spans]
+
+    assert view.removed_nothing() == (shape(received) == shape(expected))
     if ExportTraceServiceRequest.FromString(data) == expected:
         untouched = all(b.resource_out is None and not b.edited for b in view.blocks)
         if untouched and not view.changed:

@@ -19,7 +19,7 @@ import h2.config
 import h2.events
 import h2.exceptions
 import h2.settings
-from gym_sidecar.http2 import H2Connection
+from gym_sidecar.wire.http2.connection import H2Connection
 
 from testkit.otlp_samples import SERVICES
 
@@ -103,7 +103,7 @@ class H2Client:
         self.sock.settimeout(0.2)
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         # The sidecar's subclass: plain h2 refuses every frame after a GOAWAY, so a drain
-        # (answers after GOAWAY) could not be observed (gym_sidecar.http2).
+        # (answers after GOAWAY) could not be observed (gym_sidecar.wire.http2.connection).
         self.conn = H2Connection(config=config)
         if settings:
             self.conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
@@ -119,9 +119,8 @@ class H2Client:
             self.flush()
 
     def flush(self) -> None:
-        data = self.conn.data_to_send()
-        if data:
-            self.sock.sendall(data)
+        for piece in self.conn.take():  # the subclass's output (data_to_send misses DATA)
+            self.sock.sendall(piece)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import Token
@@ -27,10 +28,13 @@ import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.ratelimit import rate_limit
 from opentelemetry.trace import Span, Status, StatusCode
 
-from gym_telemetry import rollout_correlation, span_groups
+from gym_telemetry import inflight, rollout_correlation, span_groups
 from gym_telemetry._lean import context as lean_context
 from gym_telemetry._lean.recorder import LeanRecorder, SdkRecorder, recorder_for
 from gym_telemetry._lean.span import LeanSpan, clean_value
+from gym_telemetry.answers import reward_of, usage_of
+from gym_telemetry.genai import ROUTE_ATTRIBUTES, request_model
+from gym_telemetry.inflight import InFlight
 from gym_telemetry.outcomes import failure_of
 from gym_telemetry.rollout_correlation import ENCLOSING_ROLLOUT
 from gym_telemetry.streaming import is_stream
@@ -51,6 +55,14 @@ _reset = lean_context.reset
 _MODEL_CALL: Final = semconv.GROUP_MODEL_CALL
 
 _NESTED: Final[dict[str, bool]] = {semconv.ROLLOUT_NESTED: True}
+_REWARD: Final = semconv.REWARD
+_TURNS: Final = semconv.ROLLOUT_TURNS
+_INPUT_TOKENS: Final = semconv.ROLLOUT_INPUT_TOKENS
+_OUTPUT_TOKENS: Final = semconv.ROLLOUT_OUTPUT_TOKENS
+_REQUEST_MODEL: Final = semconv.GEN_AI_REQUEST_MODEL
+_begin_rollout = inflight.begin
+_isfinite = math.isfinite
+_end_rollout = inflight.end
 
 
 # --- telemetry failures: counted, logged rate-limited -------------------------------------
@@ -149,6 +161,7 @@ class Site:
         "group",
         "read_result",
         "recorder",
+        "reward",
         "rollout",
         "span_name",
         "streams",
@@ -166,6 +179,7 @@ class Site:
         *,
         read_result: bool = False,
         rollout: bool = False,
+        reward: bool = False,
     ) -> None:
         self.group = group
         self.span_name = span_name
@@ -174,8 +188,11 @@ class Site:
         self.failure_attributes = failure_attributes
         # Read Gym's in-band failure markers on the handler's return value (outcomes).
         self.read_result = read_result
-        # A rollout site: marks nested rollouts and is itself an enclosing rollout.
+        # A rollout site: marks nested rollouts, is itself an enclosing rollout, is in
+        # flight (inflight) while it runs, and records its turns, tokens and reward.
         self.rollout = rollout
+        # Record the returned answer's reward (a verify or env-step site).
+        self.reward = reward
         self.tracer: object = None
         self.recorder: LeanRecorder | SdkRecorder | None = None
         # A model call may answer with a stream: its span ends with the body.
@@ -193,11 +210,12 @@ class Site:
             self.tracer = tracer
         return recorder
 
-    def start(self) -> tuple[Span, object, bool]:
+    def start(self, kwargs: dict[str, Any]) -> tuple[Span, object, bool]:
         """Start the span (static attributes + rollout id) and make it current.
 
-        For a rollout site the returned token also holds the ``ENCLOSING_ROLLOUT`` reset
-        (None when it was not changed).
+        ``kwargs`` are the handler's keyword arguments (a model call's parsed ``body``
+        gives ``gen_ai.request.model``). For a rollout site the returned token is
+        ``(context token, ENCLOSING_ROLLOUT reset or None, InFlight record or None)``.
         """
         recorder = self.recorder
         if recorder is None or recorder.provisional or self.tracer is not _tracers.get(self.group):
@@ -213,17 +231,23 @@ class Site:
                 rollout_id = str(rollout_id)
             attributes = {**self.attributes, ROLLOUT_ID_ATTRIBUTE: rollout_id}
         if not self.rollout:
+            if self.streams:
+                model = request_model(kwargs.get("body"))
+                if model is not None:
+                    attributes[_REQUEST_MODEL] = model
             span, token = recorder.start(self.span_name, attributes)
             return span, token, rollout_id is not None
-        if ENCLOSING_ROLLOUT.get():
+        nested = bool(ENCLOSING_ROLLOUT.get())
+        if nested:
             attributes.update(_NESTED)
-            span, token = recorder.start(self.span_name, attributes)
-            return span, (token, None), rollout_id is not None
         span, token = recorder.start(self.span_name, attributes)
-        # Only a recorded span encloses: an unsampled one produces no duration point, so
-        # a rollout inside it must stay the outermost (and keep its point).
-        enclosing = ENCLOSING_ROLLOUT.set(True) if span.is_recording() else None
-        return span, (token, enclosing), rollout_id is not None
+        # Only a recorded span encloses and is in flight: an unsampled one produces no
+        # duration point, so a rollout inside it must stay the outermost (and keep its
+        # point).
+        if not span.is_recording():
+            return span, (token, None, None), rollout_id is not None
+        record = _begin_rollout(span, rollout_id, nested)
+        return span, (token, ENCLOSING_ROLLOUT.set(record), record), rollout_id is not None
 
     def finish(self, span: Span, token: object, had_rollout_id: bool, result: Any = None) -> None:
         """End the span after the handler returned ``result``.
@@ -231,6 +255,8 @@ class Site:
         A result carrying one of Gym's in-band failure markers
         (:func:`gym_telemetry.outcomes.failure_of`) ends the span like a failure:
         status ERROR, ``error.type`` = the failure kind, the failure attributes.
+        A verify/step/rollout answer's reward and a rollout's turns and tokens are
+        added either way (``gym_telemetry.answers``).
         """
         if self.streams and is_stream(result):
             # A streamed answer: the span ends with the body, not now (streaming module).
@@ -242,8 +268,33 @@ class Site:
                 failure = failure_of(result)
             except Exception as exc:  # never let reading the result break the handler
                 _ERRORS.record("result markers", exc)
+        extra = self.success_attributes if failure is None else self.failure_attributes
+        if self.reward:
+            # reward_of's usual case inline (a model's finite float field); else reward_of
+            try:
+                reward = (result if type(result) is dict else result.__dict__).get("reward")
+            except Exception:  # no fields: reward_of decides
+                reward = None
+            if type(reward) is not float:
+                reward = reward_of(result)
+            elif not _isfinite(reward):
+                reward = None
+            if reward is not None:
+                extra = extra.copy() if extra else {}
+                extra[_REWARD] = reward
+            if failure is None and had_rollout_id and type(span) is LeanSpan:
+                # A completed verification, every /verify but a failed one: ``_end``'s
+                # path for it, written out (once per verification on a resources server)
+                try:
+                    _reset(token)
+                except Exception:  # as the API's detach: logged, never raised
+                    _detach(token)
+                span.end_with(extra)  # pre-cleaned constants and the float reward
+                return
+        elif self.rollout:
+            extra = _rollout_attributes(token, result, extra)
         if failure is None:
-            self._end(span, token, had_rollout_id, self.success_attributes)
+            self._end(span, token, had_rollout_id, extra)
             return
         try:
             description = failure.kind
@@ -254,15 +305,18 @@ class Site:
             if failure.stage is not None:
                 span.set_attribute(semconv.FAILURE_STAGE, failure.stage)
         finally:  # even if describing the failure failed: detach and end
-            self._end(span, token, had_rollout_id, self.failure_attributes)
+            self._end(span, token, had_rollout_id, extra)
 
     def fail(self, span: Span, token: object, had_rollout_id: bool, exc: BaseException) -> None:
+        extra = self.failure_attributes
         try:
             span.record_exception(exc, escaped=True)
             span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+            span.set_attribute(semconv.ERROR_TYPE, _error_type(exc, self.streams))
+            if self.rollout:
+                extra = _rollout_attributes(token, None, extra)
         finally:  # even if describing the exception failed: detach and end
-            self._end(span, token, had_rollout_id, self.failure_attributes)
+            self._end(span, token, had_rollout_id, extra)
 
     def _end(
         self,
@@ -275,10 +329,12 @@ class Site:
         ended = False
         try:
             if self.rollout:
-                pair = cast(tuple[object, Token[bool] | None], token)
-                token = pair[0]
-                if pair[1] is not None:
-                    ENCLOSING_ROLLOUT.reset(pair[1])
+                triple = cast(tuple[object, Token[Any] | None, InFlight | None], token)
+                token = triple[0]
+                if triple[1] is not None:
+                    ENCLOSING_ROLLOUT.reset(triple[1])
+                if triple[2] is not None:
+                    _end_rollout(triple[2])
             try:
                 _reset(token)
             except Exception:  # as the API's detach: logged, never raised
@@ -297,6 +353,36 @@ class Site:
         finally:
             if not ended and (stream is None or not watch_stream(stream, span)):
                 span.end()
+
+
+def _rollout_attributes(
+    token: object, answer: Any, extra: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """``extra`` plus a rollout's RL attributes: its turns (counted by its hops) and the
+    reward and tokens of its ``answer``; a rollout that relayed its ``/run`` leaves turns
+    and tokens to the rollout it reached (``inflight`` module doc)."""
+    record = cast(tuple[object, object, InFlight | None], token)[2]
+    out = dict(extra) if extra else {}
+    if answer is not None:
+        reward = reward_of(answer)
+        if reward is not None:
+            out[_REWARD] = reward
+    if record is not None and not record.relayed:
+        out[_TURNS] = record.turns
+        usage = usage_of(answer) if answer is not None else None
+        if usage is not None:
+            out[_INPUT_TOKENS], out[_OUTPUT_TOKENS] = usage
+    return out or None
+
+
+def _error_type(exc: BaseException, model_call: bool) -> str:
+    """``error.type`` of a handler's exception: its class name; for a model call that
+    raised an HTTP error (FastAPI's ``HTTPException``), the status code it answered."""
+    if model_call:
+        status = getattr(exc, "status_code", None)
+        if type(status) is int:
+            return str(status)
+    return type(exc).__qualname__
 
 
 def _with_resolved_signature(
@@ -372,7 +458,7 @@ def make_wrapper(
                 own = await hooks.aenter(kwargs) if hooks.awaits else hooks.enter(kwargs)
             try:
                 try:
-                    span, token, had_id = site.start()
+                    span, token, had_id = site.start(kwargs)
                 except Exception as exc:  # telemetry must never break the handler
                     errors.record("span start", exc)
                     return await handler(*args, **kwargs)
@@ -409,7 +495,7 @@ def make_wrapper(
         own = None if hooks is None else hooks.enter(kwargs)
         try:
             try:
-                span, token, had_id = site.start()
+                span, token, had_id = site.start(kwargs)
             except Exception as exc:  # telemetry must never break the handler
                 errors.record("span start", exc)
                 return handler(*args, **kwargs)
@@ -450,18 +536,26 @@ def wrap(
     failure_attributes: dict[str, Any] | None = None,
     read_result: bool = False,
     rollout: bool = False,
+    reward: bool = False,
     hooks: Hooks | None = None,
 ) -> Callable[..., Any]:
     """``handler`` wrapped in a span of ``group`` named ``span_name`` (the site's options:
-    ``Site``), with ``hooks`` run before the gate. Never raises for telemetry reasons."""
+    ``Site``), with ``hooks`` run before the gate. A model-call span (``gym.model.*``)
+    also gets its route's constant GenAI attributes (``genai.ROUTE_ATTRIBUTES``). Never
+    raises for telemetry reasons."""
+    attributes = _freeze_attributes(static_attributes)
+    route_attributes = ROUTE_ATTRIBUTES.get(span_name)
+    if route_attributes is not None and group == _MODEL_CALL:
+        attributes = {**route_attributes, **attributes}
     site = Site(
         group,
         span_name,
-        _freeze_attributes(static_attributes),
+        attributes,
         success_attributes,
         failure_attributes,
         read_result=read_result,
         rollout=rollout,
+        reward=reward,
     )
     return make_wrapper(site, handler, hooks)
 
@@ -503,5 +597,6 @@ def wrap_verify(
         success_attributes=VERIFY_OK,
         failure_attributes=VERIFY_FAILED,
         read_result=True,
+        reward=True,
         hooks=hooks,
     )

@@ -31,7 +31,17 @@ Contract:
   markers on the value the handler *returned* (``gym_telemetry.outcomes``: a
   ``judge_failsafe`` row, an episode ``failure``, a relayed 5xx): such a call ends like
   a failure (status ERROR, ``error.type`` = the failure kind; ``succeeded=false``). The
-  returned value itself is passed back untouched; reward is never read.
+  returned value itself is passed back untouched.
+- The reward is its own attribute: ``gym.verify``, ``gym.env.step`` and ``gym.rollout``
+  carry ``nemo.gym.reward`` (a double) when the returned object (a pydantic model or a
+  dict, never a response body) has a numeric ``reward`` (``gym_telemetry.answers``). It
+  never changes ``succeeded`` or the span's status: a reward of 0 is a completed call.
+- ``gym.rollout`` also carries ``nemo.gym.rollout.turns`` (the model calls its hops made,
+  ``gym_telemetry.inflight``) and, when the ``/run`` answer carries the usage Gym summed,
+  ``nemo.gym.rollout.input_tokens`` / ``output_tokens``; a ``model_call`` span carries
+  the OpenTelemetry GenAI attributes (``gym_telemetry.genai``). While a recorded
+  ``gym.rollout`` span runs, its rollout is in flight (``gym_telemetry.inflight``): the
+  live events announce it (``gym_telemetry._live``).
 - A ``gym.rollout`` span started inside another *recorded* rollout span
   (``rollout_correlation.ENCLOSING_ROLLOUT``: one of this process, or one upstream
   whose hop carried the outer-rollout baggage marker) carries
@@ -113,8 +123,10 @@ def traced_verify_endpoint(handler: _F, static_attributes: dict[str, Any] | None
     whose exception Gym's ``judge_failsafe`` turned into a 200 row: a returned object
     with ``mask_sample: true`` or ``_ng_failure_class`` (``gym_telemetry.outcomes``)
     gives ``succeeded=false``, status ERROR, ``error.type`` = its ``failure_kind``.
-    Reward and accuracy are experiment data and are never read or recorded here. The
-    sidecar derives ``gym.verify.*`` from these spans.
+    The returned object's numeric ``reward`` is recorded as ``nemo.gym.reward`` (its own
+    attribute: it never changes ``succeeded``); a verifier that raised, or a failure row
+    Gym returned as bytes, has none. The sidecar derives ``gym.verify.*`` from these
+    spans.
     """
     return cast(_F, _engine.wrap_verify(semconv.SPAN_VERIFY, handler, static_attributes))
 
@@ -124,8 +136,8 @@ def traced_env_step_endpoint(handler: _F, static_attributes: dict[str, Any] | No
 
     A gymnasium resources server computes its reward in ``/step`` instead of
     ``/verify``, so its steps are in the same span group as verifications, with the
-    same ``succeeded`` semantics (the call completed; reward is never read). The
-    sidecar derives ``gym.env.step.*`` from these spans.
+    same ``succeeded`` semantics (the call completed) and the step's reward as
+    ``nemo.gym.reward``. The sidecar derives ``gym.env.step.*`` from these spans.
     """
     return cast(_F, _engine.wrap_verify(semconv.SPAN_ENV_STEP, handler, static_attributes))
 

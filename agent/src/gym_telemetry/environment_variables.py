@@ -61,6 +61,14 @@ GYM_TELEMETRY_TRAINER_CONTEXT: Final = "GYM_TELEMETRY_TRAINER_CONTEXT"
 ``link`` starts a new trace whose root links to the caller's span, ``continue`` keeps
 the caller's trace (``autoinstrument.server_span``). Default: ``link``."""
 
+GYM_TELEMETRY_LIVE_INTERVAL_S: Final = "GYM_TELEMETRY_LIVE_INTERVAL_S"
+"""Seconds between two sends of the live events (rollouts started, their steps, the
+heartbeat; ``gym_telemetry._live``); ``0`` disables them. Default: ``2``."""
+
+GYM_TELEMETRY_LAG_PROBE_INTERVAL_S: Final = "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S"
+"""Seconds between two runs of the event-loop lag probe on a server's asyncio loop (its
+samples go in the heartbeat); ``0`` disables it. Default: ``0.5``."""
+
 # --- NeMo Gym's ---------------------------------------------------------------------------
 
 NEMO_GYM_CONFIG_PATH: Final = "NEMO_GYM_CONFIG_PATH"

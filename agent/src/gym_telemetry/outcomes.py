@@ -12,8 +12,8 @@ raising, and its rollout collector files those rows as failures:
   ``single_agent_turn``) answers 200 with ``failure`` set instead of ``result``;
 - a relay (``legacy_agent``) returns a raw ``Response`` carrying its upstream's status.
 
-:func:`failure_of` reads exactly those markers, and nothing else (reward in particular is
-never read). The rules, in order:
+:func:`failure_of` reads exactly those markers, and nothing else: the reward never decides
+a failure (``gym_telemetry.answers`` reads it for its own attribute). The rules, in order:
 
 1. A Starlette-style response object (``status_code`` int, ``body`` bytes: what
    ``judge_failsafe`` returns, and what the ``legacy_agent`` relay passes through): a

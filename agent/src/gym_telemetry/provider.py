@@ -18,7 +18,12 @@
   ``"default"``; then the span-group poller (``gym_telemetry.remote_config``) follows
   the sidecar's configuration from its own daemon thread;
 - export log lines of the SDK rate-limited (one per message per minute) so a sidecar
-  that is down does not flood the log.
+  that is down does not flood the log;
+- the live events (``gym_telemetry._live``): a daemon thread sending, every
+  ``GYM_TELEMETRY_LIVE_INTERVAL_S`` (default 2 s, ``0``: off), the rollouts in flight, their
+  steps and a heartbeat as OTLP logs to where the spans go (same channel, headers,
+  credentials); ``shutdown_telemetry`` sends its last word, ``gym.agent.stop``, first
+  (at most a quarter of its budget, 1 s at most), while the exporter's channel is open.
 
 Precedence everywhere: argument > environment (standard ``OTEL_*`` names) > default.
 ``OTEL_SDK_DISABLED=true`` makes ``init_telemetry`` a no-op that returns False.
@@ -66,6 +71,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gym_telemetry import _live
 from gym_telemetry import environment_variables as env_vars
 from gym_telemetry import span_groups as _span_groups
 from gym_telemetry._export.processor import (
@@ -84,6 +90,9 @@ DEFAULT_HTTP_ENDPOINT: Final = "http://localhost:4318/v1/traces"
 DEFAULT_MAX_QUEUE_SIZE: Final = 2048
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 5.0
+#: The part of ``shutdown_telemetry``'s budget the live events' stop may take, and its cap.
+LIVE_STOP_SHARE: Final = 0.25
+LIVE_STOP_MAX_S: Final = 1.0
 
 
 class _State:
@@ -299,6 +308,7 @@ def init_telemetry(
                 _STATE.atexit_registered = True
             _STATE.active = True
             _start_polling(provider)
+            _live.start(provider.resource, inner)
             return True
     except Exception as exc:  # boundary: telemetry setup must never break server start
         _log.warning("gym_telemetry: init_telemetry failed: %r", exc, exc_info=True)
@@ -347,6 +357,10 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
     dropped at ``on_end``.
     """
     try:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        # The live events' last word (gym.agent.stop) goes first, while the exporter's
+        # channel is still open; a small part of the budget.
+        _live.stop(min(LIVE_STOP_SHARE * timeout_s, LIVE_STOP_MAX_S))
         with _STATE.lock:
             if not _STATE.active or _STATE.processor is None:
                 return True
@@ -355,7 +369,6 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> bool:
         _stop_polling(min(timeout_s, 1.0))
         if batch is None:
             return True
-        deadline = time.monotonic() + max(0.0, timeout_s)
         done = threading.Event()
 
         def run() -> None:

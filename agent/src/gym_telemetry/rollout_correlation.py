@@ -50,6 +50,8 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
+from gym_telemetry.inflight import InFlight
+
 if TYPE_CHECKING:  # types only: this module stays standard library at run time
     from gym_telemetry.asgi import ASGIApp, Receive, Scope, Send
 
@@ -77,7 +79,9 @@ ROLLOUT_ID_VAR: Final[ContextVar[str | None]] = ContextVar("gym_telemetry_rollou
 #: ``nemo.gym.rollout.nested=true``, and the sidecar derives rollout metrics from the
 #: outermost span only. A rollout id that merely arrived from upstream does not set it:
 #: the caller may have recorded no rollout span (rollout group off, a plain client).
-ENCLOSING_ROLLOUT: Final[ContextVar[bool]] = ContextVar(
+#: When the enclosing rollout is in flight in this process, the value is its
+#: ``inflight.InFlight`` record (truthy): the hops made under it update its step and turns.
+ENCLOSING_ROLLOUT: Final[ContextVar[bool | InFlight]] = ContextVar(
     "gym_telemetry_enclosing_rollout", default=False
 )
 

@@ -18,7 +18,13 @@ response's ``body_iterator`` so that the span ends when the body is done, with:
   ``nemo.gym.stream.disconnected=true`` when the body stops early: the client went
   away (the iterator is cancelled or closed before its end);
 - the exception's type for an exception out of the body;
-- ``nemo.gym.stream.events``: how many SSE events were sent.
+- ``nemo.gym.stream.events``: how many SSE events were sent;
+- ``gen_ai.response.time_to_first_chunk``: seconds from the span's start to the first
+  event sent (SSE comments, Gym's keep-alives, are not events), when one was sent.
+
+While the body is sent, :data:`STREAM_SPAN` holds the span, so that code producing the
+body later (Gym's long chat completions build their answer inside the stream) can still
+put the answer's attributes on it (``autoinstrument.model_calls``).
 
 Scanning costs one substring test per chunk for ``event: error`` /
 ``event: response.failed`` (the event name opens each SSE event Gym writes); only a
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
@@ -45,6 +53,10 @@ OTHER: Final = "_OTHER"
 _FAILURE_EVENTS: Final = ("response.failed", "error")
 _MARKERS: Final = tuple(f"event: {name}\n" for name in _FAILURE_EVENTS)
 _MARKERS_B: Final = tuple(marker.encode() for marker in _MARKERS)
+_time_ns = time.time_ns
+
+#: The model-call span whose streamed body is being sent in this context (module doc).
+STREAM_SPAN: Final[ContextVar[Span | None]] = ContextVar("gym_telemetry_stream_span", default=None)
 
 
 def is_stream(result: Any) -> bool:
@@ -99,16 +111,22 @@ def _fail(span: Span, description: str, error_type: str) -> None:
 
 async def _watched(iterator: Any, span: Span) -> AsyncIterator[Any]:
     events = 0
+    first_ns = 0
     failure: tuple[str, str] | None = None
     finished = False
+    STREAM_SPAN.set(span)  # this request's streaming context only (module doc)
     try:
         if hasattr(iterator, "__aiter__"):
             async for chunk in iterator:
                 events, failure = _scan(chunk, events, failure)
+                if events and not first_ns:
+                    first_ns = _time_ns()
                 yield chunk
         else:  # a plain iterable: Starlette iterates it in a thread pool; here in order
             for chunk in iterator:
                 events, failure = _scan(chunk, events, failure)
+                if events and not first_ns:
+                    first_ns = _time_ns()
                 yield chunk
         finished = True
     except BaseException as exc:
@@ -123,7 +141,15 @@ async def _watched(iterator: Any, span: Span) -> AsyncIterator[Any]:
         raise
     finally:
         try:
+            STREAM_SPAN.set(None)
             span.set_attribute(STREAM_EVENTS, events)
+            if first_ns:
+                start_ns = getattr(span, "start_time", None)
+                if type(start_ns) is int:
+                    span.set_attribute(
+                        semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+                        max(0, first_ns - start_ns) / 1e9,
+                    )
             if finished and failure is not None:
                 _fail(span, failure[0], failure[1])
         except Exception:  # telemetry must never change how the stream ends

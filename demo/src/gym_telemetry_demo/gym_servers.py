@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -29,6 +28,10 @@ from typing import Any, Final
 import yaml
 
 from gym_telemetry_demo.ports import free_port, wait_listening
+from gym_telemetry_demo.procs import spawn, stop_processes
+
+#: How long the Gym servers get to stop on SIGTERM before SIGKILL (s).
+STOP_GRACE_S: Final = 15.0
 
 EXAMPLE_TASK: Final[dict[str, Any]] = {
     "responses_create_params": {
@@ -171,8 +174,10 @@ class GymServers:
     """Start/stop a set of Gym servers (see the module doc). A context manager.
 
     ``start`` blocks until every server listens (or raises RuntimeError with the failing
-    server's log tail, after stopping the others); ``stop`` sends SIGTERM, waits 15 s,
-    then kills. Both are safe to call twice.
+    server's log tail, after stopping the others; interrupted, it stops them too);
+    ``stop`` sends SIGTERM to every server's process group at once (each server runs in a
+    session of its own and, on Linux, dies with its parent), waits up to
+    :data:`STOP_GRACE_S`, then kills what is left. Both are safe to call twice.
     """
 
     python: Path
@@ -221,6 +226,13 @@ class GymServers:
         return self.resolved_yaml
 
     def start(self, timeout_s: float = 90.0) -> GymServers:
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.stop()  # a server that failed, or a stop signal meanwhile: none is left
+            raise
+
+    def _start(self, timeout_s: float) -> GymServers:
         resolved = self.resolve()
         packages = site_packages(self.python)
         examples = examples_dir(self.repo)
@@ -237,39 +249,23 @@ class GymServers:
             env["NEMO_GYM_CONFIG_PATH"] = name
             env["PYTHONPATH"] = ":".join(p for p in (str(directory), env.get("PYTHONPATH")) if p)
             process = GymProcess(name, directory, int(block["port"]), self.workdir / f"{name}.log")
+            self.processes[name] = process  # before it starts: stop() finds it either way
             with process.log_path.open("wb") as log:
-                process.proc = subprocess.Popen(
-                    [str(self.python), entrypoint],
-                    cwd=directory,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                process.proc = spawn(
+                    [str(self.python), entrypoint], stdout=log, env=env, cwd=directory
                 )
-            self.processes[name] = process
         deadline = time.monotonic() + timeout_s
         for process in self.processes.values():
             try:
                 wait_listening(process.port, timeout_s=max(1.0, deadline - time.monotonic()))
             except TimeoutError:
-                self.stop()
                 raise RuntimeError(
                     f"{process.name} did not start; log:\n{process.log_path.read_text()[-4000:]}"
                 ) from None
         return self
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.proc is not None and process.proc.poll() is None:
-                process.proc.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            if process.proc is None:
-                continue
-            try:
-                process.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.proc.kill()
-                process.proc.wait(timeout=5)
+        stop_processes([p.proc for p in self.processes.values()], STOP_GRACE_S)
 
     def __enter__(self) -> GymServers:
         return self.start()

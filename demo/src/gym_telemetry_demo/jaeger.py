@@ -36,7 +36,7 @@ from typing import Any, Final
 import yaml
 
 from gym_telemetry_demo.ports import free_port, wait_listening
-from gym_telemetry_demo.procs import log_tail, stop_process
+from gym_telemetry_demo.procs import log_tail, run_in_group, spawn, stop_process
 
 #: The first build downloads and compiles a few hundred Go modules.
 BUILD_TIMEOUT_S: Final = 3600
@@ -127,12 +127,9 @@ def jaeger_binary(repo: Path, report: Callable[[str], object] | None = None) -> 
     process's stderr). Raises RuntimeError with the build's output when it fails (no Go,
     no module proxy).
     """
-    result = subprocess.run(
-        [sys.executable, str(repo / "scripts" / "jaeger_build.py"), "ensure"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
+    # its own process group: `go build` stops with it when the demo stops meanwhile
+    result = run_in_group(
+        [sys.executable, str(repo / "scripts" / "jaeger_build.py"), "ensure"], BUILD_TIMEOUT_S
     )
     for line in result.stderr.splitlines():
         (report or (lambda text: sys.stderr.write(text + "\n")))(line)
@@ -294,12 +291,9 @@ class JaegerServer(JaegerQueryClient):
             )
         )
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,  # the demo stops it (Ctrl-C reaches the demo alone)
+            # its own session: the demo stops it (Ctrl-C reaches the demo alone)
+            self.proc = spawn(
+                [str(self.binary), "--config", str(self.config_path)], stdout=log, cwd=self.workdir
             )
         try:
             for port in (self.otlp_grpc_port, self.otlp_http_port):
@@ -313,6 +307,9 @@ class JaegerServer(JaegerQueryClient):
         except (TimeoutError, OSError) as exc:
             self.stop()
             raise RuntimeError(f"Jaeger did not start ({exc}); log:\n{self.log_tail()}") from None
+        except BaseException:
+            self.stop()  # told to stop while it started
+            raise
         return self
 
     def _query_ready(self) -> bool:

@@ -1,14 +1,21 @@
 """The demo's steps: Gym env, sidecar with the local store, Gym servers, rollouts, report.
 
 :func:`run_demo` returns the process exit code (0 when every step worked and every
-rollout got an answer). Every child process it starts is stopped before it returns,
-unless ``keep`` is set, in which case it waits for Ctrl-C first.
+rollout got an answer). Every child process it starts is stopped before it returns or
+raises, unless ``keep`` is set, in which case it waits for a stop signal first.
+
+A stop signal (:mod:`gym_telemetry_demo.stopsignals`: Ctrl-C, SIGTERM or SIGHUP, once
+``python -m gym_telemetry_demo`` installed the handler) raises
+:class:`~gym_telemetry_demo.stopsignals.Stopped` wherever the demo is, and the same
+``finally`` stops every child started so far, in order: the Gym servers (their last spans
+reach the sidecar), the web view, the sidecar (it drains into the store), Jaeger. Each
+child runs in a process group of its own that dies with the demo
+(:mod:`gym_telemetry_demo.procs`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +33,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gym_telemetry_demo import hang
 from gym_telemetry_demo.gym_servers import (
     AGENT,
     FAILING_AGENT,
@@ -38,7 +46,9 @@ from gym_telemetry_demo.gym_servers import (
     telemetry_env,
 )
 from gym_telemetry_demo.jaeger import JaegerServer, jaeger_binary
+from gym_telemetry_demo.procs import spawn, stop_process
 from gym_telemetry_demo.sidecar import SidecarProcess
+from gym_telemetry_demo.stopsignals import deferred
 from gym_telemetry_demo.webview import WebViewChild
 
 METRICS_INTERVAL_S: Final = 2.0
@@ -61,19 +71,29 @@ class DemoOptions:
     """The source tree (``--repo``); None: :func:`~gym_telemetry_demo.gym_servers.repo_root`."""
     jaeger: bool = False
     """Also forward to a Jaeger v2 built from source (``--jaeger``; needs Go)."""
+    hang: bool = False
+    """Then one rollout whose model call hangs: stalled, then lost (``--hang``, :mod:`.hang`)."""
 
 
 def prepare_gym_env(console: Console, repo: Path) -> Path:
-    """Build or reuse the cached Gym environment with ``repo``'s agent; its python."""
+    """Build or reuse the cached Gym environment with ``repo``'s agent; its python.
+
+    The build script and what it runs (pip) form a process group of their own, stopped
+    as a whole when the demo stops meanwhile (an interrupted build is redone next time).
+    """
     script = repo / "scripts" / "gym_env.py"
     cmd = [sys.executable, str(script), "install-agent"]
     with console.status("Preparing the NeMo Gym environment (first run: several minutes)..."):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stderr is not None and proc.stdout is not None
-        for line in proc.stderr:
-            console.print(f"  [dim]{line.rstrip()}[/dim]", highlight=False)
-        out = proc.stdout.read()
-        code = proc.wait(timeout=ENV_BUILD_TIMEOUT_S)
+        proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stderr is not None and proc.stdout is not None
+            for raw in proc.stderr:
+                line = raw.decode(errors="replace").rstrip()
+                console.print(f"  [dim]{line}[/dim]", highlight=False)
+            out = proc.stdout.read().decode(errors="replace")
+            code = proc.wait(timeout=ENV_BUILD_TIMEOUT_S)
+        finally:
+            stop_process(proc, grace_s=10)
     if code != 0 or not out.strip():
         raise RuntimeError(f"scripts/gym_env.py install-agent failed with exit code {code}")
     return Path(out.strip().splitlines()[-1])
@@ -103,17 +123,23 @@ def _drive(console: Console, servers: GymServers, opts: DemoOptions) -> dict[str
         TimeElapsedColumn(),
         console=console,
     )
-    with progress, ThreadPoolExecutor(opts.concurrency) as pool:
-        task = progress.add_task("rollouts", total=len(jobs))
-        futures = {pool.submit(post_json, url + "/run", body): kind for kind, url, body in jobs}
-        for future in as_completed(futures):
-            try:
-                status, _ = future.result()
-                key = f"{futures[future]} {status}"
-            except OSError as exc:
-                key = f"{futures[future]} error ({type(exc).__name__})"
-            outcomes[key] = outcomes.get(key, 0) + 1
-            progress.advance(task)
+    pool = ThreadPoolExecutor(opts.concurrency)
+    try:
+        with progress:
+            task = progress.add_task("rollouts", total=len(jobs))
+            futures = {pool.submit(post_json, url + "/run", body): kind for kind, url, body in jobs}
+            for future in as_completed(futures):
+                try:
+                    status, _ = future.result()
+                    key = f"{futures[future]} {status}"
+                except OSError as exc:
+                    key = f"{futures[future]} error ({type(exc).__name__})"
+                outcomes[key] = outcomes.get(key, 0) + 1
+                progress.advance(task)
+    finally:
+        # Stopped mid-run: the queued rollouts are dropped, and the demo goes on to stop
+        # the servers without waiting for the ones in flight (they fail once it has).
+        pool.shutdown(wait=False, cancel_futures=True)
     return outcomes
 
 
@@ -257,44 +283,81 @@ def _webview_report(
         )
 
 
+@dataclass
+class _Children:
+    """What the demo started, stopped in :meth:`stop`'s order."""
+
+    jaeger: JaegerServer | None = None
+    sidecar: SidecarProcess | None = None
+    webview: WebViewChild | None = None
+    servers: GymServers | None = None
+
+    def stop(self) -> int | None:
+        """Stop every child started; the sidecar's exit code (None: never started).
+
+        The Gym servers first (their last spans reach the sidecar), the web view, the
+        sidecar (it drains into the store and Jaeger), Jaeger last. Each is stopped even
+        when stopping one before it raised."""
+        sidecar_code: list[int | None] = [None]
+        sidecar = self.sidecar
+        with contextlib.ExitStack() as stops:  # run last-pushed first
+            if self.jaeger is not None:
+                stops.callback(self.jaeger.stop)
+            if sidecar is not None:
+                stops.callback(lambda: sidecar_code.__setitem__(0, sidecar.stop()))
+            if self.webview is not None:
+                stops.callback(self.webview.stop)
+            if self.servers is not None:
+                stops.callback(self.servers.stop)
+        return sidecar_code[0]
+
+
 def run_demo(opts: DemoOptions, console: Console) -> int:
     """Run every step; see the module docstring."""
     console.rule("[bold]gym-telemetry demo")
     repo = repo_root(opts.repo)
-    python = opts.gym_python or prepare_gym_env(console, repo)
-    console.print(f"Gym environment: {python}")
-    jaeger = start_jaeger(console, repo, opts.workdir) if opts.jaeger else None
-    config: dict[str, Any] = {
-        "span_groups": {"spec": "per_rollout"},
-        "metrics": {"interval_s": METRICS_INTERVAL_S},
-        "log_level": "warning",
-    }
-    if jaeger is not None:
-        # the local store is kept (--local-store), so the tables below still print;
-        # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
-        config["backend"] = {"url": jaeger.otlp_grpc_endpoint, "protocol": "grpc"}
-    opts.workdir.mkdir(parents=True, exist_ok=True)
-    sidecar = SidecarProcess(
-        config=config,
-        log_dir=opts.workdir,
-        extra_args=["--local-store", "--store-dir", str(opts.store_dir)],
-        new_session=True,
-    )
-    store_path = opts.store_dir / "traces.db"
-    servers: GymServers | None = None
-    webview: WebViewChild | None = None
+    children = _Children()
     code = 0
     try:
+        python = opts.gym_python or prepare_gym_env(console, repo)
+        console.print(f"Gym environment: {python}")
+        config: dict[str, Any] = {
+            "span_groups": {"spec": "per_rollout"},
+            "metrics": {"interval_s": METRICS_INTERVAL_S},
+            "log_level": "warning",
+        }
+        if opts.hang:
+            config["rollouts"] = hang.ROLLOUTS_CONFIG
+        if opts.jaeger:
+            children.jaeger = start_jaeger(console, repo, opts.workdir)
+            # the local store is kept (--local-store), so the tables below still print;
+            # Jaeger takes traces only, so the sidecar's OTLP metrics export is refused
+            config["backend"] = {"url": children.jaeger.otlp_grpc_endpoint, "protocol": "grpc"}
+        opts.workdir.mkdir(parents=True, exist_ok=True)
+        store_path = opts.store_dir / "traces.db"
         with console.status("Starting the sidecar (local store) and the Gym servers..."):
+            # each child is kept before it starts: start() stops it itself when it fails
+            # or is interrupted, and the finally below stops it once started
+            sidecar = children.sidecar = SidecarProcess(
+                config=config,
+                log_dir=opts.workdir,
+                extra_args=["--local-store", "--store-dir", str(opts.store_dir)],
+                new_session=True,
+            )
             sidecar.start()
             console.print(
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
-            webview = WebViewChild(opts.store_dir, opts.workdir).start()
+            webview = children.webview = WebViewChild(
+                opts.store_dir, opts.workdir, admin_url=sidecar.admin_url
+            )
+            webview.start()
             env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
+            if opts.hang:
+                env.update(hang.AGENT_ENV)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
-            servers = GymServers(
+            servers = children.servers = GymServers(
                 python, gym_config, list(SERVERS), env, opts.workdir / "gym", repo=repo
             )
             servers.start()
@@ -317,34 +380,37 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             console.print(f"[yellow]only {seen[0]} of {opts.rollouts} rollouts stored[/yellow]")
             code = 1
         _report(console, store_path, since_ns, opts.failing)
-        if jaeger is not None and opts.failing:
+        if opts.hang:
+            shown = hang.run_hang(
+                console, servers, sidecar.admin_url, webview.url, opts.workdir / "hang-release"
+            )
+            code = code if shown else 1
+        if children.jaeger is not None and opts.failing:
             found = _jaeger_report(
-                console, jaeger, store_path, since_ns, opts.wait_s, webview=webview
+                console, children.jaeger, store_path, since_ns, opts.wait_s, webview=webview
             )
             code = code if found else 1
         _next_steps(console, opts.store_dir)
-        assert webview is not None  # started with the sidecar, above
         _webview_report(console, webview, store_path, since_ns, keep=opts.keep)
         if opts.keep:
-            console.print("[bold]--keep:[/bold] everything keeps running; Ctrl-C stops it.")
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(3600)
-            # A terminal's Ctrl-C reaches every process of the group, and `uv run` forwards
-            # its own copy: a second SIGINT must not cut the orderly stop below short.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            console.print(
+                "[bold]--keep:[/bold] everything keeps running; Ctrl-C (or SIGTERM, SIGHUP) "
+                "stops it."
+            )
+            while True:
+                time.sleep(3600)
     finally:
-        with console.status("Stopping the Gym servers and the sidecar..."):
-            if servers is not None:
-                servers.stop()
-            if webview is not None:
-                webview.stop()
-            exit_code = sidecar.stop()
-            if jaeger is not None:
-                jaeger.stop()
-        if exit_code not in (0, None):
-            console.print(f"[red]sidecar exited with {exit_code}[/red]; log: {sidecar.log_path}")
-            code = 1
-        else:
-            console.print("stopped cleanly.")
+        # deferred: a signal now (a second Ctrl-C, a repeated SIGTERM) must not cut the
+        # stop in two; each child's stop is bounded by its grace period instead
+        with deferred():
+            with console.status("Stopping the Gym servers and the sidecar..."):
+                exit_code = children.stop()
+            if exit_code not in (0, None):
+                assert children.sidecar is not None
+                console.print(
+                    f"[red]sidecar exited with {exit_code}[/red]; log: {children.sidecar.log_path}"
+                )
+                code = 1
+            else:
+                console.print("stopped cleanly.")
     return code

@@ -13,12 +13,13 @@ with ``--config``; ``env`` is added to the inherited environment, from which eve
 
 Startup waits ``startup_timeout_s`` (default ``DEFAULT_STARTUP_TIMEOUT_S``, generous: a
 sidecar on a machine whose cores are all busy takes tens of seconds just to import).
+On Linux the child gets SIGTERM when the process that started it dies without stopping
+it (:func:`gym_telemetry_demo.procs.spawn`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from typing import Any
 import yaml
 
 from gym_telemetry_demo.ports import free_port
+from gym_telemetry_demo.procs import spawn, stop_process
 
 #: How long ``start`` waits for ``/readyz`` by default (s).
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
@@ -101,15 +103,12 @@ class SidecarProcess:
         # $XDG_DATA_HOME: keep each test's store in its own directory.
         env.setdefault("XDG_DATA_HOME", str(self._dir / "xdg-data"))
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=self.new_session,
-            )
+            self.proc = spawn(self.command(), stdout=log, env=env, new_session=self.new_session)
         try:
             self.wait_ready(self.startup_timeout_s)
+        except KeyboardInterrupt:
+            self.stop()  # told to stop while it started (Ctrl-C, a stop signal)
+            raise
         except BaseException:
             self.kill()
             sys.stderr.write(f"--- sidecar log ({self.log_path}) ---\n{self.log_text()}\n")
@@ -168,14 +167,7 @@ class SidecarProcess:
         exit code, None if it was never started. Kills it after ``timeout_s``."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.returncode = self.proc.returncode
+        self.returncode = stop_process(self.proc, grace_s=timeout_s)
         return self.returncode
 
     def kill(self) -> None:

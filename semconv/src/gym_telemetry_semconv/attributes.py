@@ -42,6 +42,28 @@ ROLLOUT_OUTER_BAGGAGE: Final = "nemo.gym.rollout.outer"
 FAILURE_STAGE: Final = "nemo.gym.failure.stage"
 """The stage of an episode failure Gym reported in-band (``seed``, ``agent``, ...)."""
 
+# --- the RL view (issue 41) ---------------------------------------------------------------
+REWARD: Final = "nemo.gym.reward"
+"""Double, on ``gym.verify`` (the returned verify response's ``reward``), ``gym.env.step``
+(the step's reward) and ``gym.rollout`` (the ``/run`` answer's reward): absent when the
+handler raised or returned no numeric reward. Independent of ``succeeded``."""
+ROLLOUT_TURNS: Final = "nemo.gym.rollout.turns"
+"""Int, on ``gym.rollout`` (and on the live ``gym.rollout.step`` event): the model calls the
+rollout made, counted by the agent process on its outbound hops to a model-server route
+(:data:`MODEL_ROUTES`)."""
+ROLLOUT_INPUT_TOKENS: Final = "nemo.gym.rollout.input_tokens"
+"""Int, on ``gym.rollout``: input tokens of the whole rollout (the usage Gym summed into the
+``/run`` answer). Not ``gen_ai.usage.*``: a generic GenAI consumer would count those twice."""
+ROLLOUT_OUTPUT_TOKENS: Final = "nemo.gym.rollout.output_tokens"
+"""Int, on ``gym.rollout``: output tokens of the whole rollout (as ``ROLLOUT_INPUT_TOKENS``)."""
+TARGET_SERVER_NAME: Final = "nemo.gym.target.server.name"
+"""On a CLIENT hop span: the Gym server the hop is addressed to (the configured server name
+Gym's ``ServerClient`` resolved; absent for a hop to no configured server)."""
+
+MODEL_ROUTES: Final[tuple[str, ...]] = ("/v1/responses", "/v1/chat/completions", "/v1/messages")
+"""A model server's routes, one per dialect (Responses, Chat Completions, Messages); a hop
+to one of them is a model call (a turn)."""
+
 SERVER_TYPES: Final[tuple[str, ...]] = ("resources", "agent", "model", "environment")
 """The values ``SERVER_TYPE`` takes (NeMo Gym's server kinds)."""
 
@@ -56,3 +78,33 @@ URL_FULL: Final = "url.full"
 URL_TEMPLATE: Final = "url.template"
 """On a CLIENT span: the low-cardinality route template its name ends with."""
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+
+# OpenTelemetry GenAI conventions (development status), on ``model_call`` spans.
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_OPERATION_CHAT: Final = "chat"
+"""``gen_ai.operation.name`` of all three model dialects: OpenTelemetry's value for chat
+completions, and the applicable predefined value for the Responses API (its OpenAI
+conventions name no other; ``openai.api.type`` tells the two apart) and for Anthropic's
+Messages API."""
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+"""String array: one reason per generation received (``stop``, ``length``, ``tool_calls``...)."""
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+"""Double, seconds, on a streamed model call: from the call's start to its first chunk."""
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+"""Metric attribute of ``gen_ai.client.token.usage``: ``input`` or ``output``."""
+GEN_AI_TOKEN_TYPE_INPUT: Final = "input"
+GEN_AI_TOKEN_TYPE_OUTPUT: Final = "output"
+OPENAI_API_TYPE: Final = "openai.api.type"
+"""On OpenAI-dialect model spans: ``responses`` or ``chat_completions``."""
+OPENAI_API_TYPE_RESPONSES: Final = "responses"
+OPENAI_API_TYPE_CHAT_COMPLETIONS: Final = "chat_completions"
+
+# OpenTelemetry HTTP conventions, on CLIENT hop spans.
+HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
+"""Int: how many times the hop's request was sent again (Gym's retries), when it was."""
+ERROR_TYPE_TIMEOUT: Final = "timeout"
+"""``error.type`` of a hop (or call) that ended because a timeout expired (OpenTelemetry's
+component-specific low-cardinality identifier for it)."""

@@ -14,6 +14,35 @@ METRIC_VERIFY_SUCCESS_RATE: Final = "gym.verify.success_rate"
 METRIC_ENV_STEP_DURATION: Final = "gym.env.step.duration_ms"
 METRIC_ENV_STEP_COUNT: Final = "gym.env.step.count"
 
+# --- the RL view (issue 41): derived by the sidecar; names agreed here -----------------------
+METRIC_VERIFY_REWARD: Final = "gym.verify.reward"
+"""Histogram ``1``: ``nemo.gym.reward`` of ``gym.verify`` spans (resources server,
+``succeeded``)."""
+METRIC_ENV_STEP_REWARD: Final = "gym.env.step.reward"
+"""Histogram ``1``: ``nemo.gym.reward`` of ``gym.env.step`` spans."""
+METRIC_GEN_AI_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+"""Histogram ``{token}`` (OpenTelemetry GenAI): per model call, per ``gen_ai.token.type``."""
+METRIC_GEN_AI_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+"""Histogram ``s`` (OpenTelemetry GenAI): model-call duration."""
+METRIC_GEN_AI_TIME_TO_FIRST_TOKEN: Final = "gen_ai.server.time_to_first_token"
+"""Histogram ``s`` (OpenTelemetry GenAI): streamed model calls' time to first chunk."""
+METRIC_ROLLOUT_TURNS: Final = "gym.rollout.turns"
+"""Histogram ``{turn}``: ``nemo.gym.rollout.turns`` per rollout, per agent server."""
+METRIC_ROLLOUT_TOKENS: Final = "gym.rollout.tokens"
+"""Histogram ``{token}``: a rollout's tokens per ``gen_ai.token.type``, per agent server."""
+METRIC_HTTP_CLIENT_RETRIES: Final = "gym.http.client.retries"
+"""Sum (monotonic): ``http.request.resend_count`` of hops, per target server."""
+METRIC_HTTP_CLIENT_TIMEOUTS: Final = "gym.http.client.timeouts"
+"""Sum (monotonic): hops that ended with ``error.type=timeout``, per target server."""
+METRIC_EVENT_LOOP_LAG: Final = "gym.server.event_loop.lag_ms"
+"""Histogram ``ms``: the heartbeats' pre-aggregated event-loop lag, per server."""
+METRIC_ROLLOUT_IN_FLIGHT: Final = "gym.rollout.in_flight"
+"""Gauge: rollouts started and not ended, per agent server (live events)."""
+METRIC_ROLLOUT_STALLED: Final = "gym.rollout.stalled"
+"""Gauge: in-flight rollouts with no activity for the configured time, per agent server."""
+METRIC_ROLLOUT_LOST: Final = "gym.rollout.lost"
+"""Counter: in-flight rollouts whose server stopped or vanished, per agent server."""
+
 SOURCE_GROUP: Final[Mapping[str, str]] = {
     METRIC_ROLLOUT_DURATION: GROUP_ROLLOUT,
     METRIC_VERIFY_DURATION: GROUP_VERIFY,

@@ -18,7 +18,7 @@ The app is plain Starlette (FastAPI's routing, validation and OpenAPI models wou
 full within ``limits.admin_body_timeout_s`` is answered 408 and counted in
 ``limit_hits{limit="admin_body_timeout_s"}``; routes then read the body from memory.
 Header size, header and idle timeouts and the connection cap are the listener's
-(:mod:`gym_sidecar.httpserver`).
+(:mod:`gym_sidecar.wire.http1`).
 """
 
 from __future__ import annotations

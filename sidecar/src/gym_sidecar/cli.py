@@ -4,13 +4,17 @@ Subcommands (argparse subparsers; to add one, write ``_add_<name>(subparsers)`` 
 registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMANDS``):
 
 - ``run``: run the sidecar until SIGTERM/SIGINT (exit 0 after a clean shutdown,
-  2 on invalid configuration, 1 when it cannot start, e.g. a port in use).
+  2 on invalid configuration, 1 when it cannot start, e.g. a port in use). SIGHUP
+  reloads the span-group config, or stops it as SIGTERM does when it comes from the
+  controlling terminal closing (:mod:`gym_sidecar.hangup`).
 - ``check-config FILE``: load FILE with the environment and flags applied, print the
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
 - ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
   (see :mod:`gym_sidecar.inspect.commands`).
 - ``ui``: serve the web view and the Jaeger-compatible query API over the local store
   (see :mod:`gym_sidecar.webui.command`).
+- ``live``: the rollouts in flight, stalled and lost, read from a running sidecar (see
+  :mod:`gym_sidecar.live.command`).
 
 ``gym-sidecar --version`` prints the installed version.
 
@@ -33,6 +37,7 @@ from gym_telemetry_semconv.safetext import SafeFormatter, escape_controls
 
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
+from gym_sidecar.live.command import add_live
 from gym_sidecar.webhook.cli import add_webhook
 from gym_sidecar.webui.command import add_ui
 
@@ -152,6 +157,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_trace,
     add_stats,
     add_ui,
+    add_live,
 ]
 
 

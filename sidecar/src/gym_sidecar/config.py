@@ -44,6 +44,7 @@ from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.hostport import split_host_port
+from gym_sidecar.live.config import RolloutsConfig
 from gym_sidecar.malloc import MemoryConfig
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.store.config import LocalStoreConfig
@@ -132,6 +133,12 @@ class LimitsConfig(BaseModel):
     admin_body_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait for an admin request body (``PUT /v1/span-groups``) to arrive in
     full; slower: 408."""
+    close_linger_s: float = Field(default=2.0, gt=0)
+    """How long a connection the sidecar closes itself (a GOAWAY on the gRPC port; a
+    400, 408, 431 or 503 that closes on the HTTP listeners) keeps reading and discarding
+    after its last answer was sent and its write side shut down, so the client reads
+    that answer rather than a TCP reset; a client that has not closed by then is
+    disconnected (counted)."""
 
     @model_validator(mode="after")
     def _transport_above_message(self) -> LimitsConfig:
@@ -154,6 +161,7 @@ class SidecarConfig(BaseModel):
     enrich: EnrichConfig = Field(default_factory=EnrichConfig)
     span_groups: SpanGroupsConfig = Field(default_factory=SpanGroupsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     local_store: LocalStoreConfig = Field(default_factory=LocalStoreConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)

@@ -8,7 +8,7 @@
     start its stages (tail first), start the admin listener (``/readyz`` answers 503),
     then the gRPC and HTTP receivers; then ready.
 ``serve()``
-    ``startup()``, install SIGTERM/SIGINT (stop) and SIGHUP (reload) handlers, wait for
+    install SIGTERM/SIGINT (stop) and SIGHUP (reload) handlers, ``startup()``, wait for
     :meth:`request_stop`, then ``shutdown()``.
 ``shutdown()``
     1. not ready, stop accepting: receivers close their listeners and in-flight calls
@@ -21,7 +21,9 @@
     and without ``startup()``.
 
 SIGHUP runs every hook in :attr:`reload_hooks` (stages add theirs in
-:mod:`gym_sidecar.assemble`; others may append before ``serve()``).
+:mod:`gym_sidecar.assemble`; others may append before ``serve()``), except when it comes
+from the controlling terminal closing (:mod:`gym_sidecar.hangup`): then it stops the
+sidecar as SIGTERM does.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import time
 from gym_sidecar.admin import Readiness, build_admin_app
 from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
-from gym_sidecar.httpserver.limits import ConnectionLimits
-from gym_sidecar.httpserver.listener import AsgiListener
+from gym_sidecar.hangup import TerminalHangup
 from gym_sidecar.malloc import MemoryTuner
 from gym_sidecar.receiver import wire
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
+from gym_sidecar.wire.http1.listener import AsgiListener
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class SidecarServer:
         self._shutdown_started = False
         self._shutdown_done: asyncio.Event | None = None
         self._memory = MemoryTuner(config.memory)
+        self._hangup: TerminalHangup | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def startup(self) -> None:
@@ -116,11 +120,14 @@ class SidecarServer:
         """Run until SIGTERM/SIGINT or :meth:`request_stop`, then shut down."""
         self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        self._hangup = TerminalHangup()  # before our handler replaces nohup's SIG_IGN
+        # Installed before startup: whoever waits for readiness (or the "ready" line)
+        # may signal at once; a stop asked for while starting runs once started.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         try:
             await self.startup()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop, sig)
-            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             await self._stop.wait()
         finally:
             # Handlers stay installed while draining: a repeated SIGTERM must not kill
@@ -176,6 +183,10 @@ class SidecarServer:
         logger.info("gym-sidecar stopped")
 
     def _on_sighup(self) -> None:
+        if self._hangup is not None and self._hangup.hung_up():
+            logger.info("received SIGHUP: the controlling terminal is gone, shutting down")
+            self.request_stop()
+            return
         logger.info("received SIGHUP, running %d reload hook(s)", len(self.reload_hooks))
         for hook in list(self.reload_hooks):
             try:

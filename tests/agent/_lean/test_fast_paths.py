@@ -373,7 +373,12 @@ def test_values_that_are_not_memoized_still_encode() -> None:
     long_text = "z" * (span_encoding.MAX_MEMO_TEXT + 1)
     for value in (1.5, ("a", "b"), (1, 2), long_text, "ünï", "a" * 39, "a" * 40, 2**62, -1):
         assert span_encoding._attribute_field(key, value) == _field(key, value), value
-    assert not any(k[0] == key and k[1] in (1.5, long_text) for k in span_encoding._fields)
+    assert not any(k[0] == key and k[1] == long_text for k in span_encoding._fields)
+    # floats are memoized (a verifier's rewards repeat), apart from ints and bools
+    assert span_encoding._fields[(key, 1.5, float)] == _field(key, 1.5)
+    for value in (1.0, 1, True):
+        assert span_encoding._attribute_field(key, value) == _field(key, value), value
+    assert span_encoding._fields[(key, 1.0, float)] != span_encoding._fields[(key, 1, int)]
 
 
 # --- the recorder's fast start against its general one ----------------------------------

@@ -107,3 +107,20 @@ def test_an_empty_batch_ends_here_only_when_nothing_left_says_so(end_empty: bool
     asyncio.run(stage.consume(traces(0)))
     assert len(tail.batches) == (0 if end_empty else 1)
     assert stage.accepted_tokens == ([] if end_empty else [0])
+
+
+def test_two_stages_reading_derive_fields_are_refused() -> None:
+    from gym_sidecar.core.stage import PassThrough, pipeline_trace_scan
+    from gym_sidecar.core.traces import ScanSpec
+    from gym_sidecar.selfmetrics import SelfMetrics
+
+    metrics = SelfMetrics()
+    last = PassThrough("b", None, metrics)
+    last.trace_scan = ScanSpec(attr_keys=("k",), split_scopes=frozenset({"s2"}))
+    first = PassThrough("a", last, metrics)
+    first.trace_scan = ScanSpec(split_scopes=frozenset({"s1"}))
+    merged = pipeline_trace_scan(first)
+    assert merged == ScanSpec(attr_keys=("k",), split_scopes=frozenset({"s1", "s2"}))
+    first.trace_scan = ScanSpec(event_keys=(("e", "k"),))
+    with pytest.raises(ValueError, match="more than one stage"):
+        pipeline_trace_scan(first)

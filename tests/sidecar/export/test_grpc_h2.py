@@ -18,8 +18,9 @@ from gym_sidecar.assemble import build_exporter
 from gym_sidecar.core.exporter import Exporter, Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
-from gym_sidecar.export.grpc_h2 import GrpcH2Exporter, _Call, _outcome
+from gym_sidecar.export.grpc_h2 import GrpcH2Exporter, _outcome
 from gym_sidecar.export.otlp_grpc import OtlpGrpcExporter
+from gym_sidecar.wire.http2.grpc_client import Call
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from testkit.sink import RecordingSink
@@ -169,10 +170,10 @@ def test_a_restarted_server_gets_a_new_connection() -> None:
     run(body())
 
 
-def _finished(headers: list[tuple[str, str]], trailers: list[tuple[str, str]] = []) -> _Call:  # noqa: B006
+def _finished(headers: list[tuple[str, str]], trailers: list[tuple[str, str]] = []) -> Call:  # noqa: B006
     loop = asyncio.new_event_loop()
     try:
-        call = _Call(loop.create_future(), headers=headers, trailers=trailers)
+        call = Call(loop.create_future(), headers=headers, trailers=trailers)
     finally:
         loop.close()
     return call

@@ -2,7 +2,7 @@
 server's hands. The call is below the GOAWAY's last stream id, so the server still
 answers it (RFC 9113, 6.8); the exporter must read that answer: plain ``h2`` refused
 every frame after a GOAWAY, and the call failed as INTERNAL, a permanent error that
-dropped its batch (gym_sidecar/http2.py). Two real servers: grpc core (grpc.aio's
+dropped its batch (gym_sidecar/wire/http2/connection.py). Two real servers: grpc core (grpc.aio's
 ``stop(grace)``: two GOAWAYs and a PING) and the sidecar's own receiver (``stop``).
 The next export after the drain opens a new connection.
 """

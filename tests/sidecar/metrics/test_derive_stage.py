@@ -10,7 +10,7 @@ import gym_telemetry_semconv as semconv
 import pytest
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, Signal
 from gym_sidecar.metrics.config import MetricsConfig
-from gym_sidecar.metrics.otlp import SCOPE_NAME
+from gym_sidecar.metrics.otlp_request import SCOPE_NAME
 from gym_sidecar.metrics.series import HistogramSeries, SeriesPoints
 from gym_sidecar.metrics.stage import DeriveStage, build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -210,6 +210,10 @@ def test_cardinality_limit_sends_new_series_to_overflow() -> None:
         semconv.METRIC_VERIFY_SUCCESS_RATE: 6,
         semconv.METRIC_ENV_STEP_DURATION: 0,
         semconv.METRIC_ENV_STEP_COUNT: 0,
+        semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
+        semconv.METRIC_ROLLOUT_STALLED: 0,
+        semconv.METRIC_ROLLOUT_LOST: 0,
+        semconv.METRIC_EVENT_LOOP_LAG: 0,
     }
     assert metrics.limit_hits.labels("metrics.cardinality_limit").value == 21
     text = metrics.render().decode()
@@ -660,7 +664,7 @@ def test_an_exemplar_needs_both_ids() -> None:
     def add(duration_ms: int, end: int, trace_id: bytes, span_id: bytes) -> None:
         points = SeriesPoints(b"r", (), bounds, exemplars=True)
         start = end - duration_ms * 1_000_000
-        span = ("gym.rollout", start, end, trace_id, span_id, 0, (None, None, None))
+        span = ("gym.rollout", start, end, trace_id, span_id, 0, (None, None, None, None))
         bucket = sum(duration_ms > b for b in bounds)
         points.values.append(float(duration_ms))
         points.counts[bucket] += 1

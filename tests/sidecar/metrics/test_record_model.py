@@ -28,6 +28,7 @@ from gym_sidecar.metrics.derived import CARDINALITY_LIMIT_NAME, DerivedMetrics
 from gym_sidecar.metrics.series import exemplar_of
 from gym_sidecar.metrics.spans import SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_telemetry_semconv import gym_dialect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -35,6 +36,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 ROLLOUT_SCOPE = semconv.scope_name(semconv.GROUP_ROLLOUT)
 VERIFY_SCOPE = semconv.scope_name(semconv.GROUP_VERIFY)
+GYM_SCOPE = gym_dialect.SCOPE_LENS_HELPERS
+"""Gym's own telemetry: rollouts, verifications and other spans in one scope."""
 OK = ((semconv.VERIFY_SUCCEEDED, True),)
 STATUS_ERROR = 2
 T0 = 1_700_000_000_000_000_000
@@ -42,6 +45,9 @@ NAMES = {
     ROLLOUT_SCOPE: [semconv.SPAN_ROLLOUT] * 4 + [semconv.SPAN_VERIFY, "POST /run"],
     VERIFY_SCOPE: [semconv.SPAN_VERIFY] * 3 + [semconv.SPAN_ENV_STEP] * 2 + ["other"],
     "gym_telemetry.server": ["POST /run"],
+    GYM_SCOPE: [semconv.SPAN_ROLLOUT] * 2
+    + [semconv.SPAN_VERIFY] * 2
+    + [semconv.SPAN_ENV_STEP, semconv.SPAN_MODEL_RESPONSES],
 }
 RESOURCES = [
     Resource(
@@ -117,24 +123,32 @@ class Model:
         for bi, block in enumerate(request.blocks):
             key = block.current_resource
             for si, scope in enumerate(block.scopes):
-                if scope.derived is None or scope.name not in (ROLLOUT_SCOPE, VERIFY_SCOPE):
+                if scope.derived is None or scope.name not in (
+                    ROLLOUT_SCOPE,
+                    VERIFY_SCOPE,
+                    GYM_SCOPE,
+                ):
                     continue
                 for span in scope.derived:
                     name, start, end, trace_id, span_id, status, values = span
-                    if scope.name == ROLLOUT_SCOPE:
-                        if name != semconv.SPAN_ROLLOUT:
-                            continue
+                    if scope.name in (ROLLOUT_SCOPE, GYM_SCOPE) and name == semconv.SPAN_ROLLOUT:
                         if values[0] is True:
                             self.spans["nested"] += 1
                             continue
                         table, attrs = "rollout", ()
-                    elif name in (semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP):
+                    elif scope.name in (VERIFY_SCOPE, GYM_SCOPE) and name in (
+                        semconv.SPAN_VERIFY,
+                        semconv.SPAN_ENV_STEP,
+                    ):
                         table = "verify" if name == semconv.SPAN_VERIFY else "step"
                         succeeded = values[1]
                         if succeeded is True or (succeeded is not False and status != STATUS_ERROR):
                             attrs = OK
                         else:
                             error = values[2] if isinstance(values[2], str) else ""
+                            if not error:  # Gym's own telemetry: the exception event's class
+                                exc = values[3]
+                                error = exc.split(".")[-1] if isinstance(exc, str) else ""
                             error = error[: self.cfg.max_error_type_chars] or "_OTHER"
                             attrs = ((semconv.ERROR_TYPE, error), (semconv.VERIFY_SUCCEEDED, False))
                     else:
@@ -234,6 +248,11 @@ def model_state(model: Model) -> dict[str, Any]:
             semconv.METRIC_VERIFY_SUCCESS_RATE: overflowed["rate"],
             semconv.METRIC_ENV_STEP_DURATION: overflowed["step"],
             semconv.METRIC_ENV_STEP_COUNT: overflowed["step"],
+            # the live metrics get no points from spans
+            semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
+            semconv.METRIC_ROLLOUT_STALLED: 0,
+            semconv.METRIC_ROLLOUT_LOST: 0,
+            semconv.METRIC_EVENT_LOOP_LAG: 0,
         },
         "limit_hits": float(hits),
     }
@@ -290,7 +309,8 @@ def spans(draw: st.DrawFn, scope: str, bounds: list[float]) -> DerivedSpan:
     nested = draw(st.sampled_from([None, None, True, False, "true", 1]))
     succeeded = draw(st.sampled_from([None, True, True, False, "false", 0, 1]))
     error = draw(st.sampled_from([None, "ValueError", "judge_failed", "", 7, b"x", "E" * 200]))
-    return (name, start, end, ids[0], ids[1], status, (nested, succeeded, error))
+    exception = draw(st.sampled_from([None, "a.b.Crash", "Crash", "", ".", 3]))
+    return (name, start, end, ids[0], ids[1], status, (nested, succeeded, error, exception))
 
 
 @st.composite
@@ -299,7 +319,9 @@ def requests(draw: st.DrawFn, cfg: MetricsConfig) -> TraceRequest:
     for _ in range(draw(st.integers(1, 3))):
         scopes = []
         for _ in range(draw(st.integers(0, 3))):
-            scope = draw(st.sampled_from([ROLLOUT_SCOPE, VERIFY_SCOPE, "gym_telemetry.server"]))
+            scope = draw(
+                st.sampled_from([ROLLOUT_SCOPE, VERIFY_SCOPE, GYM_SCOPE, "gym_telemetry.server"])
+            )
             bounds = list(
                 cfg.rollout_buckets_ms if scope == ROLLOUT_SCOPE else cfg.verify_buckets_ms
             )
@@ -364,7 +386,7 @@ def test_the_default_bounds_are_integers_and_compare_as_the_model_does() -> None
     assert all(type(b) is int for b in MetricsConfig().rollout_buckets_ms)
     bound = DEFAULT_ROLLOUT_BUCKETS_MS[0]
     derived: list[DerivedSpan] = [
-        (semconv.SPAN_ROLLOUT, T0, T0 + int(bound * 1_000_000) + delta, b"t", b"s", 0, (None,) * 3)
+        (semconv.SPAN_ROLLOUT, T0, T0 + int(bound * 1_000_000) + delta, b"t", b"s", 0, (None,) * 4)
         for delta in (-1, 0, 1)
     ]
     req = TraceRequest(
@@ -397,10 +419,10 @@ def test_series_of_one_block_meeting_in_overflow_add_in_span_order(last_has_ids:
             ids * 16 if ids else b"",
             ids * 8,
             2,
-            (None, False, error),
+            (None, False, error, None),
         )
 
-    ok: DerivedSpan = (semconv.SPAN_VERIFY, T0, T0 + 5, b"\x09" * 16, b"\x09" * 8, 0, (None,) * 3)
+    ok: DerivedSpan = (semconv.SPAN_VERIFY, T0, T0 + 5, b"\x09" * 16, b"\x09" * 8, 0, (None,) * 4)
     last = failed("A", 0.4, b"\x03" if last_has_ids else b"")
     derived = [ok, failed("A", 0.1, b"\x01"), failed("B", 0.1, b"\x02"), last]
     block = ScopeBlock(0, 0, VERIFY_SCOPE, len(derived), derived)

@@ -166,3 +166,64 @@ def test_go_durations() -> None:
     for bad in ("", "5", "1x", "ms"):
         with pytest.raises(SearchError):
             parse_go_duration(bad)
+
+
+def test_search_by_trace_ids_needs_no_service(api: tuple[str, dict[str, str]]) -> None:
+    url, ids = api
+    query = urllib.parse.urlencode([("traceID", ids["1-0"]), ("traceID", ids["4-0"].upper())])
+    status, body = _get(url, "/api/traces?" + query)
+    assert status == 200 and body["errors"] is None
+    assert [t["traceID"] for t in body["data"]] == [ids["1-0"], ids["4-0"]]
+    assert all(len(t["spans"]) == 7 for t in body["data"])
+    # an id that is not stored: the others are still answered, with Jaeger's error entry
+    unknown = "ab" * 16
+    query = urllib.parse.urlencode([("traceID", unknown), ("traceID", ids["0-0"].lstrip("0"))])
+    status, body = _get(url, "/api/traces?" + query)
+    assert status == 200 and [t["traceID"] for t in body["data"]] == [ids["0-0"]]
+    assert body["errors"] == [{"msg": "trace not found", "traceID": unknown}]
+    status, body = _get(url, "/api/traces?traceID=zz")
+    assert status == 400 and "cannot parse traceID param" in body["errors"][0]["msg"]
+    too_many = urllib.parse.urlencode([("traceID", f"{i:x}") for i in range(1501)])
+    status, body = _get(url, "/api/traces?" + too_many)
+    assert status == 400 and "at most 1500 traceID" in body["errors"][0]["msg"]
+
+
+def test_dependencies_are_the_service_maps_calls(api: tuple[str, dict[str, str]]) -> None:
+    url, _ = api
+    end_ms = str(time.time_ns() // 1_000_000 + 60_000)
+    status, body = _get(url, "/api/dependencies", endTs=end_ms, lookback="3600000")
+    assert status == 200 and set(body) == {"data", "total", "limit", "offset", "errors"}
+    # every rollout: the agent calls the model once and the resources server once
+    assert body["data"] == [
+        {"parent": AGENT, "child": MODEL, "callCount": 6},
+        {"parent": AGENT, "child": RESOURCES, "callCount": 6},
+    ]
+    _, body = _get(url, "/api/dependencies", endTs=end_ms, lookback="3600000", service=MODEL)
+    assert body["data"] == [{"parent": AGENT, "child": MODEL, "callCount": 6}]
+    # no parameters: the last 24 hours up to now
+    assert len(_get(url, "/api/dependencies")[1]["data"]) == 2
+    # the window is on stored times: nothing was stored an hour ago
+    old_ms = str(int(end_ms) - 3_600_000)
+    assert _get(url, "/api/dependencies", endTs=old_ms, lookback="60000")[1]["data"] == []
+    for params, text in (
+        ({"endTs": "now"}, "unable to parse param 'endTs'"),
+        ({"lookback": "1h"}, "unable to parse param 'lookback'"),
+        ({"lookback": "0"}, "must be positive"),
+    ):
+        status, body = _get(url, "/api/dependencies", **params)
+        assert status == 400 and text in body["errors"][0]["msg"], params
+
+
+def test_dependencies_say_when_their_trace_bound_cut_them(
+    api: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gym_sidecar.query import dependencies
+
+    url, _ = api
+    monkeypatch.setattr(dependencies, "DEPENDENCY_TRACES", 2)
+    answer = get(url + "/api/dependencies")
+    calls = {(d["parent"], d["child"]): d["callCount"] for d in answer.json()["data"]}
+    assert calls == {(AGENT, MODEL): 2, (AGENT, RESOURCES): 2}
+    assert answer.headers["x-gym-limit-hit"] == "dependency_traces=2"
+    monkeypatch.setattr(dependencies, "DEPENDENCY_TRACES", 500)
+    assert "x-gym-limit-hit" not in get(url + "/api/dependencies").headers

@@ -178,3 +178,25 @@ def test_a_missing_store_says_so(tmp_path: Path) -> None:
         page = get(url + "/rollouts")
         assert page.status == 503 and "No local store at" in page.text
         assert get(url + "/api/services").json()["errors"][0]["code"] == 503
+
+
+def test_gyms_own_telemetry_is_listed_and_shown_as_a_waterfall(tmp_path: Path) -> None:
+    """Rollouts recorded by Gym's own telemetry (``nemo.lens.helpers``, failures as
+    exception events): listed, each a waterfall marking its failed verification, every
+    span's producer named."""
+    from testkit.rollout_requests import Rollout, gym_dialect_request
+
+    path = tmp_path / "traces.db"
+    rollouts = [Rollout(f"{i}-0", NOW - 600 * S + i * S, 100.0, verify_ok=i < 3) for i in range(4)]
+    write(path, [gym_dialect_request(rollouts).SerializeToString()], NOW - 500 * S)
+    with serve(ViewConfig(path, clock_ns=Clock(NOW))) as url:
+        listed = get(url + "/rollouts").text
+        assert len(_attr(listed, "data-rollout")) == 4
+        failed = get(url + "/rollouts?failed=1").text
+        [trace_id] = [r.trace_id.hex() for r in rollouts[3:]]
+        assert len(_attr(failed, "data-rollout")) == 1
+        text = get(f"{url}/trace/{trace_id}").text
+        [verify] = re.findall(r'<details[^>]*data-name="gym.verify"[^>]*>', text)
+        assert 'data-verify-failed="true"' in verify and 'data-error="true"' in verify
+        assert "__main__.VerifierCrash" in text  # the exception event, in the details
+        assert "nemo_gym" in text and "nemo.lens.helpers" in text  # producer and scope

@@ -14,6 +14,8 @@ so that bumping the SDK pin means re-reading this folder only:
   stock encoder;
 - ``grpc_exporter``: the SDK's OTLP/gRPC exporter with the lean encoder plugged in,
   and its self-check;
+- ``log_transport``: sending serialized OTLP log requests (the live events) where the
+  span exporter sends its spans;
 - ``sdk_hooks``: the batch processor's queue, ``emit`` step (and its usual case as a
   plain append) and inner shutdown, and
   the API's current-span context key;
@@ -41,7 +43,11 @@ names every private field the package reads):
   (``_max_export_batch_size``, ``_worker_awaken``, ``_pid``, ``_shutdown``; the queue
   append of ``sdk_hooks.batch_append``);
 - ``OTLPSpanExporter._translate_data`` (overridden by the lean exporter), and its
-  ``_channel``, ``_client`` and ``_stub`` (the lean exporter's stub sends bytes).
+  ``_channel``, ``_client`` and ``_stub`` (the lean exporter's stub sends bytes);
+- for the live events (``log_transport``): the gRPC span exporter's ``_channel``,
+  ``_headers`` and ``_timeout``; the OTLP/HTTP span exporter's ``_endpoint``, and the
+  OTLP/HTTP log exporter's ``_client`` (its ``export`` of serialized bytes) or, on earlier
+  releases, its ``_export`` step.
 
 SDK versions checked: the declared range ``opentelemetry-api``/``-sdk``/
 ``-exporter-otlp-proto-grpc`` ``>=1.27,<1.46`` (``agent/pyproject.toml``); both ends
@@ -96,5 +102,9 @@ SDK_INTERNALS: Final[frozenset[str]] = frozenset(
         "_channel",
         "_client",
         "_stub",
+        "_headers",
+        "_timeout",
+        "_endpoint",
+        "_export",
     }
 )

@@ -126,7 +126,7 @@ MAX_MEMO_VALUES_PER_KEY: Final = 64
 MAX_MEMO_KEYS: Final = 1024
 #: Longest string value memoized (characters).
 MAX_MEMO_TEXT: Final = 256
-_MEMO_TYPES: Final = (str, int, bool)
+_MEMO_TYPES: Final = (str, int, bool, float)
 
 # (key, value, value's class) -> the encoded field (the class keeps True, 1 and 1.0
 # apart: equal dict keys, encoded differently); the memoized values per key; and per
@@ -165,7 +165,8 @@ def _encode_attribute(key: str, value: Any, kind: type) -> bytes:
 
 def _attribute_field(key: str, value: Any) -> bytes:
     """The field of one attribute that missed the memo (``_fields``): memoized for str
-    (up to ``MAX_MEMO_TEXT`` characters), int and bool values while its key has fewer
+    (up to ``MAX_MEMO_TEXT`` characters), int, bool and float values (a verifier's
+    rewards repeat: 0.0, 1.0) while its key has fewer
     than ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
     kind = value.__class__
     last = _last.get(key)

@@ -396,6 +396,11 @@ class _ClientRecorder:
 
 
 _CLIENT_RECORDER: Final = _ClientRecorder()
+#: The ``http_client`` group's recorder (for ``hops``).
+client_recorder: Final = _CLIENT_RECORDER.get
+#: ``url_template`` remembered, and the client span name of a method and template.
+cached_url_template: Final = _url_template
+client_name: Final = _client_name
 _tracers = span_groups._tracers  # group -> tracer cache (cleared when the provider changes)
 
 

@@ -13,13 +13,20 @@
 - ``nemo_gym.telemetry._fallbacks`` / ``.spans`` / ``.contrib`` / ``.endpoints``: Gym's
   own telemetry primitives and endpoint wrappers become this project's
   (``gym_primitives.REPLACEMENTS``, ``routes.ENDPOINT_REPLACEMENTS``).
-- ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` first runs
-  ``identity.start_server_telemetry(self)`` (identity + SDK), then Gym's own.
+- ``nemo_gym.server_utils``: ``SimpleServer.setup_telemetry`` runs
+  ``identity.start_server_telemetry(self)`` (identity + SDK) instead of Gym's own
+  telemetry set-up; Gym's runs only when this project's could not start (one process,
+  one telemetry: :func:`patch_server_utils`). The hops' ``_traced_request``,
+  ``_request_with_retries`` and the shared aiohttp session get this project's CLIENT
+  span, retry count, timeout and rollout step (``hops``).
+- ``nemo_gym.base_responses_api_model``: a model server's answer objects are read before
+  Gym serializes them (``model_calls``: usage, response model, finish reasons).
 - ``nemo_gym.mcp_auto_exposure``: a span per MCP tool call (``mcp``).
 - ``ray._private.worker`` / ``ray.util.tracing.tracing_helper``: a Ray cluster started
   here gets Ray's tracing startup hook; the rollout id travels into tasks
   (``ray_tasks``).
-- ``uvicorn.server``: ``Server.shutdown`` flushes this process's spans once the graceful
+- ``uvicorn.server``: ``Server.startup`` starts the event-loop lag probe on the server's
+  loop (``gym_telemetry._live``); ``Server.shutdown`` flushes this process's spans once the graceful
   shutdown is done (``GYM_TELEMETRY_STOP_FLUSH_TIMEOUT_S``, default 2 s, ``0``: off).
   uvicorn re-raises SIGTERM after that shutdown, so a server stopped by SIGTERM
   (Kubernetes, ``docker stop``) dies by the signal and no ``atexit`` hook runs; without
@@ -170,9 +177,27 @@ def patch_gym_telemetry_module(module: ModuleType) -> None:
 
 
 def patch_server_utils(module: ModuleType) -> None:
-    """``SimpleServer.setup_telemetry`` starts this project's telemetry first."""
+    """``SimpleServer.setup_telemetry`` starts this project's telemetry, and Gym's own
+    only when this project's is not exporting.
+
+    One process, one telemetry: Gym's ``setup_telemetry`` calls
+    ``nemo_gym.telemetry.setup.init_telemetry``, which -- once a nemo-lens with
+    ``SpanRegistry`` is installed and ``NEMO_GYM_OTEL_ENABLED`` is set -- builds its own
+    TracerProvider (refused as the global one, but with its own batch processor and
+    OTLP exporter), sets its MeterProvider as the global one (Gym's in-process ``gym.*``
+    metrics, exported beside the sidecar's derived ones) and its propagator. With
+    ``GYM_TELEMETRY`` set the operator asked for this project's telemetry, so it wins:
+    Gym's set-up is skipped, Gym's ``get_telemetry()`` stays None, and with it every
+    ``record_*`` metric helper and the FastAPI instrumentor of
+    ``instrument_app_for_telemetry`` (Gym's call sites already run through this
+    project's primitives, ``gym_primitives``). Should this project's SDK not start
+    (``OTEL_SDK_DISABLED``, an error), Gym's own runs as it would without the agent.
+    The hops are patched here too (``hops``).
+    """
+    from gym_telemetry.autoinstrument.hops import patch as patch_hops
     from gym_telemetry.autoinstrument.identity import start_server_telemetry
 
+    patch_hops(module)
     server_cls = module.SimpleServer
     original = server_cls.setup_telemetry
     if _already(original):
@@ -180,23 +205,44 @@ def patch_server_utils(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def setup_telemetry(self: Any) -> None:
-        start_server_telemetry(self)
-        original(self)
+        if not start_server_telemetry(self):
+            original(self)
 
     setattr(setup_telemetry, PATCHED, True)
     server_cls.setup_telemetry = setup_telemetry
 
 
+def patch_model_server(module: ModuleType) -> None:
+    """A model server's answers are read before Gym serializes them (``model_calls``)."""
+    from gym_telemetry.autoinstrument.model_calls import patch as patch_model_calls
+
+    patch_model_calls(module)
+
+
 def patch_uvicorn_server(module: ModuleType) -> None:
-    """``Server.shutdown`` ends with a bounded flush of this process's spans (module doc).
+    """``Server.startup`` starts the lag probe on the server's loop; ``Server.shutdown``
+    ends with a bounded flush of this process's spans (module doc).
 
     The flush blocks the (already stopped) server's loop for at most the timeout and
-    never raises; in a process whose telemetry never started it does nothing.
+    never raises; in a process whose telemetry never started neither does anything.
     """
     server_cls = module.Server
     original = server_cls.shutdown
     if _already(original):
         return
+    original_startup = server_cls.startup
+
+    @functools.wraps(original_startup)
+    async def startup(self: Any, *args: Any, **kwargs: Any) -> None:
+        live = sys.modules.get("gym_telemetry._live")
+        if live is not None:  # not imported: this process never set telemetry up
+            import asyncio
+
+            live.start_lag_probe(asyncio.get_running_loop())
+        await original_startup(self, *args, **kwargs)
+
+    setattr(startup, PATCHED, True)
+    server_cls.startup = startup
 
     @functools.wraps(original)
     async def shutdown(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -224,6 +270,7 @@ def install() -> bool:
     for module_name in GYM_TELEMETRY_MODULES:
         when_imported(module_name, patch_gym_telemetry_module)
     when_imported("nemo_gym.server_utils", patch_server_utils)
+    when_imported("nemo_gym.base_responses_api_model", patch_model_server)
     when_imported("uvicorn.server", patch_uvicorn_server)
     when_imported("nemo_gym.mcp_auto_exposure", _patch_mcp)
     when_imported("ray._private.worker", _patch_ray_worker)

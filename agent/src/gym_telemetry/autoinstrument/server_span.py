@@ -14,7 +14,10 @@ request before Gym's own middlewares and the final status after them. Per HTTP r
    when Gym has no id; Gym's own ContextVar is not touched). A ``nemo.gym.rollout.outer=1``
    baggage member (the caller made the hop inside a recorded ``gym.rollout`` span) sets
    ``rollout_correlation.ENCLOSING_ROLLOUT`` for the request, so a ``/run`` it reaches -- sync or
-   async -- is marked nested.
+   async -- is marked nested. When the request's trace has a rollout in flight in this
+   process (an agent calling its own ``/v1/responses`` from its ``/run``), its
+   ``inflight`` record is what is set, so the hops made while serving the request
+   update that rollout's step and turns.
 3. Group ``server`` disabled: the remote parent (if any) is made current so the spans of
    other groups still join the caller's trace; no span.
 4. Group ``server`` enabled: one SERVER-kind span, scope ``gym_telemetry.server``, child
@@ -57,7 +60,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
-from gym_telemetry import environment_variables, span_groups
+from gym_telemetry import environment_variables, inflight, span_groups
 from gym_telemetry._lean.context import attach as _attach
 from gym_telemetry._lean.context import detach as _detach
 from gym_telemetry._lean.context import with_span as _with_span
@@ -256,7 +259,7 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         scope[SCOPE_MARKER] = True
-        enclosing = _ENCLOSING.set(True) if outer else None
+        enclosing = _ENCLOSING.set(_enclosing(parent)) if outer else None
         own_id = _OWN_ID.set(rollout_id) if rollout_id is not None else None
         try:
             if _GROUP not in _ENABLED.groups:
@@ -320,6 +323,17 @@ class ServerSpanMiddleware:
                 _ENCLOSING.reset(enclosing)
 
 
+def _enclosing(parent: Any) -> bool | inflight.InFlight:
+    """What ``ENCLOSING_ROLLOUT`` holds for a request relayed from inside a rollout: the
+    rollout's record when it is in flight here, else True."""
+    if parent is None:
+        return True
+    try:
+        return inflight.for_trace(parent.trace_id) or True
+    except Exception:  # an odd parent: the rollout stays an upstream one
+        return True
+
+
 class RolloutCorrelationMiddleware:
     """The rollout-id part of :class:`ServerSpanMiddleware` alone, for apps whose SERVER
     span belongs to another instrumentation (the stock ``FastAPIInstrumentor``).
@@ -352,7 +366,7 @@ class RolloutCorrelationMiddleware:
         if not outer:
             await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
             return
-        token = _ENCLOSING.set(True)
+        token = _ENCLOSING.set(_enclosing(trace.get_current_span().get_span_context()))
         try:
             await call_with_rollout_id(self.app, scope, receive, send, rollout_id)
         finally:

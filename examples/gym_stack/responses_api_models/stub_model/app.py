@@ -21,7 +21,16 @@ parameter set to the last user message (``litmus_agent``'s code tool then runs t
 message as a cell).
 
 ``SLEEP:<seconds>`` in the input text (or a chat message) makes the call wait that long
-first (a slow model, for the cancellation and streaming tests).
+first (a slow model, for the cancellation and streaming tests). ``WAIT_FILE:<path>``
+makes it wait until that file exists (a model call that hangs until a test releases it;
+checked every 50 ms, at most ``max_wait_file_s``, 600 s by default, then it answers).
+
+Every answer reports token usage, a fixed pair per kind of answer from the config:
+``usage_tool_call`` (a function/tool call; default ``[13, 5]``) and ``usage_text`` (a text
+message; default ``[21, 8]``), as ``[input, output]`` tokens (``usage.input_tokens`` /
+``output_tokens`` on ``/v1/responses`` and, through Gym's mapping, ``/v1/messages``;
+``prompt_tokens`` / ``completion_tokens`` on ``/v1/chat/completions``). The answers' model
+is ``served_model`` (default ``stub-model``), whatever the request asked for.
 
 ``chat_completions()`` answers with one fixed assistant message; when the request offers
 tools and no tool result is in the messages yet, it calls the first tool offered with
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 import uuid
@@ -61,15 +71,27 @@ class StubModelServerConfig(BaseResponsesAPIModelConfig):
     stub_text: str = "stub answer"
     fail_markers: list[str] = []
     chat_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    usage_tool_call: tuple[int, int] = (13, 5)
+    usage_text: tuple[int, int] = (21, 8)
+    served_model: str = "stub-model"
+    max_wait_file_s: float = 600.0
 
 
 _SLEEP = re.compile(r"SLEEP:([0-9]+(?:\.[0-9]+)?)")
+_WAIT_FILE = re.compile(r"WAIT_FILE:(\S+)")
 
 
-async def _maybe_sleep(text: str) -> None:
+async def _maybe_sleep(text: str, max_wait_s: float = 600.0) -> None:
     match = _SLEEP.search(text)
     if match is not None:
         await asyncio.sleep(float(match.group(1)))
+    match = _WAIT_FILE.search(text)
+    if match is not None:
+        waited = 0.0
+        # a stat per 50 ms on a test stub's loop: os.path.exists blocking is fine here
+        while waited < max_wait_s and not os.path.exists(match.group(1)):  # noqa: ASYNC240
+            await asyncio.sleep(0.05)
+            waited += 0.05
 
 
 def _item_type(item: Any) -> str | None:
@@ -119,16 +141,18 @@ class StubModelServer(SimpleResponsesAPIModel):
         body: NeMoGymResponseCreateParamsNonStreaming = Body(),  # noqa: B008 - FastAPI's own idiom, as in Gym's base class
     ) -> NeMoGymResponse:
         text = _input_text(body.input)
-        await _maybe_sleep(text)
+        await _maybe_sleep(text, self.config.max_wait_file_s)
         self._maybe_fail(text)
         items = body.input if isinstance(body.input, list) else []
         tool_outputs = [item for item in items if _item_type(item) == "function_call_output"]
         output: list[dict[str, Any]]
+        usage = self.config.usage_text
         if tool_outputs:
             output = [_message(f"Weather report: {_item_output(tool_outputs[-1])}")]
         elif not body.tools:
             output = [_message(self.config.stub_text)]
         else:
+            usage = self.config.usage_tool_call
             output = [
                 {
                     "id": f"fc_{uuid.uuid4().hex}",
@@ -144,11 +168,13 @@ class StubModelServer(SimpleResponsesAPIModel):
                 "id": f"resp_{uuid.uuid4().hex}",
                 "object": "response",
                 "created_at": time.time(),
-                "model": "stub-model",
+                "model": self.config.served_model,
+                "status": "completed",
                 "output": output,
                 "parallel_tool_calls": False,
                 "tool_choice": "auto",
                 "tools": [],
+                "usage": _responses_usage(usage),
             }
         )
 
@@ -171,13 +197,15 @@ class StubModelServer(SimpleResponsesAPIModel):
     ) -> NeMoGymChatCompletion:
         messages = list(body.messages)
         text = _input_text(messages)
-        await _maybe_sleep(text)
+        await _maybe_sleep(text, self.config.max_wait_file_s)
         self._maybe_fail(text)
         tools = list(body.tools or [])
         answered = any(_role(message) == "tool" for message in messages)
         message: dict[str, Any] = {"role": "assistant", "content": self.config.stub_text}
         finish_reason = "stop"
+        usage = self.config.usage_text
         if tools and not answered:
+            usage = self.config.usage_tool_call
             function = tools[0].get("function", {}) if isinstance(tools[0], dict) else {}
             message = {
                 "role": "assistant",
@@ -199,11 +227,26 @@ class StubModelServer(SimpleResponsesAPIModel):
                 "id": f"chatcmpl_{uuid.uuid4().hex}",
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": "stub-model",
+                "model": self.config.served_model,
                 "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                "usage": {
+                    "prompt_tokens": usage[0],
+                    "completion_tokens": usage[1],
+                    "total_tokens": usage[0] + usage[1],
+                },
             }
         )
+
+
+def _responses_usage(usage: tuple[int, int]) -> dict[str, Any]:
+    tokens_in, tokens_out = usage
+    return {
+        "input_tokens": tokens_in,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": tokens_out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": tokens_in + tokens_out,
+    }
 
 
 def _tool_field(tool: Any, key: str) -> Any:

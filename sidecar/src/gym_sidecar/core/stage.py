@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -112,19 +112,28 @@ class Stage(abc.ABC):
 
 
 def pipeline_trace_scan(head: Stage | None) -> ScanSpec:
-    """The :class:`ScanSpec` the stages from ``head`` on declare (``trace_scan``), or an
-    empty one. One stage at most may declare one (the derive stage): the values of a
-    :data:`~gym_sidecar.core.traces.DerivedSpan` are positional, so two readers would
-    need one key order; ValueError otherwise."""
-    found: list[ScanSpec] = []
+    """The :class:`ScanSpec` the stages from ``head`` on declare (``trace_scan``), merged:
+    the union of their ``split_scopes``, and the derive fields (``derive_scopes``,
+    ``attr_keys``, ``event_keys``) of the one stage that reads any (the derive stage).
+    Two readers would need one key order, as the values of a
+    :data:`~gym_sidecar.core.traces.DerivedSpan` are positional: ValueError then. An
+    empty spec when no stage declares one."""
+    readers: list[ScanSpec] = []
+    split: frozenset[str] = frozenset()
     stage = head
     while stage is not None:
-        if stage.trace_scan is not None:
-            found.append(stage.trace_scan)
+        spec = stage.trace_scan
+        if spec is not None:
+            split |= spec.split_scopes
+            if spec.derive_scopes or spec.attr_keys or spec.event_keys:
+                readers.append(spec)
         stage = stage.next
-    if len(found) > 1:
-        raise ValueError(f"more than one stage declares a trace scan: {found}")
-    return found[0] if found else ScanSpec()
+    if len(readers) > 1:
+        raise ValueError(f"more than one stage declares a trace scan: {readers}")
+    reader = readers[0] if readers else ScanSpec()
+    if reader.split_scopes == split:
+        return reader
+    return replace(reader, split_scopes=split)
 
 
 class PassThrough(Stage):

@@ -6,12 +6,15 @@ span count, and, for the scopes the derive stage reads, the few fields of each s
 needs. Nothing else of a span is ever turned into a Python object.
 
 Stages edit the index, never the bytes: enrich sets a block's ``resource_out``, the gate
-removes :class:`ScopeBlock` s (marking their block ``edited``) and :class:`ResourceBlock`
+removes :class:`ScopeBlock` s (marking their block ``edited``), single spans from the
+blocks of scopes that carry several span groups (:meth:`ScopeBlock.keep_spans`, for the
+scopes the scan was asked to split: ``ScanSpec.split_scopes``) and :class:`ResourceBlock`
 s left empty (marking the request ``changed``). :meth:`TraceRequest.SerializeToString`
 then writes the request out by splicing: each block no stage touched is copied as it
 arrived, a touched one is rebuilt from its resource and the byte ranges of its kept
-ScopeSpans and other fields behind a new length prefix, and a request no stage changed
-is sent as the very bytes received.
+ScopeSpans and other fields behind a new length prefix (a ScopeSpans with removed spans
+is itself rebuilt from its other fields and its kept spans), and a request no stage
+changed is sent as the very bytes received.
 
 Why not a protobuf message: parsing a whole request into upb objects and serializing it
 again cost 64 % of the sidecar's instructions per span (callgrind, whole sidecar, the
@@ -19,7 +22,7 @@ again cost 64 % of the sidecar's instructions per span (callgrind, whole sidecar
 at resources and scope names only, and at a handful of fields of the spans it derives
 metrics from.
 
-The index is built by a scanner (``gym_sidecar.receiver.wire``), which also validates
+The index is built by a scanner (``gym_sidecar.wire.protobuf.scan``), which also validates
 the whole request as protobuf (wire format, UTF-8 of string fields, nesting and message
 count limits) exactly as the upb parser would, so a request that reaches a stage is one
 every backend can decode. Two scanners build it: the native one
@@ -29,7 +32,7 @@ the two top levels); they return equal indexes for every input.
 Field numbers used here (opentelemetry-proto ``trace/v1``, ``collector/trace/v1``):
 ExportTraceServiceRequest.resource_spans = 1; ResourceSpans: resource = 1,
 scope_spans = 2, schema_url = 3; ScopeSpans: scope = 1, spans = 2, schema_url = 3;
-InstrumentationScope.name = 1.
+InstrumentationScope.name = 1; Span.events = 11; Span.Event: name = 2, attributes = 3.
 """
 
 from __future__ import annotations
@@ -43,18 +46,27 @@ AttrValue: TypeAlias = bool | str | int | float | bytes | None
 empty."""
 
 DerivedSpan: TypeAlias = tuple[str, int, int, bytes, bytes, int, tuple[AttrValue, ...]]
-"""One span of a derive scope: ``(name, start_time_unix_nano, end_time_unix_nano,
-trace_id, span_id, status_code, values)``. ``values`` holds, for each key the scan was
-asked for (``attr_keys``) in that order, the value of the span's *last* attribute with
-that key (None if it has none). Absent fields read as protobuf defaults: ``""``, ``0``,
-``b""``; ``status_code`` is ``Status.code`` (0 when the span has no status)."""
+"""One span of a derive scope: ``(name, start_time_unix_nano, end_time_unix_nano, trace_id,
+span_id, status_code, values)``. ``values`` holds, for each key the scan was asked for
+(``attr_keys``) in that order, the value of the span's *last* attribute with that key
+(None if it has none), then for each ``(event name, key)`` of ``event_keys`` the value
+of that key in the span's last event of that name that has the key (None if none has,
+and for every span whose status is not ERROR: event values are failure details, and
+reading no events elsewhere keeps the scan's cost where failures are). Absent fields
+read as protobuf defaults: ``""``, ``0``, ``b""``; ``status_code`` is ``Status.code`` (0
+when the span has no status)."""
 
 ByteRange: TypeAlias = tuple[int, int]
 """``(start, end)`` offsets into :attr:`TraceRequest.raw`, a field's tag included."""
 
+SplitSpan: TypeAlias = tuple[str, int, int]
+"""One span of a split scope (``ScanSpec.split_scopes``): ``(name, start, end)``, its name
+(the last ``name`` field, ``""`` without one) and its ``spans`` field's byte range in
+:attr:`TraceRequest.raw`, tag included."""
+
 NATIVE_ENV = "GYM_SIDECAR_NATIVE"
 """``0`` keeps the sidecar on the pure-Python scanner even where the native one imports
-(``gym_sidecar.receiver.wire``); not a configuration key."""
+(``gym_sidecar.wire.protobuf.scan``); not a configuration key."""
 
 RESOURCE_SPANS_TAG = b"\x0a"
 """ExportTraceServiceRequest field 1 (resource_spans), wire type 2."""
@@ -72,23 +84,39 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+SCOPE_SPANS_TAG = b"\x12"
+"""ResourceSpans field 2 (scope_spans), wire type 2."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScanSpec:
     """What a scan reads beyond the index: the spans of the scopes named here, and of
-    their attributes the keys named here (see :data:`DerivedSpan`). The derive stage
-    says what it needs (empty when it is off); the receivers pass it to the scanner."""
+    their attributes and events the keys named here (see :data:`DerivedSpan`); and the
+    byte range of each span in the blocks of ``split_scopes``. The derive stage says
+    what it reads (empty when it is off), the gate which scopes it splits; the
+    receivers pass the merge (``core.stage.pipeline_trace_scan``) to the scanner."""
 
     derive_scopes: frozenset[str] = frozenset()
     attr_keys: tuple[str, ...] = ()
+    event_keys: tuple[tuple[str, str], ...] = ()
+    """``(event name, attribute key)`` pairs read after ``attr_keys``."""
+    split_scopes: frozenset[str] = frozenset()
+    """Scopes whose blocks report :attr:`ScopeBlock.split` (the gate removes single
+    spans from them)."""
 
 
 class ScopeBlock:
     """One ScopeSpans block of a request."""
 
-    __slots__ = ("derived", "end", "name", "spans", "start")
+    __slots__ = ("derived", "end", "kept", "name", "spans", "split", "start")
 
     def __init__(
-        self, start: int, end: int, name: str, spans: int, derived: list[DerivedSpan] | None
+        self,
+        start: int,
+        end: int,
+        name: str,
+        spans: int,
+        derived: list[DerivedSpan] | None,
     ) -> None:
         self.start = start
         """Offset of the ScopeSpans field's tag in the request."""
@@ -101,9 +129,56 @@ class ScopeBlock:
         self.derived = derived
         """The block's spans' derive fields, in order, when its scope name was one the
         scan was asked to read (``derive_scopes``); None for every other block."""
+        self.split: list[SplitSpan] | None = None
+        """Each span's name and field bytes (:data:`SplitSpan`), in wire order, when the
+        scope name was one the scan was asked to split (``split_scopes``; the scanner
+        sets it); None for every other block."""
+        self.kept: list[int] | None = None
+        """Set by :meth:`keep_spans`: the indexes (into :attr:`split`) of the spans still
+        in the block; None: every span received."""
+
+    def keep_spans(self, kept: list[int]) -> None:
+        """Keep only the spans at these indexes of :attr:`split` (increasing); the caller
+        marks the ResourceBlock ``edited``. :attr:`spans` becomes their count."""
+        if self.split is None:
+            raise ValueError(f"scope {self.name!r} was not split by the scan")
+        self.kept = kept
+        self.spans = len(kept)
+
+    def write(self, raw: memoryview, out: list[bytes | memoryview]) -> None:
+        """Append this block's ScopeSpans field to ``out``: as received, or rebuilt from
+        its fields other than ``spans`` and its kept spans (:meth:`keep_spans`)."""
+        kept = self.kept
+        if kept is None:
+            out.append(raw[self.start : self.end])
+            return
+        split = self.split
+        assert split is not None  # keep_spans checked
+        parts: list[memoryview] = []
+        pos = _body_start(raw, self.start)
+        for _, start, end in split:  # the other fields: the gaps around the spans
+            if start > pos:
+                parts.append(raw[pos:start])
+            pos = end
+        if self.end > pos:
+            parts.append(raw[pos : self.end])
+        parts += [raw[split[i][1] : split[i][2]] for i in kept]
+        out += (SCOPE_SPANS_TAG, varint(sum(map(len, parts))))
+        out += parts
 
     def __repr__(self) -> str:
         return f"ScopeBlock({self.start}, {self.end}, {self.name!r}, {self.spans})"
+
+
+def _body_start(raw: memoryview, start: int) -> int:
+    """Where the body of the length-delimited field at ``start`` begins (after its tag
+    and length varints, however long they are encoded)."""
+    pos = start
+    for _ in range(2):  # the tag, then the length
+        while raw[pos] >= 0x80:
+            pos += 1
+        pos += 1
+    return pos
 
 
 class ResourceBlock:
@@ -177,9 +252,10 @@ class TraceRequest:
         return sum(scope.spans for block in self.blocks for scope in block.scopes)
 
     def removed_nothing(self) -> bool:
-        """Whether every block and ScopeSpans received is still in the request (the
-        stages may have enriched resources): all of :attr:`raw` but the replaced
-        resources is still to be sent."""
+        """Whether every block, ScopeSpans and span received is still in the request
+        (the stages may have enriched resources): all of :attr:`raw` but the replaced
+        resources is still to be sent. (A gate that removed single spans from a split
+        scope marked their block ``edited``.)"""
         return not self.changed and not any(b.edited for b in self.blocks)
 
     def parts(self) -> list[bytes | memoryview]:
@@ -199,7 +275,8 @@ class TraceRequest:
             resource = block.resource_out if block.resource_out is not None else block.resource
             if resource is not None:
                 parts += (RESOURCE_TAG, varint(len(resource)), resource)
-            parts += [raw[s.start : s.end] for s in block.scopes]
+            for scope in block.scopes:
+                scope.write(raw, parts)
             parts += [raw[start:end] for start, end in block.other]
             out += (RESOURCE_SPANS_TAG, varint(sum(map(len, parts))))
             out += parts

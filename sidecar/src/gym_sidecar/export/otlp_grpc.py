@@ -19,7 +19,7 @@ import grpc
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.grpc_status import StatusCode, retry_delay_s
-from gym_sidecar.core.otlp import SPECS, rejected_items
+from gym_sidecar.core.signals import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export import grpc_outcome
 from gym_sidecar.export.config import BackendConfig

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
-from gym_sidecar.core.otlp import PROTOBUF, SPECS, rejected_items
+from gym_sidecar.core.signals import PROTOBUF, SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.http_post import HttpPoster, PostResponse

@@ -1,9 +1,12 @@
 """Which span group an instrumentation scope belongs to.
 
-gym_telemetry's own scopes follow ``semconv.scope_name(group)`` and are reversed with
-``semconv.group_of_scope``. Third-party instrumentations that Gym processes run are
-mapped by the table below (plus ``span_groups.scope_groups`` from the config). Scopes
-that map to no group are never gated: the gate only drops what it can name.
+The scopes of Gym's two producers are ``core.producers``' to say: gym_telemetry's own
+(``semconv.scope_name(group)``, one per group) and Gym's own telemetry's (``nemo.gym``
+for its CLIENT hops; ``nemo.lens.helpers`` carries every group, so it has no group of its
+own and the gate reads it span by span, ``ScopeRole.by_name``). Third-party
+instrumentations that Gym processes run are mapped by the table below (plus
+``span_groups.scope_groups`` from the config). Scopes that map to no group are never
+gated: the gate only drops what it can name.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from collections.abc import Mapping
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+
+from gym_sidecar.core import producers
 
 #: Built-in third-party scope -> group table.
 THIRD_PARTY_SCOPES: Final[Mapping[str, str]] = {
@@ -27,7 +32,8 @@ THIRD_PARTY_SCOPES: Final[Mapping[str, str]] = {
 
 
 class ScopeMap:
-    """Scope name -> group (or None), memoised; bounded by ``max_entries``.
+    """Scope name -> group (or None), memoised; bounded by ``max_entries``; and for a
+    scope that carries several groups, its per-span-name answer (:meth:`split`).
 
     Lookups are cached because the same few scope names arrive in every batch. Past
     ``max_entries`` distinct names (a misbehaving client inventing scopes), answers are
@@ -47,11 +53,19 @@ class ScopeMap:
             return self._cache[scope]
         except KeyError:
             pass
-        group = semconv.group_of_scope(scope)
-        if group is not None and group not in semconv.ALL_GROUPS:
-            group = None
-        if group is None:
-            group = self._table.get(scope)
+        role = producers.scope_role(scope)
+        group = role.group
+        if role.producer is not producers.Producer.AGENT:
+            group = self._table.get(scope, group)
         if len(self._cache) < self._max_entries:
             self._cache[scope] = group
         return group
+
+    def split(self, scope: str) -> producers.ScopeRole | None:
+        """The role that names the group of each span of ``scope`` when the scope carries
+        several groups (``nemo.lens.helpers``) and the config does not map it to one;
+        None for every other scope. Only asked for scopes :meth:`group` maps to None."""
+        role = producers.scope_role(scope)
+        if role.by_name and scope not in self._table:
+            return role
+        return None

@@ -5,8 +5,13 @@ ResourceSpans block it finds ``service.name`` in the block's resource bytes (par
 per distinct resource, then cached: :class:`ServiceNames`), asks the current policy
 which groups that service drops (a cached answer), and removes whole ScopeSpans blocks
 whose instrumentation scope maps to one of them from the index -- counting their spans
-from the index, never walking them. ResourceSpans blocks left empty are removed and
-``batch.items`` is reduced by what was dropped. Metrics and logs pass unchanged.
+from the index, never walking them. A scope that carries several groups (Gym's own
+telemetry puts every group in ``nemo.lens.helpers``, ``core.producers``) is gated span
+by span instead: the scanner reports each span's name and bytes in such blocks
+(``trace_scan``: ``ScanSpec.split_scopes``), the spans of dropped groups leave the
+block (``ScopeBlock.keep_spans``) and are counted per group as whole blocks are.
+ResourceSpans blocks left empty are removed and ``batch.items`` is reduced by what was
+dropped. Metrics and logs pass unchanged.
 
 Runs after the derive stage, so groups in ``metrics`` mode have already been counted
 into the derived metrics when their spans are dropped here.
@@ -26,8 +31,9 @@ from gym_telemetry_semconv.span_groups import Mode
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from gym_sidecar.core import producers
 from gym_sidecar.core.stage import Batch, ProcessorStage, Signal, Stage
-from gym_sidecar.core.traces import ScopeBlock, TraceRequest
+from gym_sidecar.core.traces import ScanSpec, ScopeBlock, TraceRequest
 from gym_sidecar.gating.api import build_router
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.gating.policy import OTHER_SERVICE
@@ -89,6 +95,7 @@ class GateStage(ProcessorStage[None]):
 
     name = STAGE_NAME
     signals = frozenset({Signal.TRACES})
+    trace_scan = ScanSpec(split_scopes=producers.SPLIT_SCOPES)
 
     def __init__(self, state: SpanGroupState, next_stage: Stage | None, metrics: SelfMetrics):
         super().__init__(next_stage, metrics)
@@ -148,12 +155,10 @@ class GateStage(ProcessorStage[None]):
         return self.state.policy.for_service(self.service_name(resource)).enabled
 
     def gate(self, request: TraceRequest) -> int:
-        """Remove the dropped groups' ScopeSpans from ``request``'s index; return the
-        spans dropped."""
+        """Remove the dropped groups' ScopeSpans (and single spans of split scopes) from
+        ``request``'s index; return the spans dropped."""
         policy = self.state.policy
         scopes = self.state.scopes
-        counter = self.state.counters.dropped_spans
-        children = self._children
         service_name = self.service_name
         dropped_total = 0
         empty: list[int] = []
@@ -164,22 +169,37 @@ class GateStage(ProcessorStage[None]):
                 continue  # fast path: this service drops nothing
             label: str | None = None
             kept: list[ScopeBlock] = []
+            edited = False
             for scope in block.scopes:
                 group = scopes.group(scope.name)
-                if group is None or group not in groups.drop:
+                if group is None:
+                    role = scopes.split(scope.name) if scope.split is not None else None
+                    if role is None:
+                        kept.append(scope)
+                        continue
+                    # several groups in one scope: by span name
+                    dropped = self._split(scope, role, groups.drop)
+                    if not dropped:
+                        kept.append(scope)
+                        continue
+                    if label is None:
+                        label = self._label(service)
+                    for span_group, n in dropped.items():
+                        dropped_total += n
+                        self._count(span_group, label, groups.modes[span_group], n)
+                    if scope.spans:
+                        kept.append(scope)
+                        edited = True
+                    continue
+                if group not in groups.drop:
                     kept.append(scope)
                     continue
                 n = scope.spans
                 dropped_total += n
                 if label is None:
                     label = self._label(service)
-                mode = groups.modes[group]
-                child = children.get((group, label, mode))
-                if child is None:
-                    child = counter.labels(group, label, mode.value)
-                    children[(group, label, mode)] = child
-                child.inc(n)
-            if len(kept) != len(block.scopes):
+                self._count(group, label, groups.modes[group], n)
+            if len(kept) != len(block.scopes) or edited:
                 block.scopes = kept
                 block.edited = True
             if not kept:
@@ -190,6 +210,34 @@ class GateStage(ProcessorStage[None]):
                 del blocks[bi]
             request.changed = True
         return dropped_total
+
+    def _count(self, group: str, label: str, mode: Mode, n: int) -> None:
+        """Count ``n`` spans of ``group`` dropped for the service ``label`` in ``mode``."""
+        child = self._children.get((group, label, mode))
+        if child is None:
+            child = self.state.counters.dropped_spans.labels(group, label, mode.value)
+            self._children[(group, label, mode)] = child
+        child.inc(n)
+
+    @staticmethod
+    def _split(
+        scope: ScopeBlock, role: producers.ScopeRole, drop: frozenset[str]
+    ) -> dict[str, int]:
+        """Drop the spans of ``scope`` (a split block) whose group is in ``drop``: the
+        spans dropped per group (empty: the block stays as received)."""
+        split = scope.split
+        assert split is not None
+        dropped: dict[str, int] = {}
+        kept: list[int] = []
+        for i, (name, _, _) in enumerate(split):
+            group = role.span(name).group
+            if group is None or group not in drop:
+                kept.append(i)
+            else:
+                dropped[group] = dropped.get(group, 0) + 1
+        if dropped:
+            scope.keep_spans(kept)
+        return dropped
 
 
 def build_gate_stage(

@@ -54,6 +54,33 @@ DEFAULT_VERIFY_BUCKETS_MS: tuple[float, ...] = (
 """Verifications: a millisecond (string match) to five minutes (sandboxed test runs)."""
 
 
+OWNED_PREFIXES: tuple[str, ...] = ("gym.rollout.", "gym.verify.", "gym.env.step.")
+"""The metric names the sidecar owns: the namespaces of what it derives."""
+
+
+class OwnedMetricsConfig(BaseModel):
+    """The ``metrics.owned`` section: what happens to another producer's metrics named
+    like the ones the sidecar derives (``metrics/ownership.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["rename", "drop", "keep"] = "rename"
+    """``rename``: to ``rename_prefix`` + the name without ``gym.``; ``drop``: removed;
+    ``keep``: unchanged (two producers per name)."""
+    prefixes: list[str] = Field(default_factory=lambda: list(OWNED_PREFIXES))
+    """Names starting with one of these are the sidecar's."""
+    rename_prefix: str = Field(default="gym.inprocess.", min_length=1)
+    """What a renamed copy's name starts with (``gym.rollout.duration_ms`` ->
+    ``gym.inprocess.rollout.duration_ms``)."""
+
+    @field_validator("prefixes")
+    @classmethod
+    def _check_prefixes(cls, value: list[str]) -> list[str]:
+        if any(not p for p in value):
+            raise ValueError("an owned prefix must not be empty (it would own every name)")
+        return value
+
+
 class MetricsConfig(BaseModel):
     """The ``metrics`` section: how spans become ``gym.rollout.*`` / ``gym.verify.*``."""
 
@@ -79,6 +106,8 @@ class MetricsConfig(BaseModel):
     """Attach one exemplar (trace_id, span_id, value) per histogram bucket per interval."""
     max_error_type_chars: int = Field(default=128, ge=1, le=4096)
     """``error.type`` values longer than this are truncated (bounds label size)."""
+    owned: OwnedMetricsConfig = Field(default_factory=OwnedMetricsConfig)
+    """Other producers' copies of the derived names (Gym's own in-process metrics)."""
 
     @field_validator("rollout_buckets_ms", "verify_buckets_ms")
     @classmethod

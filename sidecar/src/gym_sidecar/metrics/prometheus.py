@@ -11,6 +11,10 @@ the store (under its lock) and renders:
 - ``gym_env_step_duration_ms`` (histogram) and ``gym_env_step_count_total`` (counter);
 - ``gym_verify_success_rate``: gauge, the fraction of the last *exported* window
   (absent when that window had no verifications);
+- ``gym_rollout_in_flight``, ``gym_rollout_stalled`` (gauges) and
+  ``gym_rollout_lost_total`` (counter) per agent server, and the histogram
+  ``gym_server_event_loop_lag_ms`` per server (the live tracker's, see
+  :mod:`.live_series`);
 - the stage's own counters ``gym_sidecar_derived_spans_total{span}``,
   ``gym_sidecar_derived_invalid_spans_total``,
   ``gym_sidecar_derived_overflow_points_total{metric}`` and
@@ -121,6 +125,10 @@ class DerivedCollector:
             GaugeMetricFamily(sanitize_name(semconv.METRIC_VERIFY_SUCCESS_RATE), ""),
             HistogramMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_DURATION), ""),
             CounterMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_COUNT), ""),
+            GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_IN_FLIGHT), ""),
+            GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_STALLED), ""),
+            CounterMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_LOST), ""),
+            HistogramMetricFamily(sanitize_name(semconv.METRIC_EVENT_LOOP_LAG), ""),
             CounterMetricFamily("gym_sidecar_derived_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_invalid_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_overflow_points", ""),
@@ -147,6 +155,11 @@ class DerivedCollector:
                 for w in store.rates
                 if w.last_rate is not None
             ]
+            live = [(self._labels(r.resource_key, r.attrs), r) for r in store.live]
+            in_flight = [(labels, float(r.in_flight)) for labels, r in live]
+            stalled = [(labels, float(r.stalled)) for labels, r in live]
+            lost = [(labels, float(r.lost)) for labels, r in live]
+            lag = [self._hist_row(s, store.live.lag.bounds) for s in store.live.lag]
             spans = dict(store.spans)
             invalid = store.invalid_spans
             overflow = dict(store.overflow_points)
@@ -172,6 +185,29 @@ class DerivedCollector:
             semconv.METRIC_ENV_STEP_COUNT,
             "Environment steps, by whether the call completed.",
             step_counts,
+        )
+        yield _family(
+            GaugeMetricFamily,
+            semconv.METRIC_ROLLOUT_IN_FLIGHT,
+            "Rollouts started and not ended, per agent server (live events).",
+            in_flight,
+        )
+        yield _family(
+            GaugeMetricFamily,
+            semconv.METRIC_ROLLOUT_STALLED,
+            "In-flight rollouts with no activity for rollouts.stall_after_s.",
+            stalled,
+        )
+        yield _family(
+            CounterMetricFamily,
+            semconv.METRIC_ROLLOUT_LOST,
+            "In-flight rollouts whose server stopped, restarted or went silent.",
+            lost,
+        )
+        yield _histogram(
+            semconv.METRIC_EVENT_LOOP_LAG,
+            lag,
+            "How late each server's event loop ran a timer callback (agent heartbeats), ms.",
         )
         fam = CounterMetricFamily(
             "gym_sidecar_derived_spans", "Spans turned into derived metrics.", labels=["span"]

@@ -8,34 +8,50 @@ is not counted twice:
 2. :meth:`SpanDeriver.record` adds them to the store once the request was accepted.
 
 The request is a trace request's wire view (:mod:`gym_sidecar.core.traces`). Only
-ScopeSpans blocks whose scope is the rollout or the verify group's scope
-(``semconv.scope_name``) are read span by span, from the fields the scanner extracted
-for them (:data:`SCAN_SPEC`: each span's name, times, ids, status code and the values
-of the three attributes read here); every other block costs one scope-name lookup. The
-resource of a block that is read is identified by its serialized bytes as they now
-stand (as received, or as enriched): those bytes are all a pending point keeps of it.
+ScopeSpans blocks whose scope can hold rollouts and verifications
+(``core.producers.ROW_SCOPES``: the agent's rollout and verify scopes, and the one scope
+of Gym's own telemetry, ``nemo.lens.helpers``) are read span by span, from the fields
+the scanner extracted for them (:data:`SCAN_SPEC`: each span's name, times, ids, status
+code, the values of three attributes and the ``exception.type`` of its exception
+event); every other block costs one scope-name lookup. The resource of a block that is
+read is identified by its serialized bytes as they now stand (as received, or as
+enriched): those bytes are all a pending point keeps of it.
 
-Per span:
+Per span (the producers' dialects are told apart by ``core.producers``):
 
-- ``gym.rollout`` (rollout scope): duration in ms from start/end unix nanos. A span
-  marked ``nemo.gym.rollout.nested=true`` (a ``/run`` relayed from inside another
-  rollout, e.g. by ``legacy_agent``) is skipped and counted in ``nested``: each rollout
-  gives one point, from its outermost span.
-- ``gym.verify`` (verify scope): duration, and ``succeeded`` from the span's boolean
-  attribute; without it (or when it is not a boolean), from the status (ERROR: False).
-  A failed verification also carries ``error.type`` (the span's string attribute, else
-  ``_OTHER``), truncated to ``max_error_type_chars``. A span holding one of these keys
-  twice (the OpenTelemetry spec forbids it) is read by its last occurrence.
-- ``gym.env.step`` (verify scope; a gymnasium-style ``/step``): the same as
-  ``gym.verify``, into the ``gym.env.step.*`` series.
-- Spans with another name in those scopes are ignored. Spans whose end precedes their
-  start, or with no start, are counted in ``invalid_spans`` and skipped.
-- With ``enabled_groups`` given, a block whose group is ``off`` for its resource (a
-  stale agent still sending it) is not read: the derived metrics mean exactly what the
-  span-group configuration says (docs/span-groups.md). The gate drops and counts it.
+- ``gym.rollout``: duration in ms from start/end unix nanos. A span marked
+  ``nemo.gym.rollout.nested=true`` (the agent marks a ``/run`` relayed from inside
+  another recorded rollout, e.g. by ``legacy_agent``) is skipped and counted in
+  ``nested``: each rollout gives one point, from its outermost span. Gym's own telemetry
+  writes no such marker and wraps only an agent's ``/run`` (never a relay's), so each of
+  its ``gym.rollout`` spans is a point (docs/nemo-gym.md, "Which rollout is the
+  outermost").
+- ``gym.verify``: duration, and ``succeeded`` from the span's boolean attribute; without
+  it (or when it is not a boolean: Gym's own telemetry never writes it), from the status
+  (ERROR: False). A failed verification also carries ``error.type``: the span's string
+  attribute, else the class name in its last exception event's ``exception.type`` (how
+  Gym's own telemetry records a verifier that raised; the module path is dropped, as the
+  agent writes the bare class name), else ``_OTHER``; truncated to
+  ``max_error_type_chars``. A span holding one of these keys twice (the OpenTelemetry
+  spec forbids it) is read by its last occurrence.
+- ``gym.env.step`` (a gymnasium-style ``/step``): the same as ``gym.verify``, into the
+  ``gym.env.step.*`` series.
+- Other spans in those scopes are ignored (the agent's rollout scope is read for
+  ``gym.rollout`` only, its verify scope for the other two; Gym's scope for all three).
+  Spans whose end precedes their start, or with no start, are counted in
+  ``invalid_spans`` and skipped.
+- With ``enabled_groups`` given, spans of a group that is ``off`` for their resource (a
+  stale agent still sending it) are not read: the derived metrics mean exactly what the
+  span-group configuration says (docs/span-groups.md). The gate drops and counts them.
 
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
+
+Rollout ends: with ``rollout_ends`` on, each outermost ``gym.rollout`` span (valid or not)
+is also kept in :attr:`Pending.ended` as a :class:`~gym_sidecar.core.rollout_end.RolloutEnd`
+(its resource and ids): this is where the sidecar decides "this span is the end of a
+rollout, and whose", and the derive stage hands those ends to the live tracker once the
+request is accepted, so the spans are not walked twice.
 
 Points are kept per ScopeSpans block and series (``series.SeriesPoints``: values in
 span order, counts per bucket, and each bucket's last span, whose trace and span id
@@ -53,8 +69,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import gym_telemetry_semconv as semconv
+from gym_telemetry_semconv import gym_dialect
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from gym_sidecar.core import producers
+from gym_sidecar.core.rollout_end import RolloutEnd
 from gym_sidecar.core.traces import AttrValue, DerivedSpan, ScanSpec, TraceRequest
 from gym_sidecar.metrics.derived import NESTED_ROLLOUT_SPANS, DerivedMetrics
 from gym_sidecar.metrics.series import (
@@ -78,18 +97,36 @@ _STATUS_ERROR: Final = Status.STATUS_CODE_ERROR
 
 _ROLLOUT: Final = 1
 _VERIFY: Final = 2
+_BOTH: Final = 3
+"""A scope that carries rollouts and verifications alike (Gym's own telemetry)."""
 
 SCAN_SPEC: Final = ScanSpec(
-    derive_scopes=frozenset(
-        {semconv.scope_name(semconv.GROUP_ROLLOUT), semconv.scope_name(semconv.GROUP_VERIFY)}
-    ),
+    derive_scopes=producers.ROW_SCOPES,
     attr_keys=(semconv.ROLLOUT_NESTED, semconv.VERIFY_SUCCEEDED, semconv.ERROR_TYPE),
+    event_keys=((gym_dialect.EXCEPTION_EVENT, gym_dialect.EXCEPTION_TYPE),),
 )
 """What the derive stage reads of a trace request beyond its index: the spans of the
-rollout and verify scopes, with these three attributes (indexes below)."""
+scopes that hold rollouts and verifications, with these three attributes and the
+exception event's type (indexes below)."""
 _NESTED: Final = 0
 _SUCCEEDED: Final = 1
 _ERROR_TYPE: Final = 2
+_EXCEPTION_TYPE: Final = 3
+
+
+def _scope_kinds() -> dict[str, int]:
+    """Scope name -> which loops read its blocks (from ``core.producers``)."""
+    kinds: dict[str, int] = {}
+    for name in producers.ROW_SCOPES:
+        role = producers.scope_role(name)
+        if role.by_name:
+            kinds[name] = _BOTH
+        elif role.group == semconv.GROUP_ROLLOUT:
+            kinds[name] = _ROLLOUT
+        elif role.group == semconv.GROUP_VERIFY:
+            kinds[name] = _VERIFY
+    return kinds
+
 
 EnabledGroups = Callable[[bytes], frozenset[str]]
 """The span groups not ``off`` for a serialized resource (the gate's policy answer for
@@ -107,18 +144,22 @@ class Pending:
     steps: list[SeriesPoints] = field(default_factory=list)
     invalid: int = 0
     nested: int = 0
+    ended: list[RolloutEnd] = field(default_factory=list)
+    """The outermost rollout spans read (with ``rollout_ends`` on), in span order."""
 
 
 class SpanDeriver:
     """Reads rollout and verify spans from trace requests and records them in a store."""
 
-    def __init__(self, store: DerivedMetrics, enabled_groups: EnabledGroups | None = None) -> None:
+    def __init__(
+        self,
+        store: DerivedMetrics,
+        enabled_groups: EnabledGroups | None = None,
+        rollout_ends: bool = False,
+    ) -> None:
         self.store = store
-        self._scopes: dict[str, int] = {
-            semconv.scope_name(semconv.GROUP_ROLLOUT): _ROLLOUT,
-            semconv.scope_name(semconv.GROUP_VERIFY): _VERIFY,
-        }
-        self._groups: Final = {_ROLLOUT: semconv.GROUP_ROLLOUT, _VERIFY: semconv.GROUP_VERIFY}
+        self._rollout_ends = rollout_ends
+        self._scopes = _scope_kinds()
         self._enabled_groups = enabled_groups
         self._exemplars = store.cfg.exemplars
         self._max_error_chars = store.cfg.max_error_type_chars
@@ -146,16 +187,20 @@ class SpanDeriver:
                     continue
                 if resource_key is None:
                     resource_key = block.current_resource
+                rollouts = verifications = True
                 if enabled_of is not None:
                     if enabled is None:
                         enabled = enabled_of(resource_key)
-                    if self._groups[kind] not in enabled:
+                    rollouts = kind != _VERIFY and semconv.GROUP_ROLLOUT in enabled
+                    verifications = kind != _ROLLOUT and semconv.GROUP_VERIFY in enabled
+                    if not (rollouts or verifications):
                         continue  # an off group: not derived (the gate drops it)
                 if pending is None:
                     pending = Pending()
-                if kind == _ROLLOUT:
+                # A scope of both kinds is read twice; each loop takes its own names.
+                if kind != _VERIFY and rollouts:
                     self._rollouts(resource_key, spans, pending)
-                else:
+                if kind != _ROLLOUT and verifications:
                     self._verifications(resource_key, spans, pending)
         return pending
 
@@ -168,6 +213,7 @@ class SpanDeriver:
         bounds = self._rollout_bounds
         ns_per_ms = NS_PER_MS
         search = bisect_left
+        ends = out.ended if self._rollout_ends else None
         points: SeriesPoints | None = None
         # set with the block's points, at its first point
         counts: list[int]
@@ -180,6 +226,8 @@ class SpanDeriver:
             if values[_NESTED] is True:
                 out.nested += 1
                 continue
+            if ends is not None:  # the end of a rollout, whose: this resource's
+                ends.append(RolloutEnd(resource_key, span[3], span[4]))
             duration = end - start
             if duration < 0 or not start:
                 out.invalid += 1
@@ -245,11 +293,18 @@ class SpanDeriver:
             exemplars[bucket] = span
 
     def _failed_attrs(self, values: tuple[AttrValue, ...]) -> Attrs:
-        """The attributes of a failed verification: its ``error.type`` (a string
-        attribute, truncated; else ``_OTHER``) and ``succeeded=False``."""
+        """The attributes of a failed verification: its ``error.type`` (a non-empty
+        string attribute, else the class name of the exception event's
+        ``exception.type`` -- ``VerifierCrash`` for ``__main__.VerifierCrash`` --
+        truncated; else ``_OTHER``) and ``succeeded=False``."""
         error_type = values[_ERROR_TYPE]
-        if not isinstance(error_type, str):
-            error_type = ""
+        if not isinstance(error_type, str) or not error_type:
+            exception_type = values[_EXCEPTION_TYPE]
+            # The class name without its module, as the agent writes it, so that one
+            # failure reads the same from both producers.
+            error_type = (
+                exception_type.rpartition(".")[2] if isinstance(exception_type, str) else ""
+            )
         return (
             (semconv.ERROR_TYPE, error_type[: self._max_error_chars] or ERROR_TYPE_OTHER),
             (semconv.VERIFY_SUCCEEDED, False),

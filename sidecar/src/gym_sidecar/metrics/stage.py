@@ -8,9 +8,11 @@ derived: it asks the gate's policy (``enabled_groups``).
 
 ``consume`` (:class:`ProcessorStage`'s, which counts received / passed): for trace
 batches, ``process`` reads the ``gym.rollout`` / ``gym.verify`` / ``gym.env.step`` spans
-of the rollout and verify scopes (see :mod:`gym_sidecar.metrics.spans`; the stage's
-``trace_scan`` tells the receivers' scanner to extract them), the batch goes on
-unchanged, and ``accepted`` records the points once ``next`` accepted it.
+of both producers (see :mod:`gym_sidecar.metrics.spans`; the stage's ``trace_scan``
+tells the receivers' scanner to extract them), the batch goes on unchanged, and
+``accepted`` records the points once ``next`` accepted it. Metric batches arriving from
+elsewhere have other producers' copies of the derived names renamed or dropped
+(``metrics.owned``, :mod:`gym_sidecar.metrics.ownership`): one owner per name.
 Backpressure (or any error)
 from downstream propagates to the receiver and nothing is recorded, so the client's
 retry of the same request is counted once. Other signals pass straight through.
@@ -19,6 +21,10 @@ Export: every ``interval_s`` the stage hands one
 ``Batch(Signal.METRICS, ExportMetricsServiceRequest)`` to ``next``. If ``next`` pushes
 back (:class:`Backpressure`) or fails, the points stay and the next interval carries
 them (counted in ``gym_sidecar_derived_exports_total{outcome}``).
+
+Rollout ends: :meth:`DeriveStage.connect_rollout_ends` attaches a sink (the live
+tracker's); from then on each accepted request's outermost rollout spans are handed to
+it (:mod:`gym_sidecar.core.rollout_end`), read in the same pass as the metrics.
 
 Shutdown: ``shutdown(deadline_s)`` stops the timer and flushes the last partial interval
 into ``next`` before returning. The runtime shuts stages down in pipeline order, so this
@@ -36,12 +42,18 @@ from typing import Final
 
 import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.ratelimit import rate_limit
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 
+from gym_sidecar.core.rollout_end import RolloutEndSink
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
-from gym_sidecar.metrics.otlp import build_request
+from gym_sidecar.metrics.live_series import LAG_BOUNDS_MS
+from gym_sidecar.metrics.otlp_request import build_request
+from gym_sidecar.metrics.ownership import MetricOwnership
 from gym_sidecar.metrics.prometheus import DerivedCollector
 from gym_sidecar.metrics.spans import SCAN_SPEC, EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -82,11 +94,15 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         self.collector = DerivedCollector(self.store)
         metrics.registry.register(self.collector)
         self._deriver = SpanDeriver(self.store, enabled_groups)
+        self._ownership = MetricOwnership(cfg.owned, metrics)
         self._bounds = {
             semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
             semconv.METRIC_ENV_STEP_DURATION: self.store.env_step.bounds,
+            semconv.METRIC_EVENT_LOOP_LAG: LAG_BOUNDS_MS,
         }
+        self._enabled_groups = enabled_groups
+        self._rollout_ends: RolloutEndSink | None = None
         self._timer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopped = False
@@ -95,13 +111,24 @@ class DeriveStage(ProcessorStage["Pending | None"]):
         # Read before passing on (the gate removes metrics-mode blocks), record in
         # ``accepted``: a batch refused downstream is retried by its client and must
         # count once.
-        if isinstance(batch.message, TraceRequest):
-            return self._deriver.extract(batch.message)
+        message = batch.message
+        if isinstance(message, TraceRequest):
+            return self._deriver.extract(message)
+        if isinstance(message, ExportMetricsServiceRequest):
+            batch.items -= self._ownership.apply(message)
         return None
 
     def accepted(self, batch: Batch, token: Pending | None) -> None:
         if token is not None:
             self._deriver.record(token)
+            if token.ended and self._rollout_ends is not None:
+                self._rollout_ends(token.ended)
+
+    def connect_rollout_ends(self, sink: RolloutEndSink) -> None:
+        """Hand the rollout ends of every request accepted from now on to ``sink`` (see
+        the module docstring). Call before traffic, on the event loop."""
+        self._rollout_ends = sink
+        self._deriver = SpanDeriver(self.store, self._enabled_groups, rollout_ends=True)
 
     async def start(self) -> None:
         if self._timer is None and not self._stopped:

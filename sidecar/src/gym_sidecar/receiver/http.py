@@ -35,11 +35,11 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
 from gym_sidecar.config import LimitsConfig
-from gym_sidecar.core.otlp import JSON, PROTOBUF, SPECS, SignalSpec
+from gym_sidecar.core.signals import JSON, PROTOBUF, SPECS, SignalSpec
 from gym_sidecar.core.stage import Stage, pipeline_trace_scan
-from gym_sidecar.receiver.limits import TOO_MANY_MESSAGES
-from gym_sidecar.receiver.otlp import BadRequest, build_response, decode_batch, submit
+from gym_sidecar.receiver.request import BadRequest, build_response, decode_batch, submit
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire.protobuf.bounds import TOO_MANY_MESSAGES
 
 logger = logging.getLogger(__name__)
 

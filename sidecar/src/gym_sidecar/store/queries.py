@@ -1,15 +1,18 @@
 """What the inspection commands read from the store (read-only, any process).
 
-A rollout is an outermost ``gym.rollout`` span (one not marked
-``nemo.gym.rollout.nested``: a ``/run`` relayed by an environment server such as
-``legacy_agent`` is part of the relay's rollout, not a second one); its trace holds the
+A rollout is an outermost ``gym.rollout`` span, from either producer
+(``core.producers``): one not marked nested, by the agent (``nemo.gym.rollout.nested``)
+or by the store, which finds a ``gym.rollout`` ancestor in the trace for producers that
+mark nothing (``store/nesting.py``). A ``/run`` relayed by an environment server such as
+``legacy_agent`` is part of the relay's rollout, not a second one. Its trace holds the
 rest (the model call, the resources server's tool and verify routes). It is ``error``
 when its span's status is ERROR or a nested rollout span of the same trace and rollout
-id is. Its verify outcome comes from the trace's ``gym.verify`` span: ``ok`` when
-``succeeded`` is true, ``failed`` when false or the span's status is ERROR, ``-`` when
-there is none (the verify group was off).
-Span counts and services come from the per-trace index; a trace's spans themselves are
-decoded from the stored requests only by :func:`trace_spans`.
+id (or of no rollout id) is. Its verify outcome comes from the trace's ``gym.verify``
+span: ``ok`` when ``succeeded`` is true, ``failed`` when false or the span's status is
+ERROR (how Gym's own telemetry records a verifier that raised), ``-`` when there is
+none (the verify group was off). Span counts and services come from the per-trace
+index; a trace's spans themselves are decoded from the stored requests only by
+:func:`trace_spans`.
 """
 
 from __future__ import annotations
@@ -17,20 +20,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gym_sidecar.store.nesting import OUTERMOST_ROLLOUT
 from gym_sidecar.store.rows import Truncation, attributes, service_of
 
 STATUS_ERROR: Final = 2
-OUTERMOST_ROLLOUT: Final = (
-    "json_extract(attributes, '$.\"" + semconv.ROLLOUT_NESTED + "\"') IS NOT 1"
-)
-"""SQL predicate on ``gym_spans``: the span is not a nested rollout span."""
 _CHUNK: Final = 500
 _NO_LIMIT: Final = Truncation(1 << 30)
 
@@ -193,7 +193,11 @@ def rollouts(
             trace_id=tid.hex(),
             start_ns=int(r["start_ns"]),
             duration_ms=max(0, r["end_ns"] - r["start_ns"]) / 1e6,
-            error=int(r["status_code"]) == STATUS_ERROR or (tid, r["rollout_id"]) in nested_errors,
+            # a nested span of its rollout id, or of none (Gym's own telemetry writes none
+            # without observability_enabled; the store found it nested in this trace)
+            error=int(r["status_code"]) == STATUS_ERROR
+            or (tid, r["rollout_id"]) in nested_errors
+            or (tid, None) in nested_errors,
             verify=outcome,
             verify_ms=verify_ms,
             span_count=counts.get(tid, 0),
@@ -237,16 +241,57 @@ def find_traces(conn: sqlite3.Connection, ident: str) -> list[str]:
     ]
 
 
+_SERVICE_LIKE: Final = "(',' || t.services || ',') LIKE ? ESCAPE '\\'"
+"""SQL predicate on ``traces t``: one of its services is the pattern's name."""
+
+
+def _service_pattern(service: str) -> str:
+    escaped = service.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return "%," + escaped + ",%"
+
+
+def trace_payloads(conn: sqlite3.Connection, trace_id: str) -> list[tuple[bytes, int]]:
+    """(stored request, when it was stored) of each request holding a span of
+    ``trace_id`` (hex), in the order they were stored. The requests hold other traces'
+    spans too."""
+    return [
+        (bytes(payload), int(stored_ns))
+        for payload, stored_ns in conn.execute(
+            "SELECT b.payload, b.stored_ns FROM traces t JOIN batches b ON b.id = t.batch_id "
+            "WHERE t.trace_id = ? ORDER BY b.id",
+            (bytes.fromhex(trace_id),),
+        )
+    ]
+
+
+def window_payloads(
+    conn: sqlite3.Connection, services: Sequence[str], stored_after_ns: int, stored_before_ns: int
+) -> Iterator[bytes]:
+    """Stored requests with a span of one of ``services`` (exact names), stored in
+    [``stored_after_ns``, ``stored_before_ns``], most recently stored first; lazily, so a
+    caller with a bound stops reading where it stops iterating."""
+    likes = []
+    args: list[Any] = [stored_after_ns, stored_before_ns]
+    for service in services:
+        likes.append(_SERVICE_LIKE)
+        args.append(_service_pattern(service))
+    if not likes:
+        return
+    for (payload,) in conn.execute(
+        "SELECT b.payload FROM batches b WHERE b.stored_ns BETWEEN ? AND ? AND EXISTS "
+        f"(SELECT 1 FROM traces t WHERE t.batch_id = b.id AND ({' OR '.join(likes)})) "
+        "ORDER BY b.id DESC",
+        args,
+    ):
+        yield bytes(payload)
+
+
 def trace_spans(conn: sqlite3.Connection, trace_id: str) -> list[SpanRecord]:
     """Every stored span of ``trace_id`` (hex), by start time (decodes its batches)."""
     tid = bytes.fromhex(trace_id)
     out: list[SpanRecord] = []
     seen: set[bytes] = set()
-    for payload, stored_ns in conn.execute(
-        "SELECT b.payload, b.stored_ns FROM traces t JOIN batches b ON b.id = t.batch_id "
-        "WHERE t.trace_id = ? ORDER BY b.id",
-        (tid,),
-    ):
+    for payload, stored_ns in trace_payloads(conn, trace_id):
         request = ExportTraceServiceRequest.FromString(payload)
         for rs in request.resource_spans:
             service = service_of(rs.resource)
@@ -331,9 +376,8 @@ def recent_traces(
     where: list[str] = []
     args: list[Any] = []
     if service is not None:
-        where.append("(',' || t.services || ',') LIKE ? ESCAPE '\\'")
-        escaped = service.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        args.append("%," + escaped + ",%")
+        where.append(_SERVICE_LIKE)
+        args.append(_service_pattern(service))
     if rollout_id is not None:
         where.append("t.trace_id IN (SELECT trace_id FROM gym_spans WHERE rollout_id = ?)")
         args.append(rollout_id)

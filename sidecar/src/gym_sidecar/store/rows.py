@@ -6,12 +6,14 @@ read. What queries need is extracted beside it:
 
 - per distinct trace in the request, the number of its spans there and their services
   (:data:`TraceRow`), so ``rollouts`` counts spans and lists services without decoding;
-- every span of the rollout and verify scopes (``gym.rollout``, ``gym.verify``, the
-  spans the derive stage reads too) as a row with its columns and attributes as JSON
+- every rollout, verification and env step (``gym.rollout``, ``gym.verify``,
+  ``gym.env.step``: the spans the derive stage reads too, from either producer,
+  ``core.producers``) as a row with its columns and attributes as JSON
   (:data:`GymSpanRow`), so ``rollouts`` and ``stats`` never decode requests.
 
-Only these scopes are walked span by span, plus one pass reading each span's trace id,
-which keeps writing several times cheaper than a row per span. Metric points are kept
+Only the scopes that can hold them (``core.producers.ROW_SCOPES``) are walked span by
+span, plus one pass reading each span's trace id, which keeps writing several times
+cheaper than a row per span. Metric points are kept
 for metrics named ``gym.*`` (the derived metrics); logs are not stored.
 """
 
@@ -31,10 +33,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
+from gym_sidecar.core import producers
+
 GYM_METRIC_PREFIX: Final = "gym."
-GYM_SCOPES: Final = frozenset(
-    {semconv.scope_name(semconv.GROUP_ROLLOUT), semconv.scope_name(semconv.GROUP_VERIFY)}
-)
 
 TraceRow = tuple[bytes, int, str]
 """(trace_id, spans of it in the request, its services comma-separated)."""
@@ -122,8 +123,11 @@ def trace_rows(payload: bytes, trunc: Truncation) -> TraceRows:
             counts.update(here)
             for trace_id in here:
                 services.setdefault(trace_id, set()).add(service)
-            if ss.scope.name in GYM_SCOPES:
+            if ss.scope.name in producers.ROW_SCOPES:
+                role = producers.scope_role(ss.scope.name)
                 for span in spans:
+                    if role.span(span.name).kind not in producers.ROW_KINDS:
+                        continue
                     attrs = attributes(span.attributes, trunc)
                     rollout = attrs.get(semconv.ROLLOUT_ID)
                     out.gym_spans.append(

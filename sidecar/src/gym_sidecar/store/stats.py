@@ -25,7 +25,8 @@ from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 
-from gym_sidecar.store.queries import OUTERMOST_ROLLOUT, STATUS_ERROR
+from gym_sidecar.store.nesting import OUTERMOST_ROLLOUT
+from gym_sidecar.store.queries import STATUS_ERROR
 
 QUANTILES: Final = (0.5, 0.95, 0.99)
 _CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE

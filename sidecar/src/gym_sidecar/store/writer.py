@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter
 
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.store import db
+from gym_sidecar.store import db, nesting
 from gym_sidecar.store.config import LocalStoreConfig
 from gym_sidecar.store.rows import PointRow, TraceRows, Truncation, point_rows, trace_rows
 
@@ -188,6 +188,7 @@ class StoreWriter:
             if traces or points:
                 db.insert(conn, traces, points, now_ns)
                 self.metrics.transactions.inc()
+
         except sqlite3.Error as exc:
             # Boundary: a full disk or a locked file must fail these requests (the sender
             # retries them), not kill the writer thread.
@@ -199,6 +200,19 @@ class StoreWriter:
             self.metrics.written.labels(Signal.METRICS.value).inc(len(points))
         for job in good:
             self._resolve(job, error)
+        if traces and error is None:
+            self._mark_nested(conn, traces)
+
+    def _mark_nested(self, conn: sqlite3.Connection, traces: list[tuple[bytes, TraceRows]]) -> None:
+        """The outermost rule where producers mark nothing (``store/nesting.py``), for the
+        traces just written. After the commit and apart from it: a failure here (logged)
+        leaves the rows unmarked until the trace's next write, and never fails the
+        requests, which are stored."""
+        trace_ids = sorted({row[0] for _, rows in traces for row in rows.traces})
+        try:
+            nesting.mark_nested(conn, trace_ids)
+        except (sqlite3.Error, DecodeError) as exc:
+            logger.warning("local store: marking nested rollouts failed: %s", exc)
 
     @staticmethod
     def _resolve(job: _Job, result: str | None) -> None:

@@ -1,7 +1,9 @@
 """The ``gym-sidecar webhook`` subcommand: run the sidecar-injection admission webhook.
 
-Exit codes: 0 after SIGTERM/SIGINT, 2 on invalid configuration, 1 when it cannot start
-(port in use, unreadable certificate, or the ``webhook`` extra not installed).
+Exit codes: 0 after SIGTERM, SIGINT or SIGHUP (each stops it the same way; there is
+nothing to reload on SIGHUP, certificates are reloaded on rotation by themselves), 2 on
+invalid configuration, 1 when it cannot start (port in use, unreadable certificate, or the
+``webhook`` extra not installed).
 
 The webhook's server libraries come with ``gym-telemetry-sidecar[webhook]``; the plain
 sidecar (and its image) does not carry them, so this module imports them only to serve.
@@ -64,7 +66,7 @@ def add_webhook(subparsers: Any) -> None:
 
 
 def run_webhook(args: argparse.Namespace) -> int:
-    """Load the config and serve until SIGTERM/SIGINT; returns the exit code."""
+    """Load the config and serve until SIGTERM, SIGINT or SIGHUP; returns the exit code."""
     missing = missing_extra()
     if missing:
         print(
@@ -103,7 +105,7 @@ def run_webhook(args: argparse.Namespace) -> int:
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         await serve_forever(config, stop)

@@ -224,7 +224,7 @@ class InjectorServer:
 
 
 async def serve_forever(config: InjectorConfig, stop: asyncio.Event) -> None:
-    """Run the injector until ``stop`` is set (the CLI sets it on SIGTERM/SIGINT)."""
+    """Run the injector until ``stop`` is set (the CLI sets it on SIGTERM, SIGINT, SIGHUP)."""
     server = InjectorServer(config)
     await server.start()
     try:

@@ -4,7 +4,8 @@ Routes (all GET; anything else is 405, the view is read-only):
 
 - ``/`` -> ``/rollouts``; ``/rollouts`` (filters ``failed``, ``server``, ``slower_than``,
   ``faster_than``, ``since``, ``rollout``; ``page``); ``/trace/{rollout or trace id}``
-  (``page``, ``errors``); ``/stats`` (``since``); ``/map`` (``since``);
+  (``page``, ``errors``); ``/stats`` (``since``); ``/map`` (``since``); ``/live`` (the
+  rollouts in flight now, read from the sidecar's admin listener, :mod:`.live_page`);
 - ``/static/ui.css``, ``/static/ui.js``; ``/api/...`` (:mod:`gym_sidecar.query.api`).
 
 Each request opens its own read-only SQLite connection and reads in one transaction, so
@@ -30,18 +31,24 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
+from gym_sidecar.live.client import LiveUnavailable, fetch_live
 from gym_sidecar.query.api import build_router, normalize_trace_id
+from gym_sidecar.query.dependencies import DEPENDENCY_TRACES, recent_graph
 from gym_sidecar.store import db, queries, stats
-from gym_sidecar.webui import pages, svg, trace_page
+from gym_sidecar.webui import live_page, pages, svg, trace_page
 from gym_sidecar.webui.html import SECURITY_HEADERS, url
+from gym_sidecar.webui.jaeger_ui import BASE_PATH as JAEGER_BASE
+from gym_sidecar.webui.jaeger_ui import JaegerUi
 from gym_sidecar.webui.waterfall import completeness
 
 PAGE_SIZE: Final = 50
-MAP_TRACES: Final = 500
+MAP_TRACES: Final = DEPENDENCY_TRACES
 """The service map reads at most this many of the most recently stored traces."""
 SUCCESS_BINS: Final = 24
+LIVE_ROWS: Final = 500
+"""Most in-flight (and lost) rollouts the ``/live`` page lists (the totals count all)."""
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _STATIC: Final = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
@@ -65,14 +72,22 @@ class ViewConfig:
     store_path: Path
     jaeger_url: str | None = None
     """Base URL of a Jaeger UI holding the same traces (a link on each trace page)."""
+    jaeger_ui: JaegerUi | None = None
+    """A built Jaeger UI to serve under ``/jaeger/`` (:mod:`.jaeger_ui`)."""
     settle_s: float = 10.0
     """A trace is shown complete only when nothing of it arrived for this long, unless
     its structure already says so (see :mod:`.waterfall`)."""
     clock_ns: Callable[[], int] = time.time_ns
+    admin_url: str = f"http://127.0.0.1:{semconv.DEFAULT_ADMIN_PORT}"
+    """The sidecar's admin listener, whose ``/v1/rollouts/live`` the ``/live`` page shows."""
 
 
 class StoreMissing(Exception):
     pass
+
+
+def _is_api(path: str) -> bool:
+    return path.startswith(("/api/", JAEGER_BASE + "/api/"))
 
 
 def _html(body: str, status: int = 200) -> HTMLResponse:
@@ -257,24 +272,18 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         except ValueError as exc:
             return _html(pages.message_page("Service map", str(exc), active="/map"), 400)
         after = None if window_s is None else cfg.clock_ns() - int(window_s * 1e9)
-        nodes: dict[str, tuple[int, int]] = {}
-        calls: dict[tuple[str, str], list[int]] = {}
         with snapshot() as conn:
-            trace_ids = queries.recent_traces(conn, stored_after_ns=after, limit=MAP_TRACES)
-            for trace_id in trace_ids:
-                spans = queries.trace_spans(conn, trace_id)
-                by_id = {s.span_id: s for s in spans}
-                for s in spans:
-                    n, er = nodes.get(s.service, (0, 0))
-                    is_error = s.status_code == queries.STATUS_ERROR
-                    nodes[s.service] = (n + 1, er + is_error)
-                    parent = by_id.get(s.parent_span_id or "")
-                    if parent is not None and parent.service != s.service:
-                        counts = calls.setdefault((parent.service, s.service), [0, 0])
-                        counts[0] += 1
-                        counts[1] += is_error
-        edges = [svg.Edge(a, b, c, er) for (a, b), (c, er) in sorted(calls.items())]
-        return _html(pages.map_page(nodes, edges, len(trace_ids), MAP_TRACES, since))
+            graph = recent_graph(conn, stored_after_ns=after, limit=MAP_TRACES)
+        edges = [svg.Edge(a, b, c, er) for (a, b), (c, er) in sorted(graph.calls.items())]
+        return _html(pages.map_page(graph.nodes, edges, graph.traces, MAP_TRACES, since))
+
+    def live(request: Request) -> Response:
+        try:
+            view, error = fetch_live(cfg.admin_url, LIVE_ROWS), ""
+        except LiveUnavailable as exc:
+            view, error = None, f"The sidecar's live view cannot be read: {exc}"
+        body = live_page.live_page(view, error, cfg.admin_url)
+        return _html(body, 503 if error else 200)
 
     def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -285,7 +294,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
-        if request.url.path.startswith("/api/"):
+        if _is_api(request.url.path):
             return JSONResponse(
                 {
                     "data": None,
@@ -302,7 +311,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
 
     async def store_missing(request: Request, exc: Exception) -> Response:
         message = f"No local store at {exc} yet: is a sidecar writing it (--store-dir)?"
-        if request.url.path.startswith("/api/"):
+        if _is_api(request.url.path):
             return JSONResponse(
                 {
                     "data": None,
@@ -315,16 +324,20 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
             )
         return _html(pages.message_page("No store", message), 503)
 
-    api = build_router(connect)
-    routes = [
+    api = build_router(connect, clock_ns=cfg.clock_ns)
+    routes: list[BaseRoute] = [
         Route("/", home, methods=["GET"]),
         Route("/rollouts", rollouts, methods=["GET"]),
         Route("/trace/{ident:path}", trace, methods=["GET"]),
         Route("/stats", stats_view, methods=["GET"]),
         Route("/map", service_map, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
         Route("/static/{name}", static, methods=["GET"]),
         *api.routes,
     ]
+    if cfg.jaeger_ui is not None:
+        jaeger_api = build_router(connect, prefix=JAEGER_BASE + "/api", clock_ns=cfg.clock_ns)
+        routes.extend(cfg.jaeger_ui.routes(jaeger_api.routes))
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: not_found, StoreMissing: store_missing},

@@ -31,7 +31,12 @@ MAX_CELL_CHARS: Final = 200
 MAX_DETAIL_CHARS: Final = 4000
 
 ACTIVE: Final = ' class="active" aria-current="page"'
-NAV: Final = (("/rollouts", "Rollouts"), ("/stats", "Stats"), ("/map", "Service map"))
+NAV: Final = (
+    ("/rollouts", "Rollouts"),
+    ("/live", "Live"),
+    ("/stats", "Stats"),
+    ("/map", "Service map"),
+)
 
 
 def e(value: object) -> str:

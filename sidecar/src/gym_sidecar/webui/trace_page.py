@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gym_sidecar.core import producers
 from gym_sidecar.store.queries import SpanRecord
 from gym_sidecar.webui.html import clip, e, fmt_ms, kv_table, page, seg, url
 from gym_sidecar.webui.pages import KIND_LABELS, STATUS_LABELS, when
@@ -41,6 +42,8 @@ def _details(row: Row, classes: Mapping[str, str]) -> str:
         "duration": fmt_ms(s.duration_ms),
         "status": status + (f": {s.status_message}" if s.status_message else ""),
         "scope": s.scope + (f" {s.scope_version}" if s.scope_version else ""),
+        # which telemetry wrote it: the agent, Gym's own (nemo_gym.telemetry), other
+        "producer": producers.scope_role(s.scope).producer.value,
     }
     parts = [
         '<div class="detail" data-testid="span-detail">',

@@ -1,0 +1,124 @@
+"""issue 41: which hop is a turn or a relay, and the ``server_utils`` patch's shape checks.
+
+The hops themselves (span, retries, timeouts, the rollout's step) run on real Gym servers
+in ``tests/gym/test_rl_view.py``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gym_telemetry.autoinstrument import hops
+
+
+@pytest.fixture(autouse=True)
+def _config() -> Iterator[None]:
+    config = {
+        "policy_model": {"responses_api_models": {"stub_model": {}}},
+        "weather": {"resources_servers": {"example_single_tool_call": {}}},
+        "agent": {"responses_api_agents": {"simple_agent": {}}},
+    }
+    before = hops._CONFIG.get_config
+    hops._CONFIG.get_config = lambda: config
+    hops._CONFIG.model_servers.clear()
+    yield
+    hops._CONFIG.get_config = before
+    hops._CONFIG.model_servers.clear()
+
+
+@pytest.mark.parametrize(
+    ("template", "server", "expected"),
+    [
+        ("/v1/responses", "policy_model", (True, False)),
+        ("/ng-rollout/{rollout_id}/v1/chat/completions", "policy_model", (True, False)),
+        ("/v1/messages", None, (True, False)),  # an unnamed target's model route
+        ("/v1/responses", "agent", (False, False)),  # an agent's own /v1/responses
+        ("/v1/models", "policy_model", (False, False)),
+        ("/verify", "weather", (False, False)),
+        ("/run", "agent", (False, True)),
+        ("/ng-rollout/{rollout_id}/run", None, (False, True)),
+        (None, "policy_model", (False, False)),
+        ("/v1/responses", "not_in_config", (False, False)),
+    ],
+)
+def test_hop_kind(template: str | None, server: str | None, expected: tuple[bool, bool]) -> None:
+    assert hops.hop_kind(template, server) == expected
+
+
+def test_without_gyms_config_nothing_is_a_model_server() -> None:
+    def broken() -> Any:
+        raise RuntimeError("no config here")
+
+    hops._CONFIG.get_config = broken
+    hops._CONFIG.model_servers.clear()
+    assert hops.hop_kind("/v1/responses", "policy_model") == (False, False)
+
+
+def _module(traced: Any) -> types.ModuleType:
+    module = types.ModuleType("server_utils_like")
+
+    async def _request_with_retries(method: str, url: str, **kwargs: Any) -> Any:
+        return None
+
+    def set_global_aiohttp_client(cfg: Any) -> Any:
+        return types.SimpleNamespace(request=lambda *a, **k: None)
+
+    module._request_with_retries = _request_with_retries  # type: ignore[attr-defined]
+    module._traced_request = traced  # type: ignore[attr-defined]
+    module.set_global_aiohttp_client = set_global_aiohttp_client  # type: ignore[attr-defined]
+    module.get_global_config_dict = dict  # type: ignore[attr-defined]
+    return module
+
+
+def test_patch_replaces_a_traced_request_of_gyms_shape_once() -> None:
+    async def _traced_request(
+        method: str,
+        url: str,
+        _internal: bool = False,
+        _max_connection_retries: int | None = None,
+        _server_name: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return None
+
+    before = hops._CONFIG.get_config
+    module = _module(_traced_request)
+    hops.patch(module)
+    patched = (module._traced_request, module._request_with_retries)  # type: ignore[attr-defined]
+    assert module._traced_request is not _traced_request  # type: ignore[attr-defined]
+    assert all(getattr(f, hops.PATCHED, False) for f in patched)
+    session = module.set_global_aiohttp_client(None)  # type: ignore[attr-defined]
+    assert getattr(session.request, hops.PATCHED, False)
+    hops.patch(module)  # idempotent
+    assert (module._traced_request, module._request_with_retries) == patched  # type: ignore[attr-defined]
+    hops._CONFIG.get_config = before
+
+
+def test_patch_keeps_a_traced_request_of_another_shape() -> None:
+    async def _traced_request(method: str, url: str, **kwargs: Any) -> Any:
+        return None
+
+    module = _module(_traced_request)
+    hops.patch(module)
+    assert module._traced_request is _traced_request  # type: ignore[attr-defined]
+    # the untraced path still updates a rollout's step
+    assert getattr(module._request_with_retries, hops.PATCHED, False)  # type: ignore[attr-defined]
+
+
+def test_attempts_are_counted_only_inside_a_hop() -> None:
+    calls: list[str] = []
+    session = types.SimpleNamespace(request=lambda method, url, **kw: calls.append(url))
+    hops.count_attempts(session)
+    hops.count_attempts(session)  # once only
+    session.request("POST", "http://x/1")
+    attempts = hops._Attempts()
+    token = hops._ATTEMPTS.set(attempts)
+    try:
+        session.request("POST", "http://x/2")
+        session.request(method="POST", url="http://x/3")
+    finally:
+        hops._ATTEMPTS.reset(token)
+    assert attempts.count == 2 and calls == ["http://x/1", "http://x/2", "http://x/3"]
