@@ -36,7 +36,7 @@ RUN for wheel in /wheels/gym_telemetry_sidecar_native-*.whl; do \
         uv pip install --offline --no-deps --python /opt/gym-sidecar/bin/python "$wheel"; \
     done \
     && /opt/gym-sidecar/bin/python -c \
-        "import gym_sidecar.receiver.wire as w; print('trace scanner:', w.active_scanner())"
+        "import gym_sidecar.wire.protobuf.scan as s; print('trace scanner:', s.active_scanner())"
 
 # --- runtime: slim, non-root, no build tools ------------------------------------------
 FROM ${PYTHON_IMAGE}

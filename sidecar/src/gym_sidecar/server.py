@@ -39,12 +39,12 @@ from gym_sidecar.assemble import Pipeline, ReloadHook, build_pipeline
 from gym_sidecar.config import SidecarConfig
 from gym_sidecar.hangup import TerminalHangup
 from gym_sidecar.malloc import MemoryTuner
-from gym_sidecar.receiver import wire
 from gym_sidecar.receiver.grpc import GrpcReceiver
 from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
 from gym_sidecar.wire.http1.listener import AsgiListener
+from gym_sidecar.wire.protobuf import scan as trace_scan
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class SidecarServer:
         self._memory.start()  # before the receivers' threads exist (M_ARENA_MAX)
         # Which trace scanner runs is decided (and logged) now, not at the first trace, so
         # an operator can see it on /metrics from the start.
-        self.metrics.trace_scanner.labels(scanner=wire.active_scanner()).set(1)
+        self.metrics.trace_scanner.labels(scanner=trace_scan.active_scanner()).set(1)
         pipeline = build_pipeline(cfg, self.metrics)
         self.pipeline = pipeline
         self.reload_hooks.extend(pipeline.reload_hooks)
