@@ -1,5 +1,5 @@
 # The two README commands live here: `make demo` (the main job) and `make test`.
-.PHONY: demo test bench bench-round3 lint mutate screenshots
+.PHONY: demo test bench bench-round3 lint mutate screenshots native-wheel
 
 # Where scripts/bootstrap.sh installs uv when the machine has none (it runs in its own shell).
 export PATH := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gym-telemetry/uv/bin:$(HOME)/.local/bin:$(PATH)
@@ -13,6 +13,12 @@ test:
 # The web view's pictures in docs/images/ (runs the demo for a store, then Chromium).
 screenshots:
 	bash scripts/bootstrap.sh && uv run --frozen python scripts/ui_screenshots.py
+
+# The native trace scanner's wheel (needs cargo) where sidecar.Dockerfile installs it
+# from: then `docker compose up --build` runs the fast path (docs/native.md).
+native-wheel:
+	bash scripts/bootstrap.sh && rm -f deploy/docker/wheels/*.whl \
+		&& uv build --wheel --package gym-telemetry-sidecar-native --out-dir deploy/docker/wheels
 
 bench:
 	bash scripts/bootstrap.sh && uv sync --frozen --quiet --group native && uv run --frozen python -m bench

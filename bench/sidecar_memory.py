@@ -3,6 +3,7 @@
     uv run --frozen python -m bench.sidecar_memory [--rounds 5] [--rate 10000] [--seconds 15]
         [--load varied|rollouts|...] [--protocol grpc|http] [--bytecode]
         [--variant NAME:K=V,K=V ...] [--source NAME=TREE ...] [--smaps] [--json FILE]
+        [--container IMAGE [--container-variant NAME:K=V,K=V ...]]
 
 A benchmark harness, not a test. Per round and variant (interleaved, order shuffled):
 a fresh ``gym-sidecar run`` with no config file and only ``--backend`` set (gRPC export,
@@ -19,6 +20,14 @@ adds one whose sidecar gets extra environment variables (e.g.
 ``arena2:MALLOC_ARENA_MAX=2``); ``--source NAME=TREE`` one that runs another checkout's
 sidecar (``TREE/sidecar/src`` and ``TREE/semconv/src`` first on its path: a ``git
 worktree`` or a ``git archive`` of another commit), for before/after pairs in one run.
+
+``--container IMAGE``: the sidecar image too, as variant ``container`` (and one per
+``--container-variant``, e.g. ``container-python:GYM_SIDECAR_NATIVE=0`` for the image's
+pure-Python fallback), started with ``docker run --network host`` and measured through
+its main process's ``/proc`` entry like the host process (:mod:`bench.sidecar_container`);
+each such round line says which trace scanner the container reported on its
+``/metrics``. Same rounds, same sink, same load: the ratios to ``default`` are the
+figures to read.
 
 ``--bytecode``: the sidecar runs on compiled bytecode, as the sidecar image is built
 (``UV_COMPILE_BYTECODE=1``): the interpreter's library, site-packages and every
@@ -51,6 +60,7 @@ from gym_telemetry_demo.sidecar import SidecarProcess
 from gym_telemetry_demo.stopsignals import run_main
 
 from bench.loadgen import LOADS
+from bench.sidecar_container import ContainerSidecar
 from bench.sidecar_vs_rotel.procs import status_mib
 from bench.sidecar_vs_rotel.runs import LoadSpec, run
 from testkit.sink import RecordingSink
@@ -91,11 +101,15 @@ class DefaultSidecar:
         self.idle_mib: float | None = None
         self.startup_mib: float | None = None
         self.show_smaps = show_smaps
+        self.scanner: str | None = None
 
     def start(self) -> None:
         self.proc.start()
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
+        for scanner in ("native", "python"):
+            if self.proc.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
+                self.scanner = scanner
         time.sleep(2.0)
         self.idle_mib = status_mib(self.pid, "VmRSS")
         self.startup_mib = status_mib(self.pid, "VmHWM")
@@ -151,8 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smaps", action="store_true", help="print the largest mappings")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--container", help="also measure this sidecar image (variant container)")
+    p.add_argument("--container-variant", action="append", default=[], help="NAME:K=V,K=V")
     args = p.parse_args(argv)
     variants: dict[str, dict[str, str]] = {"default": {}}
+    containers: dict[str, dict[str, str]] = {}
+    if args.container:
+        containers["container"] = {}
+        for spec in args.container_variant:
+            name, _, kvs = spec.partition(":")
+            containers[name] = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
     trees = [REPO / "sidecar" / "src", REPO / "semconv" / "src"]
     for spec in args.variant:
         name, _, kvs = spec.partition(":")
@@ -167,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         compile_bytecode(args.pycache, trees)
         for env in variants.values():
             env["PYTHONPYCACHEPREFIX"] = str(args.pycache)
-    figures: dict[str, dict[str, list[float]]] = {v: {k: [] for k in FIGURES} for v in variants}
+    figures: dict[str, dict[str, list[float]]] = {
+        v: {k: [] for k in FIGURES} for v in [*variants, *containers]
+    }
     load_start = [float(x) for x in _loadavg()]
     rng = random.Random(args.seed)
     workdir = Path("/tmp") / f"bench-mem-{int(time.time())}"
@@ -175,16 +199,23 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"load {args.load} at {args.rate:.0f} spans/s for {args.seconds:.0f} s, "
         f"over {args.protocol}, "
-        f"{'compiled bytecode' if args.bytecode else 'modules compiled at import'}; "
+        f"{'compiled bytecode' if args.bytecode else 'modules compiled at import'}"
+        f"{f', image {args.container}' if args.container else ''}; "
         f"load average at start: {_loadavg()}",
         flush=True,
     )
     with RecordingSink(record=False) as sink:
         for rnd in range(args.rounds):
-            order = list(variants)
+            order = [*variants, *containers]
             rng.shuffle(order)
             for name in order:
-                col = DefaultSidecar(sink.endpoint, variants[name], workdir, args.smaps)
+                col: DefaultSidecar | ContainerSidecar
+                if name in containers:
+                    col = ContainerSidecar(
+                        args.container, sink.endpoint, containers[name], workdir, name
+                    )
+                else:
+                    col = DefaultSidecar(sink.endpoint, variants[name], workdir, args.smaps)
                 spec = LoadSpec(args.protocol, 512, 0, 4, args.rate, args.seconds, args.load)
                 res = run(col, sink, spec, rnd, lambda got, expected: None, settle_s=1.0)
                 figs = figures[name]
@@ -197,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                 ):
                     if value is not None:
                         figs[key].append(value)
+                scanner = getattr(col, "scanner", None)
                 print(
-                    f"round {rnd + 1} {name:12s} idle {col.idle_mib:.1f}"
+                    f"round {rnd + 1} {name:12s}{f' [{scanner}]' if scanner else ''}"
+                    f" idle {col.idle_mib:.1f}"
                     f" (start-up peak {col.startup_mib:.1f}) end {res.rss_end_mib:.1f}"
                     f" peak under load {res.peak_rss_mib:.1f} MiB cpu {res.cpu_pct:.1f}%"
                     f" delivered {res.spans_delivered}/{res.spans_sent}",
@@ -211,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, figs in figures.items():
         cells = " ".join(f"{_fmt(figs[k]):>20s}" for k in FIGURES)
         print(f"{name:14s} {cells}")
+    base = figures["default"]
+    for name in [n for n in figures if n != "default"]:
+        ratios = " ".join(
+            f"{k} x{statistics.median(figures[name][k]) / statistics.median(base[k]):.2f}"
+            for k in FIGURES
+            if figures[name][k] and base[k] and statistics.median(base[k])
+        )
+        print(f"{name} / default (medians): {ratios}")
     if args.json:
         doc = {
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

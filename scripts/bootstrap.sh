@@ -14,4 +14,9 @@ if ! command -v uv >/dev/null 2>&1; then
     echo "bootstrap: uv not found, installing it with pip into $UV_BOOTSTRAP_DIR" >&2
     python3 -m pip install --quiet --disable-pip-version-check --target "$UV_BOOTSTRAP_DIR" uv
 fi
-uv sync --frozen --quiet
+# uv sync is exact: it removes what the default groups do not name. A caller that has more
+# installed says which groups to keep: make test keeps the native scanner
+# (GYM_TELEMETRY_SYNC_ARGS="--group native"), so the demo it runs mid-suite does not strip it
+# from .venv under the tests that start sidecars after it.
+# shellcheck disable=SC2086
+uv sync --frozen --quiet ${GYM_TELEMETRY_SYNC_ARGS:-}

@@ -19,6 +19,8 @@ fi
 echo "== native scanner: cargo fmt --check, clippy, build"
 (cd sidecar-native && cargo fmt --check && cargo clippy --locked --quiet -- -D warnings)
 uv sync --frozen --quiet --group native
+# Every later sync in this run (scripts/demo.sh sources bootstrap.sh) keeps it installed.
+export GYM_TELEMETRY_SYNC_ARGS="--group native"
 export GYM_TEST_NATIVE=required
 
 echo "== ruff check" && uv run --frozen ruff check semconv agent sidecar sidecar-native demo tests testkit bench deploy scripts examples

@@ -26,6 +26,17 @@ COPY agent/pyproject.toml agent/
 COPY sidecar/ sidecar/
 # --frozen: exactly uv.lock; --no-editable: the venv does not need /src at run time.
 RUN uv sync --frozen --no-dev --no-editable --package gym-telemetry-sidecar --extra docker
+# The native trace scanner (sidecar-native/, docs/native.md), when its wheel was put in
+# deploy/docker/wheels/ (`make native-wheel`; `make test` stages the one it built): a
+# host-built abi3 wheel installed offline, so no Rust toolchain enters the image. The
+# build log says which scanner the image runs.
+COPY deploy/docker/wheels/ /wheels/
+RUN for wheel in /wheels/gym_telemetry_sidecar_native-*.whl; do \
+        [ -e "$wheel" ] || continue; \
+        uv pip install --offline --no-deps --python /opt/gym-sidecar/bin/python "$wheel"; \
+    done \
+    && /opt/gym-sidecar/bin/python -c \
+        "import gym_sidecar.wire.protobuf.scan as s; print('trace scanner:', s.active_scanner())"
 
 # --- runtime: slim, non-root, no build tools ------------------------------------------
 FROM ${PYTHON_IMAGE}

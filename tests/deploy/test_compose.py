@@ -174,7 +174,12 @@ def test_prometheus_scrapes_every_sidecar(compose: dict[str, Any]) -> None:
     targets = {t for group in job["static_configs"] for t in group["targets"]}
     assert targets == {f"{server}:13133" for server in sidecars(compose).values()}
     mounts = compose["services"]["prometheus"]["volumes"]
-    assert mounts == ["./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"]
+    assert mounts == [
+        "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+        # the rule files, where prometheus.yml's rule_files (relative to it) finds them
+        "./deploy/prometheus/rules:/etc/prometheus/rules:ro",
+    ]
+    assert prom["rule_files"] == ["rules/*.yml"]
 
 
 def test_prometheus_stores_exemplars(compose: dict[str, Any]) -> None:

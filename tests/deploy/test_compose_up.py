@@ -34,6 +34,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gym_telemetry_semconv as semconv
@@ -312,6 +313,18 @@ def test_prometheus_scrapes_every_sidecar(stack: Stack) -> None:
 
     expected = sorted(f"{s}:13133=up" for s in SERVERS)
     assert wait_for(lambda: targets() == expected, WAIT_S, 1.0), targets()
+
+
+def test_every_sidecar_runs_the_native_scanner(stack: Stack, staged_native_wheel: Path) -> None:
+    """The compose stack's sidecars (built by ``up --build`` with the staged wheel) run
+    the fast path, as Prometheus sees it on each one's /metrics."""
+
+    def scanners() -> list[tuple[str, str]]:
+        found = stack.promql("gym_sidecar_trace_scanner_info == 1")
+        return sorted((r["metric"]["instance"], r["metric"]["scanner"]) for r in found)
+
+    expected = sorted((f"{s}:13133", "native") for s in SERVERS)
+    assert wait_for(lambda: scanners() == expected, WAIT_S, 1.0), scanners()
 
 
 def test_verify_count_by_succeeded_equals_the_verifications_driven(stack: Stack) -> None:

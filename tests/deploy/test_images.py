@@ -271,3 +271,26 @@ def test_launcher_usage_names_both_arguments(argv: list[str]) -> None:
     first = result.stderr.splitlines()[0]
     assert first == "usage: gym-server-launch CONFIG_FILE SERVER_NAME", result.stderr
     assert "::" not in result.stderr
+
+
+def test_the_sidecar_image_gets_the_native_wheel_make_test_built(tmp_path: Path) -> None:
+    """What ``testkit.native_wheel`` stages for sidecar.Dockerfile is the very wheel whose
+    extension this environment runs (found in uv's cache, not rebuilt); staging again
+    leaves one native wheel in the folder."""
+    import zipfile
+
+    from testkit import native_wheel
+
+    extension = native_wheel.session_extension()
+    if extension is None:
+        reason = "gym_sidecar_native is not installed (`uv sync --frozen --group native`)"
+        if os.environ.get("GYM_TEST_NATIVE") == "required":
+            pytest.fail(f"GYM_TEST_NATIVE=required: {reason}")
+        pytest.skip(reason)
+    (tmp_path / "gym_telemetry_sidecar_native-0.0.1-cp311-abi3-linux_x86_64.whl").write_bytes(b"x")
+    staged = native_wheel.stage(tmp_path)
+    assert staged is not None
+    with zipfile.ZipFile(staged) as wheel:  # the extension, byte for byte (its RECORD hash)
+        assert native_wheel.record_hash(wheel.read(extension[0])) == extension[1]
+    assert native_wheel.stage(tmp_path) == staged
+    assert [p.name for p in tmp_path.glob("*.whl")] == [staged.name]

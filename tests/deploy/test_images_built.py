@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.otlp_samples import http_post, trace_request
 from testkit.wait import wait_for
 from tests.deploy.support import REPO
 from tests.support.docker_daemon import Engine
+from tests.support.docker_images import PROJECT_IMAGES_FILE, build_project_images
 from tests.support.ports import free_port
 
 pytestmark = [
@@ -30,7 +32,7 @@ pytestmark = [
     pytest.mark.timeout(5400),
 ]  # a cold first run builds Compose and images
 
-IMAGES_FILE = REPO / "tests" / "deploy" / "images.yaml"
+IMAGES_FILE = PROJECT_IMAGES_FILE
 GYM_SERVER = "gym-server:0.1.0"
 SIDECAR = "gym-telemetry-sidecar:0.1.0"
 WEBHOOK = "gym-telemetry-webhook:0.1.0"
@@ -43,10 +45,7 @@ def _run(engine: Engine, *args: str, timeout_s: float = 300) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def images(docker_engine: Engine) -> Iterator[dict[str, dict[str, Any]]]:
     """Build the three images (the layer cache makes this seconds after the first time)."""
-    done = docker_engine.compose(
-        ["-f", str(IMAGES_FILE), "build"], cwd=REPO, timeout_s=3000, check=False
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
+    build_project_images(docker_engine)
     docs = {ref: docker_engine.inspect(ref) for ref in (GYM_SERVER, SIDECAR, WEBHOOK)}
     sizes = {ref: f"{int(doc['Size']) / 1e6:.0f} MB" for ref, doc in docs.items()}  # type: ignore[call-overload]
     print(f"image sizes: {json.dumps(sizes)}")
@@ -140,6 +139,55 @@ def test_sidecar_image_healthcheck_turns_healthy(
             return str(doc["State"]["Health"]["Status"])  # type: ignore[index]
 
         assert wait_for(lambda: status() == "healthy", 300, 1.0), status()
+    finally:
+        docker_engine.docker("rm", "--force", container, check=False, timeout_s=120)
+
+
+def test_sidecar_container_runs_the_native_scanner(
+    docker_engine: Engine, images: dict[str, dict[str, Any]], staged_native_wheel: Path
+) -> None:
+    """The image carries the wheel make test built, and the running sidecar uses it: its
+    /metrics says so before any trace, its log says so once, and a trace through the
+    container is scanned (received and exported) by it."""
+    port, otlp_port = free_port(), free_port()
+    started = docker_engine.docker(
+        "run", "--detach", "--rm",
+        "--publish", f"127.0.0.1:{port}:13133", "--publish", f"127.0.0.1:{otlp_port}:4318",
+        "--env", "GYM_SIDECAR_ADMIN_LISTEN=0.0.0.0:13133",
+        "--env", "GYM_SIDECAR_HTTP_LISTEN=0.0.0.0:4318", SIDECAR, timeout_s=120,
+    )  # fmt: skip
+    container = started.stdout.strip()
+    try:
+
+        def metrics() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return ""
+
+        assert wait_for(lambda: "gym_sidecar_trace_scanner_info" in metrics(), 300, 1.0)
+        assert 'gym_sidecar_trace_scanner_info{scanner="native"} 1.0' in metrics()
+        assert 'scanner="python"' not in metrics()
+        logs = docker_engine.docker("logs", container).stderr
+        assert logs.count("trace scanner: native (gym_sidecar_native)") == 1, logs[-3000:]
+        found = _run(
+            docker_engine, "--entrypoint", "python", SIDECAR, "-c",
+            "import gym_sidecar_native as m, importlib.metadata as md; "
+            "print(md.version('gym-telemetry-sidecar-native'), m.__file__)",
+        )  # fmt: skip
+        assert found.returncode == 0, found
+        assert found.stdout.startswith("0.1.0 /opt/gym-sidecar/"), found.stdout
+        sent = http_post(
+            f"http://127.0.0.1:{otlp_port}",
+            "traces",
+            trace_request("native", 7).SerializeToString(),
+        )
+        assert sent.status_code == 200, sent.text
+        assert 'gym_sidecar_received_items_total{signal="traces",transport="http"} 7.0' in (
+            metrics()
+        )
+        print(f"sidecar image: {staged_native_wheel.name}; {found.stdout.strip()}")
     finally:
         docker_engine.docker("rm", "--force", container, check=False, timeout_s=120)
 

@@ -136,6 +136,7 @@ def test_annotated_pod_is_stored_with_the_native_sidecar_first(
     for app in containers(stored).values():
         app_env = {e["name"]: e.get("value") for e in app.get("env") or []}
         assert app_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+        assert app_env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"  # the pair, consistent
         assert app_env[AGENT_ADMIN_URL_ENV] == "http://localhost:13133"
     assert containers(stored)["app"]["env"][0] == {"name": "APP_MODE", "value": "serve"}
     assert stored["metadata"]["annotations"][INJECTED] == "native-sidecar"
@@ -150,6 +151,45 @@ def test_annotated_pod_is_stored_with_the_native_sidecar_first(
         (MWC_NAME, POD_OPT_IN, True)
     ]
     assert all(c["webhook"] == POD_OPT_IN and not c["mutated"] for c in calls[1:])
+
+
+def test_each_app_container_is_pointed_at_the_port_of_its_protocol(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """Stored as the API server keeps it: a container that chose OTLP/HTTP is sent to the
+    HTTP port, one that chose nothing gets the gRPC pair, one with its own endpoint keeps
+    it, and per-signal variables the app set stay the app's."""
+    name = new_name("protocols")
+    body = pod(name, {INJECT: "true"})
+    helper = body["spec"]["containers"][1]
+    helper["env"] = [{"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": "http/protobuf"}]
+    third = {**helper, "name": "collector-user"}
+    third["env"] = [
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://collector.obs:4318"},
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+    ]
+    body["spec"]["containers"].append(third)
+    stored = create(control_plane, namespace, body)
+    envs = {
+        c: {e["name"]: e.get("value") for e in spec.get("env") or []}
+        for c, spec in containers(stored).items()
+    }
+    otlp = {c: {k: v for k, v in env.items() if k.startswith("OTEL_")} for c, env in envs.items()}
+    assert otlp == {
+        "app": {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        },
+        "helper": {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318",
+        },
+        "collector-user": {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.obs:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        },
+    }
+    assert stored["spec"]["initContainers"][0]["name"] == SIDECAR
 
 
 def test_unannotated_and_opted_out_pods_are_stored_untouched(
@@ -467,7 +507,9 @@ def test_reinvocation_after_a_later_webhook_adds_a_container(
     assert [c["name"] for c in stored["spec"]["initContainers"]] == [SIDECAR]
     assert list(containers(stored)) == ["app", "helper", "late"]
     late_env = {e["name"] for e in containers(stored)["late"].get("env") or []}
-    assert {"OTEL_EXPORTER_OTLP_ENDPOINT", AGENT_ADMIN_URL_ENV} <= late_env
+    assert {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", AGENT_ADMIN_URL_ENV} <= (
+        late_env
+    )
     calls = webhook_calls(audit_annotations(control_plane, namespace, name))
     assert [(c["at"], c["configuration"], c["mutated"]) for c in calls] == [
         ("round_0_index_1", MWC_NAME, True),

@@ -43,6 +43,34 @@ def test_admin_endpoints(sink: RecordingSink) -> None:
     assert sc.returncode == 0
 
 
+@pytest.mark.parametrize("native_env", ["0", None], ids=["GYM_SIDECAR_NATIVE=0", "default"])
+def test_the_trace_scanner_in_use_is_on_metrics_and_logged_at_start(
+    native_env: str | None,
+) -> None:
+    """Before any trace arrives, /metrics says which scanner runs (an operator's check
+    that the fast path is in the image) and the log says it once, with the reason."""
+    import importlib.util
+
+    installed = importlib.util.find_spec("gym_sidecar_native") is not None
+    env = {} if native_env is None else {"GYM_SIDECAR_NATIVE": native_env}
+    want = "native" if installed and native_env is None else "python"
+    with SidecarProcess(env=env) as sc:
+        assert sc.metric("gym_sidecar_trace_scanner_info", scanner=want) == 1.0
+        other = "python" if want == "native" else "native"
+        assert (
+            f'gym_sidecar_trace_scanner_info{{scanner="{other}"}}'
+            not in httpx.get(sc.admin_url + "/metrics").text
+        )
+        lines = [ln for ln in sc.log_text().splitlines() if "trace scanner:" in ln]
+    assert len(lines) == 1, lines
+    if want == "native":
+        assert lines[0].endswith("trace scanner: native (gym_sidecar_native)")
+    elif native_env == "0":
+        assert lines[0].endswith("trace scanner: python (GYM_SIDECAR_NATIVE=0)")
+    else:
+        assert lines[0].endswith("trace scanner: python (gym_sidecar_native is not installed)")
+
+
 def test_readyz_503_while_draining_then_exit_0() -> None:
     """With the backend down, the drain takes until the deadline; /readyz says 503."""
     dead_backend = f"127.0.0.1:{free_port()}"

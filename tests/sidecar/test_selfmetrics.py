@@ -44,12 +44,17 @@ def test_every_counter_renders_as_prometheus_clients_counter(
         if isinstance(value, LoopCounter):
             pairs.append((value, twin(theirs, value)))
         elif isinstance(value, Gauge):
-            pairs.append((value, Gauge(value._name, value._documentation, registry=theirs)))
+            labels = list(value._labelnames)  # an info gauge (the trace scanner) has some
+            twin_gauge = Gauge(value._name, value._documentation, labels, registry=theirs)
+            pairs.append((value, twin_gauge))
     rng = random.Random(seed)
     for _ in range(300):
         mine, other = rng.choice(pairs)
         if isinstance(mine, Gauge):
             n = rng.randrange(1000)
+            if mine._labelnames:
+                values = [rng.choice(["native", "python"]) for _ in mine._labelnames]
+                mine, other = mine.labels(*values), other.labels(*values)
             mine.set(n)
             other.set(n)
             continue

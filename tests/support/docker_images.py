@@ -15,8 +15,9 @@ recipe: a tag that exists without that label is a real image (a machine with Doc
 and is used as it is; a stand-in with an older digest is rebuilt. How each differs from
 the real image: docs/testing.md.
 
-API: :func:`ensure_standins(engine) <ensure_standins>` (returns the tags), and
-:data:`STANDINS` (tag -> recipe). Timings go to stderr.
+API: :func:`ensure_standins(engine) <ensure_standins>` (returns the tags),
+:data:`STANDINS` (tag -> recipe), and :func:`build_project_images` (the project's own
+images, as ``tests/deploy/images.yaml`` builds them with Compose). Timings go to stderr.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pathlib import Path
 from tests.support.docker_daemon import REPO, Engine, EngineUnavailable, cache_dir, log
 
 STANDIN_DIR = Path(__file__).resolve().parent / "standins"
+PROJECT_IMAGES_FILE = REPO / "tests" / "deploy" / "images.yaml"
+"""The project's images (gym-server, the sidecar, the webhook) as Compose builds them."""
 BASE_IMAGE = "gym-telemetry-base/debian:trixie"
 BASE_SUITE = "trixie"
 STANDIN_LABEL = "org.gym-telemetry.stand-in"
@@ -205,3 +208,27 @@ def ensure_standins(engine: Engine) -> list[str]:
                 )
             log(f"stand-in {', '.join(standin.tags)} built in {time.monotonic() - started:.0f} s")
     return tags
+
+
+def build_project_images(engine: Engine, *services: str) -> None:
+    """Build the project's images (``services`` of :data:`PROJECT_IMAGES_FILE``, default
+    all) with Compose v2 and BuildKit, after the stand-ins and the native scanner's wheel
+    are in place (:mod:`testkit.native_wheel`). The layer cache makes a repeat seconds."""
+    from testkit import native_wheel
+
+    ensure_standins(engine)
+    native_wheel.stage()
+    started = time.monotonic()
+    done = engine.compose(
+        ["-f", str(PROJECT_IMAGES_FILE), "build", *services],
+        cwd=REPO,
+        timeout_s=3000,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(
+            f"building the project's images failed:\n{(done.stdout + done.stderr)[-8000:]}"
+        )
+    log(
+        f"project images {', '.join(services) or 'all'} built in {time.monotonic() - started:.0f} s"
+    )

@@ -100,8 +100,11 @@ def _apt_install() -> None:
 
 def scrape_config(targets: Sequence[str], interval_s: int = 1) -> str:
     """The compose stack's Prometheus config (``deploy/prometheus/prometheus.yml``) with
-    its scrape targets replaced by ``targets`` (host:port) and a short interval."""
+    its scrape targets replaced by ``targets`` (host:port) and a short interval; its rule
+    files are the repository's (``rule_files`` made absolute: the config is written
+    elsewhere)."""
     config: dict[str, Any] = yaml.safe_load(COMPOSE_CONFIG.read_text())
+    config["rule_files"] = [str(COMPOSE_CONFIG.parent / p) for p in config.get("rule_files", [])]
     config["global"].update(
         scrape_interval=f"{interval_s}s",
         scrape_timeout=f"{interval_s}s",

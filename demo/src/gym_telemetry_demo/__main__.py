@@ -1,4 +1,5 @@
-"""``python -m gym_telemetry_demo [--rollouts N] [--concurrency C] [--failing F] [--keep]``.
+"""``python -m gym_telemetry_demo [--rollouts N] [--concurrency C] [--failing F] [--keep]
+[--hang]``.
 
 Exit status: 0 when every step worked, 1 when one did not, 2 on bad arguments. Ctrl-C,
 SIGTERM and SIGHUP all stop it the same way (:mod:`gym_telemetry_demo.stopsignals`):
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also forward the traces to a Jaeger v2 built from source (first run builds it: "
         "minutes, needs Go) and print the Jaeger API URL of a failed rollout's trace",
     )
+    p.add_argument(
+        "--hang",
+        action="store_true",
+        help="then one rollout whose model call hangs: shown stalled on the web view's /live "
+        "page and in gym_rollout_stalled, then lost once its agent server is killed",
+    )
     p.add_argument("--gym-python", type=Path, help="use this Gym environment's python as is")
     p.add_argument(
         "--repo",
@@ -88,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_s=args.wait_s,
         repo=args.repo,
         jaeger=args.jaeger,
+        hang=args.hang,
     )
     console = make_console()
     with stop_on_signals():

@@ -140,8 +140,12 @@ def jaeger_binary(repo: Path, report: Callable[[str], object] | None = None) -> 
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def jaeger_config(otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: int) -> str:
-    """Jaeger's all-in-one traces pipeline on the given loopback ports (module doc)."""
+def jaeger_config(
+    otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: int, otlp_host: str = "127.0.0.1"
+) -> str:
+    """Jaeger's all-in-one traces pipeline on the given loopback ports (module doc); the
+    OTLP receivers on ``otlp_host`` (another address of this machine, for senders that
+    cannot reach its loopback: a pod on a bridge the caller created)."""
     host = "127.0.0.1"
     config: dict[str, Any] = {
         "service": {
@@ -172,8 +176,8 @@ def jaeger_config(otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: i
         "receivers": {
             "otlp": {
                 "protocols": {
-                    "grpc": {"endpoint": f"{host}:{otlp_grpc}"},
-                    "http": {"endpoint": f"{host}:{otlp_http}"},
+                    "grpc": {"endpoint": f"{otlp_host}:{otlp_grpc}"},
+                    "http": {"endpoint": f"{otlp_host}:{otlp_http}"},
                 }
             }
         },
@@ -251,9 +255,10 @@ class JaegerServer(JaegerQueryClient):
     """A Jaeger v2 process (context manager). ``start`` blocks until the OTLP receivers
     listen and the query API answers; ``stop`` sends SIGTERM (kills after 20 s)."""
 
-    def __init__(self, workdir: Path, binary: Path) -> None:
+    def __init__(self, workdir: Path, binary: Path, otlp_host: str = "127.0.0.1") -> None:
         self.binary = binary
         self.workdir = workdir
+        self.otlp_host = otlp_host
         self.otlp_grpc_port = free_port()
         self.otlp_http_port = free_port()
         self.query_http_port = free_port()
@@ -264,11 +269,11 @@ class JaegerServer(JaegerQueryClient):
 
     @property
     def otlp_grpc_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_grpc_port}"
+        return f"http://{self.otlp_host}:{self.otlp_grpc_port}"
 
     @property
     def otlp_http_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_http_port}"
+        return f"http://{self.otlp_host}:{self.otlp_http_port}"
 
     @property
     def query_url(self) -> str:
@@ -278,7 +283,11 @@ class JaegerServer(JaegerQueryClient):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
             jaeger_config(
-                self.otlp_grpc_port, self.otlp_http_port, self.query_http_port, self.query_grpc_port
+                self.otlp_grpc_port,
+                self.otlp_http_port,
+                self.query_http_port,
+                self.query_grpc_port,
+                self.otlp_host,
             )
         )
         with self.log_path.open("wb") as log:
@@ -287,8 +296,9 @@ class JaegerServer(JaegerQueryClient):
                 [str(self.binary), "--config", str(self.config_path)], stdout=log, cwd=self.workdir
             )
         try:
-            for port in (self.otlp_grpc_port, self.otlp_http_port, self.query_http_port):
-                wait_listening(port, timeout_s=timeout_s)
+            for port in (self.otlp_grpc_port, self.otlp_http_port):
+                wait_listening(port, timeout_s=timeout_s, host=self.otlp_host)
+            wait_listening(self.query_http_port, timeout_s=timeout_s)
             deadline = time.monotonic() + timeout_s
             while not self._query_ready():
                 if time.monotonic() > deadline:

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gym_telemetry_demo import hang
 from gym_telemetry_demo.gym_servers import (
     AGENT,
     FAILING_AGENT,
@@ -71,6 +72,8 @@ class DemoOptions:
     """The source tree (``--repo``); None: :func:`~gym_telemetry_demo.gym_servers.repo_root`."""
     jaeger: bool = False
     """Also forward to a Jaeger v2 built from source (``--jaeger``; needs Go)."""
+    hang: bool = False
+    """Then one rollout whose model call hangs: stalled, then lost (``--hang``, :mod:`.hang`)."""
 
 
 def prepare_gym_env(console: Console, repo: Path) -> Path:
@@ -338,6 +341,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             "metrics": {"interval_s": METRICS_INTERVAL_S},
             "log_level": "warning",
         }
+        if opts.hang:
+            config["rollouts"] = hang.ROLLOUTS_CONFIG
         if opts.jaeger:
             children.jaeger = start_jaeger(console, repo, opts.workdir)
             # the local store is kept (--local-store), so the tables below still print;
@@ -359,9 +364,13 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
                 f"sidecar: OTLP gRPC {sidecar.grpc_endpoint}, admin {sidecar.admin_url}, "
                 f"store {store_path}"
             )
-            webview = children.webview = WebViewChild(opts.store_dir, opts.workdir)
+            webview = children.webview = WebViewChild(
+                opts.store_dir, opts.workdir, admin_url=sidecar.admin_url
+            )
             webview.start()
             env = telemetry_env(sidecar.grpc_endpoint, sidecar.admin_url)
+            if opts.hang:
+                env.update(hang.AGENT_ENV)
             gym_config = load_configs("stack.yaml", "failing_verifier.yaml", repo=repo)
             servers = children.servers = GymServers(
                 python, gym_config, list(SERVERS), env, opts.workdir / "gym", repo=repo
@@ -386,6 +395,11 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
             console.print(f"[yellow]only {seen[0]} of {opts.rollouts} rollouts stored[/yellow]")
             code = 1
         _report(console, store_path, since_ns, opts.failing)
+        if opts.hang:
+            shown = hang.run_hang(
+                console, servers, sidecar.admin_url, webview.url, opts.workdir / "hang-release"
+            )
+            code = code if shown else 1
         if children.jaeger is not None and opts.failing:
             found = _jaeger_report(
                 console, children.jaeger, store_path, since_ns, opts.wait_s, webview=webview

@@ -29,6 +29,7 @@ class WebViewChild:
         workdir: Path,
         jaeger_url: str | None = None,
         jaeger_ui: Path | None = None,
+        admin_url: str | None = None,
     ) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.store_dir = store_dir
@@ -36,6 +37,8 @@ class WebViewChild:
         self.jaeger_url = jaeger_url
         self.jaeger_ui = jaeger_ui
         """A built Jaeger UI to serve at ``/jaeger/`` (``--jaeger-ui``)."""
+        self.admin_url = admin_url
+        """The sidecar's admin listener, for the /live page (None: the ui's default)."""
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -53,6 +56,8 @@ class WebViewChild:
             cmd += ["--jaeger-url", self.jaeger_url]
         if self.jaeger_ui is not None:
             cmd += ["--jaeger-ui", str(self.jaeger_ui)]
+        if self.admin_url:
+            cmd += ["--admin-url", self.admin_url]
         return cmd
 
     def start(self, timeout_s: float = 30.0) -> WebViewChild:

@@ -1,8 +1,9 @@
 """The assembly: the only module that knows every area and wires them together.
 
-The pipeline is receive -> enrich -> derive -> gate -> queue/export. Derive sits before
-gate: groups in ``metrics`` mode still feed the derived metrics, and the gate then
-drops their spans.
+The pipeline is receive -> enrich -> live -> derive -> gate -> queue/export. Derive sits
+before gate: groups in ``metrics`` mode still feed the derived metrics, and the gate then
+drops their spans. The live stage consumes the agents' live events into the rollouts
+tracker, which the derive stage tells where rollouts end.
 
 Layers (lowest first; a module imports only from its own layer or below, and no cycle;
 ``tests/sidecar/test_layers.py`` checks every import, function-local ones included):
@@ -43,6 +44,8 @@ from gym_sidecar.export.otlp_http import OtlpHttpExporter
 from gym_sidecar.export.sender import Sender
 from gym_sidecar.export.stage import NoBackendStage, QueueStage
 from gym_sidecar.gating.stage import build_gate_stage, live_reconfiguration
+from gym_sidecar.live.api import live_router
+from gym_sidecar.live.stage import build_live_stage
 from gym_sidecar.metrics.stage import build_derive_stage
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.store.config import LocalStoreConfig
@@ -94,6 +97,9 @@ def build_pipeline(cfg: SidecarConfig, metrics: SelfMetrics) -> Pipeline:
     reload_hooks.append(on_sighup)
     # Derive asks the gate's policy so that spans of groups that are off are not derived.
     stage = build_derive_stage(cfg.metrics, gate, metrics, gate.enabled_groups)
+    # The live stage hands rollout ends from the derive stage to its tracker.
+    stage, tracker = build_live_stage(cfg.rollouts, stage, metrics)
+    routers.append(live_router(tracker))  # GET /v1/rollouts/live
 
     stage = build_enrich_stage(cfg.enrich, stage, metrics)
 

@@ -13,6 +13,8 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
   (see :mod:`gym_sidecar.inspect.commands`).
 - ``ui``: serve the web view and the Jaeger-compatible query API over the local store
   (see :mod:`gym_sidecar.webui.command`).
+- ``live``: the rollouts in flight, stalled and lost, read from a running sidecar (see
+  :mod:`gym_sidecar.live.command`).
 
 ``gym-sidecar --version`` prints the installed version.
 
@@ -35,6 +37,7 @@ from gym_telemetry_semconv.safetext import SafeFormatter, escape_controls
 
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
 from gym_sidecar.inspect.commands import add_envs, add_rollouts, add_stats, add_trace
+from gym_sidecar.live.command import add_live
 from gym_sidecar.webhook.cli import add_webhook
 from gym_sidecar.webui.command import add_ui
 
@@ -155,6 +158,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_stats,
     add_envs,
     add_ui,
+    add_live,
 ]
 
 

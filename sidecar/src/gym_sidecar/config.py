@@ -44,6 +44,7 @@ from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
 from gym_sidecar.gating.config import SpanGroupsConfig
 from gym_sidecar.hostport import split_host_port
+from gym_sidecar.live.config import RolloutsConfig
 from gym_sidecar.malloc import MemoryConfig
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.store.config import LocalStoreConfig
@@ -160,6 +161,7 @@ class SidecarConfig(BaseModel):
     enrich: EnrichConfig = Field(default_factory=EnrichConfig)
     span_groups: SpanGroupsConfig = Field(default_factory=SpanGroupsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    rollouts: RolloutsConfig = Field(default_factory=RolloutsConfig)
     local_store: LocalStoreConfig = Field(default_factory=LocalStoreConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)

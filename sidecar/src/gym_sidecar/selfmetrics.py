@@ -181,6 +181,13 @@ class SelfMetrics:
             ["kind"],
             r,
         )
+        self.trace_scanner = Gauge(
+            "gym_sidecar_trace_scanner_info",
+            "1 for the trace scanner this sidecar runs: native (gym_sidecar_native, the "
+            "fast path) or python (the fallback).",
+            ["scanner"],
+            registry=r,
+        )
         self.queue_replayed = LoopCounter(
             "gym_sidecar_queue_replayed_items",
             "Items found in the on-disk queue at start and queued again for export.",

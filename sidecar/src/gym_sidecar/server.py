@@ -44,6 +44,7 @@ from gym_sidecar.receiver.http import OtlpHttpApp
 from gym_sidecar.selfmetrics import SelfMetrics
 from gym_sidecar.wire.http1.connection_limits import ConnectionLimits
 from gym_sidecar.wire.http1.listener import AsgiListener
+from gym_sidecar.wire.protobuf import scan as trace_scan
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class SidecarServer:
     async def startup(self) -> None:
         cfg = self.config
         self._memory.start()  # before the receivers' threads exist (M_ARENA_MAX)
+        # Which trace scanner runs is decided (and logged) now, not at the first trace, so
+        # an operator can see it on /metrics from the start.
+        self.metrics.trace_scanner.labels(scanner=trace_scan.active_scanner()).set(1)
         pipeline = build_pipeline(cfg, self.metrics)
         self.pipeline = pipeline
         self.reload_hooks.extend(pipeline.reload_hooks)

@@ -280,6 +280,11 @@ def model_state(model: Model) -> dict[str, Any]:
             semconv.METRIC_VERIFY_SUCCESS_RATE: overflowed["rate"],
             semconv.METRIC_ENV_STEP_DURATION: overflowed["step"],
             semconv.METRIC_ENV_STEP_COUNT: overflowed["step"],
+            # the live metrics get no points from spans
+            semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
+            semconv.METRIC_ROLLOUT_STALLED: 0,
+            semconv.METRIC_ROLLOUT_LOST: 0,
+            semconv.METRIC_EVENT_LOOP_LAG: 0,
         },
         "limit_hits": float(hits),
     }

@@ -178,6 +178,7 @@ def test_deployment_pod_gets_native_sidecar(webhook: Webhook) -> None:
     assert env == {
         "GYM_TELEMETRY": "1",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "GYM_TELEMETRY_SIDECAR_ADMIN_URL": "http://localhost:13133",
     }
     assert out["metadata"]["annotations"][INJECTED_ANNOTATION] == "native-sidecar"

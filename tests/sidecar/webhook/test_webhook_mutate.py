@@ -119,11 +119,50 @@ def test_app_endpoint_set_unless_already_set() -> None:
     ]
     out = mutate(p, NATIVE)
     server, helper = out["spec"]["containers"]
-    assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://localhost:4317"} in server[
-        "env"
-    ]
+    server_env = {e["name"]: e["value"] for e in server["env"]}
+    assert server_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4317"
+    assert server_env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"  # the pair, always
     helper_env = {e["name"]: e["value"] for e in helper["env"]}
     assert helper_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://elsewhere:4317"
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" not in helper_env  # not ours to guess
+
+
+def test_each_app_container_gets_the_endpoint_of_the_protocol_it_speaks() -> None:
+    """An OTLP/HTTP sender and a gRPC sender in one pod: each is pointed at the sidecar
+    port serving its protocol; a container with ``envFrom`` keeps the SDK defaults."""
+    p = pod()
+    p["spec"]["containers"] = [
+        {"name": "grpc-app", "image": "a"},
+        {
+            "name": "http-app",
+            "image": "b",
+            "env": [{"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": "http/protobuf"}],
+        },
+        {"name": "configured", "image": "c", "envFrom": [{"configMapRef": {"name": "otel"}}]},
+    ]
+    out = mutate(p, NATIVE)
+    envs = {c["name"]: {e["name"]: e["value"] for e in c["env"]} for c in out["spec"]["containers"]}
+    assert envs["grpc-app"] == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        AGENT_ADMIN_URL_ENV: "http://localhost:13133",
+    }
+    assert envs["http-app"] == {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318",
+        AGENT_ADMIN_URL_ENV: "http://localhost:13133",
+    }
+    assert envs["configured"] == {AGENT_ADMIN_URL_ENV: "http://localhost:13133"}
+    assert mutate(out, NATIVE) == out
+    validate_k8s(out)
+    # The configured default protocol and ports move the pair with them.
+    http = InjectorConfig(sidecar_mode="native", otlp_protocol="http/protobuf", http_port=14318)
+    grpc_app = mutate(p, http)["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in grpc_app["env"]} == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:14318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        AGENT_ADMIN_URL_ENV: "http://localhost:13133",
+    }
 
 
 @pytest.mark.parametrize("config", [NATIVE, PLAIN], ids=["native", "plain"])

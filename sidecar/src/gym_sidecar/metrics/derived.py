@@ -25,6 +25,7 @@ import gym_telemetry_semconv as semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from gym_sidecar.metrics.config import RL_METRICS, MetricsConfig
+from gym_sidecar.metrics.live_series import LiveSeries, RolloutSeries
 from gym_sidecar.metrics.rl import HISTOGRAMS, SUMS
 from gym_sidecar.metrics.rl_tables import LABEL_SETS_LIMIT_NAME, RlTables
 from gym_sidecar.metrics.series import (
@@ -37,6 +38,8 @@ from gym_sidecar.metrics.series import (
     RateWindow,
 )
 from gym_sidecar.selfmetrics import SelfMetrics
+
+_INF = float("inf")
 
 NESTED_ROLLOUT_SPANS = "gym.rollout.nested"
 """Key of :attr:`DerivedMetrics.spans` counting nested rollout spans (seen, not derived)."""
@@ -110,10 +113,15 @@ class Snapshot:
     rl_histograms: list[tuple[str, HistogramPoint]] = field(default_factory=list)
     """The RL view's histogram points, with their metric's name."""
     rl_sums: list[tuple[str, SumPoint]] = field(default_factory=list)
+    rollout_in_flight: list[GaugePoint] = field(default_factory=list)
+    rollout_stalled: list[GaugePoint] = field(default_factory=list)
+    rollout_lost: list[SumPoint] = field(default_factory=list)
+    event_loop_lag: list[HistogramPoint] = field(default_factory=list)
     resources: dict[bytes, Resource] = field(default_factory=dict)
     _marks: list[_SeriesMark] = field(default_factory=list)
     _windows: list[tuple[RateWindow, int, int]] = field(default_factory=list)
     _counters: list[tuple[CounterSeries, int]] = field(default_factory=list)
+    _lost: list[tuple[RolloutSeries, int]] = field(default_factory=list)
 
     @property
     def points(self) -> int:
@@ -127,12 +135,17 @@ class Snapshot:
             + len(self.env_step_count)
             + len(self.rl_histograms)
             + len(self.rl_sums)
+            + len(self.rollout_in_flight)
+            + len(self.rollout_stalled)
+            + len(self.rollout_lost)
+            + len(self.event_loop_lag)
         )
 
 
 class DerivedMetrics:
     """Series of ``gym.rollout.duration_ms``, ``gym.verify.*``, ``gym.env.step.*`` and the
-    RL view's metrics (:attr:`rl`, ``metrics.rl_tables``) for one sidecar.
+    RL view's metrics (:attr:`rl`, ``metrics.rl_tables``) for one sidecar, and the live
+    metrics the live tracker sets (:attr:`live`, :mod:`.live_series`).
 
     Plain integer counters (``spans``, ``invalid_spans``, ``overflow_points``,
     ``exports``) are read by the Prometheus collector; they cost no lock to bump.
@@ -182,6 +195,12 @@ class DerivedMetrics:
             selfmetrics.limit_hits.labels(limit=LABEL_SETS_LIMIT_NAME) if selfmetrics else None
         )
         self.rl = RlTables(cfg, clock_ns, self._overflowed, self._capped, self.resources)
+        self.live = LiveSeries(
+            cardinality_limit=cfg.cardinality_limit,
+            clock_ns=clock_ns,
+            on_overflow=self._overflowed,
+            resources=self.resources,
+        )
         self.window_start_ns = clock_ns()
         self.spans: dict[str, int] = {
             semconv.SPAN_ROLLOUT: 0,
@@ -200,6 +219,10 @@ class DerivedMetrics:
             semconv.METRIC_ENV_STEP_DURATION: 0,
             semconv.METRIC_ENV_STEP_COUNT: 0,
             **dict.fromkeys(RL_METRICS, 0),
+            semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
+            semconv.METRIC_ROLLOUT_STALLED: 0,
+            semconv.METRIC_ROLLOUT_LOST: 0,
+            semconv.METRIC_EVENT_LOOP_LAG: 0,
         }
         self.exports: dict[str, int] = {"sent": 0, "backpressure": 0, "error": 0}
 
@@ -254,15 +277,40 @@ class DerivedMetrics:
                     snap.success_rate.append(
                         GaugePoint(w.resource_key, w.attrs, self.window_start_ns, w.ok / w.total)
                     )
+            self._collect_live(snap)
             keys = {p.resource_key for p in snap.rollout_duration}
             keys.update(p.resource_key for p in snap.verify_duration)
             keys.update(p.resource_key for p in snap.env_step_duration)
             keys.update(g.resource_key for g in snap.success_rate)
             keys.update(p.resource_key for _, p in snap.rl_histograms)
             keys.update(p.resource_key for _, p in snap.rl_sums)
+            keys.update(g.resource_key for g in snap.rollout_in_flight)
+            keys.update(p.resource_key for p in snap.event_loop_lag)
             for key in keys:
                 snap.resources[key] = self.resources.get(key, Resource())
             return snap
+
+    def _collect_live(self, snap: Snapshot) -> None:
+        """The live metrics' points: both gauges of every agent server every time (0
+        included), the lost counter (delta: only when it grew), the lag histograms."""
+        for r in self.live:
+            snap.rollout_in_flight.append(
+                GaugePoint(r.resource_key, r.attrs, r.start_time_ns, r.in_flight)
+            )
+            snap.rollout_stalled.append(
+                GaugePoint(r.resource_key, r.attrs, r.start_time_ns, r.stalled)
+            )
+            snap._lost.append((r, r.lost))
+            if not self.delta:
+                snap.rollout_lost.append(SumPoint(r.resource_key, r.attrs, r.start_time_ns, r.lost))
+            elif r.lost != r.prev_lost:
+                snap.rollout_lost.append(
+                    SumPoint(r.resource_key, r.attrs, r.prev_time_ns, r.lost - r.prev_lost)
+                )
+        for s in self.live.lag:
+            p = self._histogram_point(s, snap)
+            if p is not None:
+                snap.event_loop_lag.append(p)
 
     def _histogram_point(self, s: HistogramSeries, snap: Snapshot) -> HistogramPoint | None:
         counts = list(s.bucket_counts)
@@ -273,7 +321,10 @@ class DerivedMetrics:
             for e, sent in zip(exemplars, s.sent_exemplars, strict=True)
             if e is not None and e is not sent
         ]
-        has_window = s.win_min <= s.win_max
+        # A series' minimum and maximum are each unknown until a point gave one (a merged
+        # heartbeat histogram gives a maximum only).
+        win_min = s.win_min if s.win_min != _INF else None
+        win_max = s.win_max if s.win_max != -_INF else None
         if self.delta:
             if s.count == s.prev_count:
                 return None
@@ -284,8 +335,8 @@ class DerivedMetrics:
                 [c - p for c, p in zip(counts, s.prev_bucket_counts, strict=True)],
                 s.count - s.prev_count,
                 s.sum - s.prev_sum,
-                s.win_min if has_window else None,
-                s.win_max if has_window else None,
+                win_min,
+                win_max,
                 kept,
             )
         if s.count == 0:
@@ -293,7 +344,15 @@ class DerivedMetrics:
         lo = min(s.cum_min, s.win_min)
         hi = max(s.cum_max, s.win_max)
         return HistogramPoint(
-            s.resource_key, s.attrs, s.start_time_ns, counts, s.count, s.sum, lo, hi, kept
+            s.resource_key,
+            s.attrs,
+            s.start_time_ns,
+            counts,
+            s.count,
+            s.sum,
+            lo if lo != _INF else None,
+            hi if hi != -_INF else None,
+            kept,
         )
 
     def _sum_point(self, c: CounterSeries, snap: Snapshot) -> SumPoint | None:
@@ -316,9 +375,8 @@ class DerivedMetrics:
                 s.prev_count = m.count
                 s.prev_sum = m.sum
                 s.prev_time_ns = snap.time_ns
-                if s.win_min <= s.win_max:
-                    s.cum_min = min(s.cum_min, s.win_min)
-                    s.cum_max = max(s.cum_max, s.win_max)
+                s.cum_min = min(s.cum_min, s.win_min)
+                s.cum_max = max(s.cum_max, s.win_max)
                 if s.count == m.count:  # nothing arrived meanwhile: the window is closed
                     s.win_min = float("inf")
                     s.win_max = float("-inf")
@@ -326,6 +384,9 @@ class DerivedMetrics:
             for c, value in snap._counters:
                 c.prev_value = value
                 c.prev_time_ns = snap.time_ns
+            for r, lost in snap._lost:
+                r.prev_lost = lost
+                r.prev_time_ns = snap.time_ns
             for w, ok, total in snap._windows:
                 w.ok -= ok
                 w.total -= total

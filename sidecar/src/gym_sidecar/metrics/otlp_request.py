@@ -17,6 +17,10 @@ for that resource:
   ``gen_ai.server.time_to_first_token`` (``s``), ``gym.rollout.turns`` (``{turn}``),
   ``gym.rollout.tokens`` (``{token}``); monotonic Sums ``gym.http.client.retries``,
   ``gym.http.client.timeouts``.
+- ``gym.rollout.in_flight``, ``gym.rollout.stalled`` (Gauge, ``{rollout}``, integer) and
+  ``gym.rollout.lost`` (monotonic Sum, ``{rollout}``): per agent server, from the live
+  tracker; ``gym.server.event_loop.lag_ms`` (Histogram, ``ms``, no ``min``: the
+  heartbeats carry none) per server.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ UNIT_MS: Final = "ms"
 UNIT_VERIFICATIONS: Final = "{verification}"
 UNIT_RATIO: Final = "1"
 UNIT_STEPS: Final = "{step}"
+UNIT_ROLLOUTS: Final = "{rollout}"
 
 DESCRIPTIONS: Final[dict[str, str]] = {
     semconv.METRIC_ROLLOUT_DURATION: "Duration of gym.rollout spans (one agent /run).",
@@ -59,6 +64,16 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     semconv.METRIC_ENV_STEP_DURATION: "Duration of gym.env.step spans (one gymnasium /step).",
     semconv.METRIC_ENV_STEP_COUNT: "Environment steps, by whether the call completed (succeeded).",
     **RL_DESCRIPTIONS,
+    semconv.METRIC_ROLLOUT_IN_FLIGHT: "Rollouts started and not ended (live events).",
+    semconv.METRIC_ROLLOUT_STALLED: (
+        "In-flight rollouts with no activity for rollouts.stall_after_s (live events)."
+    ),
+    semconv.METRIC_ROLLOUT_LOST: (
+        "In-flight rollouts whose server stopped, restarted or went silent (live events)."
+    ),
+    semconv.METRIC_EVENT_LOOP_LAG: (
+        "How late the server's event loop ran a timer callback (agent heartbeats), ms."
+    ),
 }
 
 _CUMULATIVE: Final = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -114,6 +129,7 @@ def build_request(snap: Snapshot, bounds: dict[str, list[float]]) -> ExportMetri
         (semconv.METRIC_ROLLOUT_DURATION, snap.rollout_duration),
         (semconv.METRIC_VERIFY_DURATION, snap.verify_duration),
         (semconv.METRIC_ENV_STEP_DURATION, snap.env_step_duration),
+        (semconv.METRIC_EVENT_LOOP_LAG, snap.event_loop_lag),
     ):
         for p in points:
             m = group(p.resource_key).metric(name, UNIT_MS)
@@ -141,6 +157,18 @@ def build_request(snap: Snapshot, bounds: dict[str, list[float]]) -> ExportMetri
     for gp in snap.success_rate:
         m = group(gp.resource_key).metric(semconv.METRIC_VERIFY_SUCCESS_RATE, UNIT_RATIO)
         _gauge_point(m, gp, snap.time_ns)
+    for name, gauges in (
+        (semconv.METRIC_ROLLOUT_IN_FLIGHT, snap.rollout_in_flight),
+        (semconv.METRIC_ROLLOUT_STALLED, snap.rollout_stalled),
+    ):
+        for gp in gauges:
+            m = group(gp.resource_key).metric(name, UNIT_ROLLOUTS)
+            _gauge_point(m, gp, snap.time_ns, integer=True)
+    for sp in snap.rollout_lost:
+        m = group(sp.resource_key).metric(semconv.METRIC_ROLLOUT_LOST, UNIT_ROLLOUTS)
+        m.sum.aggregation_temporality = temporality
+        m.sum.is_monotonic = True
+        _sum_point(m, sp, snap.time_ns)
     return req
 
 
@@ -153,8 +181,9 @@ def _histogram_point(m: Metric, p: HistogramPoint, bounds: list[float], now_ns: 
     dp.sum = p.sum
     dp.bucket_counts.extend(p.bucket_counts)
     dp.explicit_bounds.extend(bounds)
-    if p.min is not None and p.max is not None:
+    if p.min is not None:
         dp.min = p.min
+    if p.max is not None:
         dp.max = p.max
     for value, time_ns, trace_id, span_id in p.exemplars:
         ex = dp.exemplars.add()
@@ -172,9 +201,12 @@ def _sum_point(m: Metric, p: SumPoint, now_ns: int) -> None:
     dp.as_int = p.value
 
 
-def _gauge_point(m: Metric, p: GaugePoint, now_ns: int) -> None:
+def _gauge_point(m: Metric, p: GaugePoint, now_ns: int, *, integer: bool = False) -> None:
     dp = m.gauge.data_points.add()
     _set_attrs(dp.attributes, p.attrs)
     dp.start_time_unix_nano = p.start_time_ns
     dp.time_unix_nano = now_ns
-    dp.as_double = p.value
+    if integer:
+        dp.as_int = int(p.value)
+    else:
+        dp.as_double = p.value

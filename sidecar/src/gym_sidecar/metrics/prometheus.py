@@ -16,6 +16,10 @@ the store (under its lock) and renders:
   ``gen_ai_client_operation_duration``, ``gen_ai_server_time_to_first_token``,
   ``gym_rollout_turns``, ``gym_rollout_tokens`` and counters
   ``gym_http_client_retries_total``, ``gym_http_client_timeouts_total``;
+- ``gym_rollout_in_flight``, ``gym_rollout_stalled`` (gauges) and
+  ``gym_rollout_lost_total`` (counter) per agent server, and the histogram
+  ``gym_server_event_loop_lag_ms`` per server (the live tracker's, see
+  :mod:`.live_series`);
 - the stage's own counters ``gym_sidecar_derived_spans_total{span}``,
   ``gym_sidecar_derived_invalid_spans_total``,
   ``gym_sidecar_derived_overflow_points_total{metric}`` and
@@ -130,6 +134,10 @@ class DerivedCollector:
             CounterMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_COUNT), ""),
             *(HistogramMetricFamily(sanitize_name(name), "") for name in HISTOGRAMS),
             *(CounterMetricFamily(sanitize_name(name), "") for name in SUMS),
+            GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_IN_FLIGHT), ""),
+            GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_STALLED), ""),
+            CounterMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_LOST), ""),
+            HistogramMetricFamily(sanitize_name(semconv.METRIC_EVENT_LOOP_LAG), ""),
             CounterMetricFamily("gym_sidecar_derived_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_invalid_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_invalid_values", ""),
@@ -164,6 +172,11 @@ class DerivedCollector:
                 [(self._labels(c.resource_key, c.attrs), c.value) for c in table]
                 for table in store.rl.sums
             ]
+            live = [(self._labels(r.resource_key, r.attrs), r) for r in store.live]
+            in_flight = [(labels, float(r.in_flight)) for labels, r in live]
+            stalled = [(labels, float(r.stalled)) for labels, r in live]
+            lost = [(labels, float(r.lost)) for labels, r in live]
+            lag = [self._hist_row(s, store.live.lag.bounds) for s in store.live.lag]
             spans = dict(store.spans)
             invalid = store.invalid_spans
             invalid_values = store.rl.invalid_values
@@ -190,6 +203,29 @@ class DerivedCollector:
             semconv.METRIC_ENV_STEP_COUNT,
             "Environment steps, by whether the call completed.",
             step_counts,
+        )
+        yield _family(
+            GaugeMetricFamily,
+            semconv.METRIC_ROLLOUT_IN_FLIGHT,
+            "Rollouts started and not ended, per agent server (live events).",
+            in_flight,
+        )
+        yield _family(
+            GaugeMetricFamily,
+            semconv.METRIC_ROLLOUT_STALLED,
+            "In-flight rollouts with no activity for rollouts.stall_after_s.",
+            stalled,
+        )
+        yield _family(
+            CounterMetricFamily,
+            semconv.METRIC_ROLLOUT_LOST,
+            "In-flight rollouts whose server stopped, restarted or went silent.",
+            lost,
+        )
+        yield _histogram(
+            semconv.METRIC_EVENT_LOOP_LAG,
+            lag,
+            "How late each server's event loop ran a timer callback (agent heartbeats), ms.",
         )
         for name, rows in zip(HISTOGRAMS, rl_histograms, strict=True):
             yield _histogram(name, rows, RL_DESCRIPTIONS[name])

@@ -182,6 +182,18 @@ class HistogramSeries:
                 if exemplar is not None:  # empty ids: no exemplar (the last one stays)
                     exemplars[bucket] = exemplar
 
+    def add_counts(self, counts: Sequence[int], count: int, total: float, high: float) -> None:
+        """Add points aggregated elsewhere over the same bounds (an agent heartbeat's
+        event-loop lag): the exact merge of ``counts`` per bucket, their ``count``, their
+        ``sum`` and their largest value ``high``. Their smallest is not known, so the
+        series' minimum stays unknown (exported without ``min``). ``counts`` must have
+        one entry per bucket (the caller checks)."""
+        self.count += count
+        self.sum += total
+        self.bucket_counts = list(map(add, self.bucket_counts, counts))
+        if count and high > self.win_max:
+            self.win_max = high
+
     @property
     def succeeded(self) -> bool | None:
         """The ``succeeded`` attribute of this series, if it has one."""

@@ -54,6 +54,12 @@ scope, whose blocks the scan reports sparsely (only its retried or failed hops).
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
 
+Rollout ends: with ``rollout_ends`` on, each outermost ``gym.rollout`` span (valid or not)
+is also kept in :attr:`Pending.ended` as a :class:`~gym_sidecar.core.rollout_end.RolloutEnd`
+(its resource and ids): this is where the sidecar decides "this span is the end of a
+rollout, and whose", and the derive stage hands those ends to the live tracker once the
+request is accepted, so the spans are not walked twice.
+
 Points are kept per ScopeSpans block and series (``series.SeriesPoints``: values in
 span order, counts per bucket, and each bucket's last span, whose trace and span id
 become the bucket's exemplar), so recording looks each series up once per block, and a
@@ -73,6 +79,7 @@ import gym_telemetry_semconv as semconv
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from gym_sidecar.core import producers
+from gym_sidecar.core.rollout_end import RolloutEnd
 from gym_sidecar.core.traces import AttrValue, DerivedSpan, TraceRequest
 from gym_sidecar.metrics import fields
 from gym_sidecar.metrics.derived import (
@@ -155,13 +162,21 @@ class Pending:
     nested: int = 0
     rl: RlPending | None = None
     """The RL view's points (``metrics.rl``), once a span gave one."""
+    ended: list[RolloutEnd] = field(default_factory=list)
+    """The outermost rollout spans read (with ``rollout_ends`` on), in span order."""
 
 
 class SpanDeriver:
     """Reads rollout and verify spans from trace requests and records them in a store."""
 
-    def __init__(self, store: DerivedMetrics, enabled_groups: EnabledGroups | None = None) -> None:
+    def __init__(
+        self,
+        store: DerivedMetrics,
+        enabled_groups: EnabledGroups | None = None,
+        rollout_ends: bool = False,
+    ) -> None:
         self.store = store
+        self._rollout_ends = rollout_ends
         self._scopes = _scope_kinds()
         self._enabled_groups = enabled_groups
         self._exemplars = store.cfg.exemplars
@@ -248,6 +263,7 @@ class SpanDeriver:
         bounds = self._rollout_bounds
         ns_per_ms = NS_PER_MS
         search = bisect_left
+        ends = out.ended if self._rollout_ends else None
         points: SeriesPoints | None = None
         # set with the block's points, at its first point
         counts: list[int]
@@ -260,6 +276,8 @@ class SpanDeriver:
             if values[_NESTED] is True:
                 out.nested += 1
                 continue
+            if ends is not None:  # the end of a rollout, whose: this resource's
+                ends.append(RolloutEnd(resource_key, span[3], span[4]))
             duration = end - start
             if duration < 0 or not start:
                 out.invalid += 1

@@ -22,6 +22,10 @@ Export: every ``interval_s`` the stage hands one
 back (:class:`Backpressure`) or fails, the points stay and the next interval carries
 them (counted in ``gym_sidecar_derived_exports_total{outcome}``).
 
+Rollout ends: :meth:`DeriveStage.connect_rollout_ends` attaches a sink (the live
+tracker's); from then on each accepted request's outermost rollout spans are handed to
+it (:mod:`gym_sidecar.core.rollout_end`), read in the same pass as the metrics.
+
 Shutdown: ``shutdown(deadline_s)`` stops the timer and flushes the last partial interval
 into ``next`` before returning. The runtime shuts stages down in pipeline order, so this
 happens before the queue drains; if the queue pushes back, the flush is retried for up
@@ -42,11 +46,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from gym_sidecar.core.rollout_end import RolloutEndSink
 from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorStage, Signal, Stage
 from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
 from gym_sidecar.metrics.fields import SCAN_SPEC
+from gym_sidecar.metrics.live_series import LAG_BOUNDS_MS
 from gym_sidecar.metrics.otlp_request import build_request
 from gym_sidecar.metrics.ownership import MetricOwnership
 from gym_sidecar.metrics.prometheus import DerivedCollector
@@ -95,7 +101,10 @@ class DeriveStage(ProcessorStage["Pending | None"]):
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
             semconv.METRIC_ENV_STEP_DURATION: self.store.env_step.bounds,
             **{t.metric_names[0]: t.bounds for t in self.store.rl.histograms},
+            semconv.METRIC_EVENT_LOOP_LAG: LAG_BOUNDS_MS,
         }
+        self._enabled_groups = enabled_groups
+        self._rollout_ends: RolloutEndSink | None = None
         self._timer: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopped = False
@@ -114,6 +123,14 @@ class DeriveStage(ProcessorStage["Pending | None"]):
     def accepted(self, batch: Batch, token: Pending | None) -> None:
         if token is not None:
             self._deriver.record(token)
+            if token.ended and self._rollout_ends is not None:
+                self._rollout_ends(token.ended)
+
+    def connect_rollout_ends(self, sink: RolloutEndSink) -> None:
+        """Hand the rollout ends of every request accepted from now on to ``sink`` (see
+        the module docstring). Call before traffic, on the event loop."""
+        self._rollout_ends = sink
+        self._deriver = SpanDeriver(self.store, self._enabled_groups, rollout_ends=True)
 
     async def start(self) -> None:
         if self._timer is None and not self._stopped:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gym_sidecar.configload import ConfigError, ListenAddress, load_layers
 from gym_sidecar.hostport import split_host_port
+from gym_sidecar.webhook.otlp_env import DERIVED_VARIABLES, OtlpProtocol
 
 ENV_PREFIX = "GYM_INJECTOR_"
 """Prefix of every environment variable the injector reads."""
@@ -162,10 +163,15 @@ class InjectorConfig(BaseModel):
     """Sidecar variables read from Secrets of the pod's namespace (e.g. the span-group
     API token ``GYM_SIDECAR_SPAN_GROUPS__TOKEN``); optional refs, so a missing Secret
     never keeps the pod from starting."""
-    app_env: dict[str, str] = Field(
-        default_factory=lambda: {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
-    )
-    """Set on every app container that does not already set the variable."""
+    app_env: dict[str, str] = Field(default_factory=dict)
+    """Set on every app container that does not already set the variable. The OTLP
+    endpoint and protocol variables are not set here: they follow ``otlp_protocol`` and
+    the ports (:mod:`gym_sidecar.webhook.otlp_env`)."""
+    otlp_protocol: OtlpProtocol = "grpc"
+    """The OTLP protocol app containers are told to use when they choose none
+    (``OTEL_EXPORTER_OTLP_PROTOCOL``), with the endpoint of the sidecar port serving it
+    (``grpc``: ``grpc_port``; ``http/protobuf``, ``http/json``: ``http_port``). An app's
+    own protocol or endpoint is kept, and its endpoint follows its protocol."""
     resources: SidecarResources = Field(default_factory=SidecarResources)
     data_size_limit: str = "1Gi"
     """``sizeLimit`` of the sidecar's emptyDir data volume (local store, disk queue)."""
@@ -195,6 +201,24 @@ class InjectorConfig(BaseModel):
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together: set both or neither")
         return self
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> InjectorConfig:
+        if self.grpc_port == self.http_port:
+            raise ValueError("grpc_port and http_port must differ (one listener each)")
+        return self
+
+    @field_validator("app_env")
+    @classmethod
+    def _no_otlp_destination(cls, value: dict[str, str]) -> dict[str, str]:
+        derived = sorted(set(value) & DERIVED_VARIABLES)
+        if derived:
+            raise ValueError(
+                f"{', '.join(derived)}: the injector derives the OTLP endpoint and protocol "
+                "from otlp_protocol, grpc_port and http_port (and keeps an app's own); "
+                "remove them from app_env"
+            )
+        return value
 
     @field_validator("kubernetes_version", "native_min_version")
     @classmethod

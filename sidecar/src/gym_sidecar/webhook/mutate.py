@@ -25,6 +25,7 @@ from gym_sidecar.core.downward_api import (
     PODINFO_VOLUME_NAME,
 )
 from gym_sidecar.webhook.config import InjectorConfig
+from gym_sidecar.webhook.otlp_env import SidecarPorts, otlp_env
 
 _log = logging.getLogger(__name__)
 
@@ -202,9 +203,11 @@ def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
 
     Adds (each only when absent): the sidecar container -- as the first init container
     with ``restartPolicy: Always`` when ``config.native_sidecar()``, else as a plain
-    container --, the downward-API and config volumes, the ``app_env`` variables and
+    container --, the downward-API and config volumes, on every app container the OTLP
+    endpoint and protocol (:func:`gym_sidecar.webhook.otlp_env.otlp_env`: right for the
+    protocol the app speaks, never overriding its own), the ``app_env`` variables and
     the agent's span-group poll URL (``GYM_TELEMETRY_SIDECAR_ADMIN_URL``, on the
-    configured ``admin_port``) on every app container, and the
+    configured ``admin_port``), and the
     ``telemetry.nemo-gym.io/injected`` annotation. A pod volume that already has an
     injected volume's name is kept, with a warning logged.
     Raises ValueError for a pod without ``spec.containers`` (the caller fails open).
@@ -245,8 +248,17 @@ def mutate(pod: dict[str, Any], config: InjectorConfig) -> dict[str, Any]:
         metadata["annotations"] = annotations
 
     app_env = {AGENT_ADMIN_URL_ENV: f"http://localhost:{config.admin_port}", **config.app_env}
+    ports = SidecarPorts(grpc=config.grpc_port, http=config.http_port)
     for container in app_containers:
         env = container.setdefault("env", [])
+        env.extend(
+            otlp_env(
+                env,
+                has_env_from=bool(container.get("envFrom")),
+                ports=ports,
+                default_protocol=config.otlp_protocol,
+            )
+        )
         present_names = {e.get("name") for e in env}
         env.extend(
             {"name": k, "value": v} for k, v in sorted(app_env.items()) if k not in present_names

@@ -5,7 +5,8 @@ Routes (all GET; anything else is 405, the view is read-only):
 - ``/`` -> ``/rollouts``; ``/rollouts`` (filters ``failed``, ``server``, ``slower_than``,
   ``faster_than``, ``since``, ``rollout``, ``env``; ``page``); ``/trace/{rollout or trace
   id}`` (``page``, ``errors``); ``/stats`` (``since``); ``/envs`` (``since``: the RL
-  figures per environment, model and verifier); ``/map`` (``since``);
+  figures per environment, model and verifier); ``/map`` (``since``); ``/live`` (the
+  rollouts in flight now, read from the sidecar's admin listener, :mod:`.live_page`);
 - ``/static/ui.css``, ``/static/ui.js``; ``/api/...`` (:mod:`gym_sidecar.query.api`).
 
 Each request opens its own read-only SQLite connection and reads in one transaction, so
@@ -33,10 +34,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gym_sidecar.live.client import LiveUnavailable, fetch_live
 from gym_sidecar.query.api import build_router, normalize_trace_id
 from gym_sidecar.query.dependencies import DEPENDENCY_TRACES, recent_graph
 from gym_sidecar.store import db, queries, rl, stats
-from gym_sidecar.webui import pages, rl_pages, svg, trace_page
+from gym_sidecar.webui import live_page, pages, rl_pages, svg, trace_page
 from gym_sidecar.webui.html import SECURITY_HEADERS, url
 from gym_sidecar.webui.jaeger_ui import BASE_PATH as JAEGER_BASE
 from gym_sidecar.webui.jaeger_ui import JaegerUi
@@ -46,6 +48,8 @@ PAGE_SIZE: Final = 50
 MAP_TRACES: Final = DEPENDENCY_TRACES
 """The service map reads at most this many of the most recently stored traces."""
 SUCCESS_BINS: Final = 24
+LIVE_ROWS: Final = 500
+"""Most in-flight (and lost) rollouts the ``/live`` page lists (the totals count all)."""
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _STATIC: Final = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
@@ -75,6 +79,8 @@ class ViewConfig:
     """A trace is shown complete only when nothing of it arrived for this long, unless
     its structure already says so (see :mod:`.waterfall`)."""
     clock_ns: Callable[[], int] = time.time_ns
+    admin_url: str = f"http://127.0.0.1:{semconv.DEFAULT_ADMIN_PORT}"
+    """The sidecar's admin listener, whose ``/v1/rollouts/live`` the ``/live`` page shows."""
 
 
 class StoreMissing(Exception):
@@ -290,6 +296,14 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         edges = [svg.Edge(a, b, c, er) for (a, b), (c, er) in sorted(graph.calls.items())]
         return _html(pages.map_page(graph.nodes, edges, graph.traces, MAP_TRACES, since))
 
+    def live(request: Request) -> Response:
+        try:
+            view, error = fetch_live(cfg.admin_url, LIVE_ROWS), ""
+        except LiveUnavailable as exc:
+            view, error = None, f"The sidecar's live view cannot be read: {exc}"
+        body = live_page.live_page(view, error, cfg.admin_url)
+        return _html(body, 503 if error else 200)
+
     def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in _STATIC:
@@ -337,6 +351,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         Route("/stats", stats_view, methods=["GET"]),
         Route("/envs", envs, methods=["GET"]),
         Route("/map", service_map, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
         Route("/static/{name}", static, methods=["GET"]),
         *api.routes,
     ]

@@ -2,6 +2,7 @@
 
     gym-sidecar ui [--listen 127.0.0.1:16687] [--store-dir DIR] [--config FILE]
                    [--jaeger-url URL] [--jaeger-ui DIR] [--settle-s 10]
+                   [--admin-url URL]
 
 Reads the store that ``gym-sidecar run`` writes (the same ``--config`` /
 ``GYM_SIDECAR_*`` / ``--store-dir`` sources as ``gym-sidecar rollouts``), read-only, from
@@ -12,6 +13,11 @@ http://HOST:PORT/jaeger/`` with ``--jaeger-ui``, a built Jaeger UI to serve over
 store: :mod:`.jaeger_ui`). SIGINT, SIGTERM and SIGHUP stop it (exit 0: a read-only view
 has nothing to reload, and SIGHUP is what a closed terminal sends); exit 2 on bad
 arguments, 1 when it cannot listen.
+
+The ``/live`` page reads the running sidecar's live view from its admin listener:
+``--admin-url`` (env ``GYM_SIDECAR_UI_ADMIN_URL``), by default ``http://`` + the
+configuration's ``admin_listen`` (what ``gym-sidecar run`` with the same configuration
+listens on).
 
 The listener is the sidecar's own (:mod:`gym_sidecar.wire.http1`, with the admin
 listener's connection cap).
@@ -35,6 +41,8 @@ DEFAULT_LISTEN = "127.0.0.1:16687"
 ENV_LISTEN = "GYM_SIDECAR_UI_LISTEN"
 ENV_JAEGER_URL = "GYM_SIDECAR_UI_JAEGER_URL"
 ENV_JAEGER_UI = "GYM_SIDECAR_UI_JAEGER_UI"
+ENV_ADMIN_URL = "GYM_SIDECAR_UI_ADMIN_URL"
+ENV_UI_PREFIX = "GYM_SIDECAR_UI_"
 EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_BAD_ARGS = 2
@@ -77,6 +85,13 @@ def add_ui(subparsers: Any) -> None:
         f"store (env {ENV_JAEGER_UI})",
     )
     p.add_argument(
+        "--admin-url",
+        metavar="URL",
+        default=os.environ.get(ENV_ADMIN_URL) or None,
+        help="the sidecar's admin listener, read by the /live page (default: http:// + the "
+        f"configuration's admin_listen; env {ENV_ADMIN_URL})",
+    )
+    p.add_argument(
         "--settle-s",
         type=float,
         default=10.0,
@@ -87,6 +102,7 @@ def add_ui(subparsers: Any) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from gym_sidecar.hostport import split_host_port
+    from gym_sidecar.live.client import check_admin_url, default_admin_url
     from gym_sidecar.selfmetrics import SelfMetrics
     from gym_sidecar.webui.app import ViewConfig, build_app
     from gym_sidecar.webui.jaeger_ui import BASE_PATH, JaegerUi, JaegerUiError
@@ -97,8 +113,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.store_dir is not None:
         overrides = {"local_store": {"data_dir": args.store_dir}}
     try:
-        cfg = load_config(args.config, os.environ, overrides)
+        # GYM_SIDECAR_UI_* are this command's own settings (read above), not config keys
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_UI_PREFIX)}
+        cfg = load_config(args.config, environ, overrides)
         split_host_port(args.listen)
+        admin_url = (
+            check_admin_url(args.admin_url)
+            if args.admin_url is not None
+            else default_admin_url(cfg.admin_listen)
+        )
     except (ConfigError, ValueError) as exc:
         print(f"gym-sidecar ui: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
@@ -123,6 +146,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         jaeger_url=args.jaeger_url,
         jaeger_ui=jaeger_ui,
         settle_s=args.settle_s,
+        admin_url=admin_url,
     )
     metrics = SelfMetrics()
     limits = ConnectionLimits.from_config(cfg.limits, metrics, "admin_max_connections")

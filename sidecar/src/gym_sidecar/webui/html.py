@@ -34,6 +34,7 @@ ACTIVE: Final = ' class="active" aria-current="page"'
 NAV: Final = (
     ("/rollouts", "Rollouts"),
     ("/envs", "Environments"),
+    ("/live", "Live"),
     ("/stats", "Stats"),
     ("/map", "Service map"),
 )
