@@ -19,6 +19,10 @@ the ScopeSpans of the span groups that server type records, each in its
   counts);
 - resources server: ``server`` and ``verify`` (``gym.verify`` with ``succeeded``).
 
+Spans carry what the agent records since issue 41: a rollout its reward, turns and tokens,
+a verification its reward, a model call ``gen_ai.operation.name``, a hop its target
+server (constants, so the random stream is unchanged).
+
 The roles follow the span mix of a rollout (``ROLE_CYCLE``: 3 agent, 3 model and 1
 resources request in every 7), and ``--distinct`` requests (different ids) cycle.
 
@@ -206,6 +210,15 @@ class _SpanFactory:
                 ss, semconv.SPAN_ROLLOUT, Span.SPAN_KIND_INTERNAL, rollout, r.uniform(2e3, 6e4)
             )
             sp.attributes.append(_kv(semconv.SERVER_NAME, server))
+            # the RL figures the agent records on a rollout (issue 41; constants: the
+            # random stream, and so every other span, is as before they were added)
+            for k, v in (
+                (semconv.REWARD, 1.0),
+                (semconv.ROLLOUT_TURNS, 2),
+                (semconv.ROLLOUT_INPUT_TOKENS, 34),
+                (semconv.ROLLOUT_OUTPUT_TOKENS, 13),
+            ):
+                sp.attributes.append(_kv(k, v))
         elif group == semconv.GROUP_HTTP_CLIENT:
             port = r.choice((8001, 8002))
             sp = self.span(ss, "POST", Span.SPAN_KIND_CLIENT, rollout, r.uniform(5, 900))
@@ -215,6 +228,7 @@ class _SpanFactory:
                 ("server.address", "gym-worker-3"),
                 ("server.port", port),
                 ("http.response.status_code", 200),
+                (semconv.TARGET_SERVER_NAME, _TARGETS[port]),
             ):
                 sp.attributes.append(_kv(k, v))
             if self.varied:
@@ -228,6 +242,7 @@ class _SpanFactory:
                 r.uniform(80, 900),
             )
             for k, v in (
+                (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_OPERATION_CHAT),
                 ("gen_ai.request.model", r.choice(_MODELS) if self.varied else _MODEL_NAME),
                 ("gen_ai.usage.input_tokens", r.randrange(200, 6000)),
                 ("gen_ai.usage.output_tokens", r.randrange(20, 2000)),
@@ -247,12 +262,17 @@ class _SpanFactory:
             ok = r.random() > 0.03
             sp.attributes.append(_kv(semconv.VERIFY_SUCCEEDED, ok))
             sp.attributes.append(_kv(semconv.SERVER_NAME, server))
+            if ok:  # the verify answer's reward (a verifier that raised has none)
+                sp.attributes.append(_kv(semconv.REWARD, 1.0))
             if not ok and self.varied:
                 self._error(sp)
             elif not ok:
                 sp.status.code = Status.STATUS_CODE_ERROR
                 sp.attributes.append(_kv(semconv.ERROR_TYPE, "TimeoutError"))
 
+
+_TARGETS = {8001: "policy_model", 8002: "math_with_judge"}
+"""A hop's target Gym server (``nemo.gym.target.server.name``), by the port it calls."""
 
 # Span groups per role with their share of the role's spans.
 _MIX: dict[str, tuple[tuple[str, int], ...]] = {

@@ -5,10 +5,10 @@ the cached Gym environment) unless ``--store-dir`` names a store that already ha
 rollouts, then serves that store with ``gym-sidecar ui`` and photographs each page in
 Debian's Chromium (installed with apt when absent, as the browser tests do):
 rollouts, failed rollouts, a failed rollout's waterfall with its failed verification's
-details open, stats and the service map. Then the live page (``webview-live.png``) over a
-live scene of its own: real Gym servers with the agent sending to a sidecar with short
-thresholds, one rollout lost (its agent server killed), one stalled at a model call that
-hangs, two running (``--no-live`` skips it).
+details open, stats, the environments page (issue 41) and the service map. Then the live
+page (``webview-live.png``) over a live scene of its own: real Gym servers with the agent
+sending to a sidecar with short thresholds, one rollout lost (its agent server killed),
+one stalled at a model call that hangs, two running (``--no-live`` skips it).
 
     uv run --frozen python scripts/ui_screenshots.py [--store-dir DIR] [--out docs/images]
         [--no-live]
@@ -92,6 +92,7 @@ def shoot(base: str, out: Path) -> list[Path]:
         page.screenshot(path=str(target), full_page=True)
         written.append(target)
         snap("stats", "/stats")
+        snap("envs", "/envs")
         snap("map", "/map")
         browser.close()
     return written

@@ -37,6 +37,8 @@ def scan_traces(
     scope_block: Callable[[int, int, str, int, list[_DerivedSpan] | None], _S],
     event_keys: tuple[tuple[str, str], ...] | None = None,
     split_scopes: frozenset[str] | None = None,
+    sparse_scopes: frozenset[str] | None = None,
+    sparse_keys: tuple[str, ...] | None = None,
 ) -> tuple[list[_R], list[tuple[int, int]]]:
     """Validate ``data`` as an OTLP ExportTraceServiceRequest and return its index.
 
@@ -71,7 +73,9 @@ def scan_traces(
     unset, an array or a kvlist; then, for each ``(event name, key)`` of ``event_keys``,
     the value (the same kinds) of that key's last occurrence in the span's last event of
     that name (an event's name merged: its last ``name`` field) that has the key, None
-    when none has and for every span whose status code is not 2 (ERROR). A block whose
+    when none has and for every span whose status code is not 2 (ERROR). A derive block
+    whose ``name in sparse_scopes`` lists only its spans with a value (not None) for one
+    of ``sparse_keys`` (each one of ``attr_keys``, else ValueError), in wire order. A block whose
     ``name in split_scopes`` gets the attribute ``split`` set on the object
     ``scope_block`` returned: one ``(name, start, end)`` per span in wire order, the
     span's name (its last ``name`` field, ``""`` without one) and its ``spans`` field's

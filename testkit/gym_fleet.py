@@ -250,8 +250,8 @@ NOT_FORWARDED_BY_DEFAULT: Final = (
     "gym.model.chat_completions",
     "gym.model.messages",
 )
-"""Span names of the groups the default policy does not forward: ``verify`` (in
-``metrics`` mode), ``agent`` and ``model_call`` (``off``)."""
+"""Span names of the groups the default policy does not forward: ``verify`` and
+``model_call`` (in ``metrics`` mode: derived, then dropped), ``agent`` (``off``)."""
 
 
 def _key(attributes: Any) -> tuple[tuple[str, str], ...]:

@@ -210,7 +210,8 @@ fn utf8(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or_default()
 }
 
-/// The derive tuples of one block's spans.
+/// The derive tuples of one block's spans; with `sparse` (the indexes of the sparse
+/// keys in the values), of its spans with a value for one of those keys only.
 ///
 /// Spans of a block mostly repeat their name and their values tuple (`(None, True,
 /// None)`): equal ones share one object, as interned strings would.
@@ -221,10 +222,15 @@ fn derive_block<'py>(
     first_span: usize,
     count: usize,
     keys: &Keys<'_>,
+    sparse: Option<&[usize]>,
 ) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: PyList_New returns a new reference (or null with an error); PyList_SetItem
-    // steals the item's reference and fills each slot of the fresh list exactly once.
-    let list = unsafe { owned(py, ffi::PyList_New(count as ffi::Py_ssize_t))? };
+    // steals the item's reference and fills each slot of the fresh list exactly once. A
+    // sparse block's list grows by appending (its length is not known in advance).
+    let list = match sparse {
+        None => unsafe { owned(py, ffi::PyList_New(count as ffi::Py_ssize_t))? },
+        Some(_) => PyList::empty(py).into_any(),
+    };
     let mut read = vec![Value::None; keys.len()];
     let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
     let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
@@ -244,6 +250,11 @@ fn derive_block<'py>(
                 (&fields_read, &read[..])
             }
         };
+        if let Some(marks) = sparse {
+            if marks.iter().all(|&m| values[m] == Value::None) {
+                continue; // not one of the block's rare spans
+            }
+        }
         let name_bytes = &data[f.name.0..f.name.1];
         let name = match &last_name {
             Some((range, object)) if &data[range.0..range.1] == name_bytes => object.clone(),
@@ -281,8 +292,12 @@ fn derive_block<'py>(
             values_object,
         ]);
         let item = tuple(py, &mut items)?;
-        // SAFETY: see above; `i` < the list's length.
-        unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) };
+        if sparse.is_some() {
+            list.cast::<PyList>()?.append(item)?;
+        } else {
+            // SAFETY: see above; `i` < the list's length.
+            unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, item.into_ptr()) };
+        }
     }
     Ok(list)
 }
@@ -322,7 +337,7 @@ fn split_list<'py>(py: Python<'py>, data: &[u8], block: Range) -> PyResult<Bound
 #[pyfunction]
 #[pyo3(signature = (
     data, max_depth, max_messages, derive_scopes, attr_keys, resource_block, scope_block,
-    event_keys=None, split_scopes=None,
+    event_keys=None, split_scopes=None, sparse_scopes=None, sparse_keys=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn scan_traces<'py>(
@@ -336,6 +351,8 @@ fn scan_traces<'py>(
     scope_block: &Bound<'py, PyAny>,
     event_keys: Option<&Bound<'py, PyTuple>>,
     split_scopes: Option<&Bound<'py, PyFrozenSet>>,
+    sparse_scopes: Option<&Bound<'py, PyFrozenSet>>,
+    sparse_keys: Option<&Bound<'py, PyTuple>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
     let max_depth = clamp_int(max_depth);
     let max_messages = clamp_int(max_messages);
@@ -354,6 +371,22 @@ fn scan_traces<'py>(
         .map(|(name, key)| Ok((name.to_str()?.as_bytes(), key.to_str()?.as_bytes())))
         .collect::<PyResult<_>>()?;
     let keys = Keys::new(&key_bytes, &event_bytes);
+    // The values that mark a sparse scope's spans: each sparse key's position in attr_keys.
+    let mut marks: Vec<usize> = Vec::new();
+    if let Some(sparse_keys) = sparse_keys {
+        for key in sparse_keys.iter() {
+            let key = key.cast_into::<PyString>().map_err(PyErr::from)?;
+            let key = key.to_str()?.as_bytes();
+            match key_bytes.iter().position(|k| *k == key) {
+                Some(i) => marks.push(i),
+                None => {
+                    return Err(PyValueError::new_err(
+                        "every sparse key must be one of attr_keys",
+                    ));
+                }
+            }
+        }
+    }
     // The names to derive from, for the pass to record derive fields as it reads (only str
     // members can equal a scope name; the final test is `name in derive_scopes`).
     let scopes_owned: Vec<Bound<'py, PyString>> = derive_scopes
@@ -390,6 +423,10 @@ fn scan_traces<'py>(
                 None => PyString::new(py, ""),
             };
             let derived = if derive_scopes.contains(&name)? {
+                let sparse = match sparse_scopes {
+                    Some(set) if set.contains(&name)? => Some(&marks[..]),
+                    _ => None,
+                };
                 Some(derive_block(
                     py,
                     bytes,
@@ -397,6 +434,7 @@ fn scan_traces<'py>(
                     scope.first_span,
                     scope.spans,
                     &keys,
+                    sparse,
                 )?)
             } else {
                 None

@@ -78,7 +78,11 @@ def test_spans_reach_a_real_otlp_grpc_backend(sink: RecordingSink) -> None:
     out = _child("sink", sink.endpoint)
     assert out["init"] is True and out["init_again"] is True
     assert out["statuses"] == [200] and out["crashed_status"] == 500
-    assert out["groups"] == sorted({"job", "server", "http_client", "rollout", "verify"})
+    # the default spec: its preset, plus the derived groups in metrics mode (verify, and
+    # model_call since issue 41)
+    assert out["groups"] == sorted(
+        {"job", "server", "http_client", "rollout", "verify", "model_call"}
+    )
     assert out["shutdown"] is True  # flushed within the deadline
     assert out["shutdown_again"] is True
     recorded = sink.spans()
@@ -110,7 +114,9 @@ def test_environment_configures_endpoint_service_and_groups(sink: RecordingSink)
             "GYM_TELEMETRY_SERVER_TYPE": "resources",
         },
     )
-    assert out["groups"] == ["verify"]
+    # verify selected; the groups that feed derived metrics and that the spec leaves
+    # unselected are in metrics mode (model_call, http_client: issue 41)
+    assert out["groups"] == ["http_client", "model_call", "verify"]
     assert out["shutdown"] is True
     recorded = sink.spans()
     assert {r.span.name for r in recorded} == {"gym.verify"}  # rollout group is off
@@ -206,7 +212,7 @@ def test_existing_provider_is_reused_and_gets_the_exporter(
     )
     try:
         assert provider.is_active()
-        assert span_groups.enabled_groups() == {"verify"}
+        assert span_groups.enabled_groups() == {"verify", "model_call", "http_client"}
 
         async def handler() -> dict[str, int]:
             return {"ok": 1}

@@ -91,7 +91,10 @@ def test_poller_applies_answers_uses_etags_and_keeps_last_set(sidecar: SidecarPr
         sidecar.admin_url, SERVICE, 60.0, apply=lambda g: applied.append(frozenset(g))
     )
     assert poller.poll_once()
-    assert applied[-1] == semconv.PRESETS["default"] | {semconv.GROUP_VERIFY}
+    assert applied[-1] == semconv.PRESETS["default"] | {
+        semconv.GROUP_VERIFY,
+        semconv.GROUP_MODEL_CALL,
+    }
     assert not poller.poll_once()  # same ETag: 304, nothing applied
     assert poller.not_modified == 1 and len(applied) == 1
 

@@ -86,18 +86,28 @@ def test_set_enabled_logs_each_change_once_in_words(caplog: pytest.LogCaptureFix
 
 def test_configure_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(env_vars.GYM_TELEMETRY_SPAN_GROUPS, raising=False)
-    # issue 15.1: with no configuration, verify spans are created (metrics mode) too.
-    assert span_groups.configure_from_env() == semconv.PRESETS["default"] | {"verify"}
+    # issue 15.1: with no configuration, verify spans are created (metrics mode) too;
+    # issue 41: model-call spans too.
+    assert span_groups.configure_from_env() == semconv.PRESETS["default"] | {
+        "verify",
+        "model_call",
+    }
     monkeypatch.setenv(env_vars.GYM_TELEMETRY_SPAN_GROUPS, "per_rollout,sandbox")
     span_groups.configure_from_env()
     assert span_groups.enabled_groups() == semconv.PRESETS["per_rollout"] | {"sandbox"}
     assert (
         span_groups.configure_from_env({env_vars.GYM_TELEMETRY_SPAN_GROUPS: "none"}) == frozenset()
     )
-    no_verify = {env_vars.GYM_TELEMETRY_SPAN_GROUPS: "default,-verify"}
+    no_verify = {env_vars.GYM_TELEMETRY_SPAN_GROUPS: "default,-verify,-model_call"}
     assert span_groups.configure_from_env(no_verify) == semconv.PRESETS["default"]
     only_job = {env_vars.GYM_TELEMETRY_SPAN_GROUPS: "job"}
-    assert span_groups.configure_from_env(only_job) == {"job", "rollout", "verify"}
+    assert span_groups.configure_from_env(only_job) == {
+        "job",
+        "rollout",
+        "verify",
+        "model_call",
+        "http_client",
+    }
     assert env_vars.GYM_TELEMETRY_SPAN_GROUPS == "GYM_TELEMETRY_SPAN_GROUPS"
 
 

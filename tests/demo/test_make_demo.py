@@ -67,11 +67,23 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     recent = _rows(out, "Recent rollouts")
     assert len(recent) == min(ROLLOUTS, 12)
     assert all(row[4] in ("ok", "failed") for row in recent)
-    assert all("policy_model" in row[6] for row in recent)  # one trace crosses 3 servers
+    assert all("policy_model" in row[9] for row in recent)  # one trace crosses 3 servers
+    # reward, turns, tokens: the stub model's usage, two model calls per rollout
+    assert {tuple(row[5:8]) for row in recent if row[4] == "ok"} == {("1", "2", "34/13")}
 
     failed = _rows(out, "Failed rollouts")
     assert len(failed) == FAILING
-    assert all(row[4] == "failed" and "failing_weather" in row[6] for row in failed)
+    assert all(row[4] == "failed" and "failing_weather" in row[9] for row in failed)
+    assert {tuple(row[5:8]) for row in failed} == {("-", "2", "-")}  # /run raised
+
+    envs = {row[0]: row for row in _rows(out, "Environments")}
+    ok_env = envs["example_single_tool_call_simple_agent"]
+    assert ok_env[1:5] == [str(ROLLOUTS - FAILING), "0", "100.0%", "1"]  # n, fail, ok %, reward
+    assert ok_env[8:12] == ["2", "2", "2", "34"]  # turns mean, p50, p90; tokens in
+    failing_env = envs["failing_weather_simple_agent"]
+    assert failing_env[1:5] == [str(FAILING), str(FAILING), "0.0%", "-"]
+    model_calls = _rows(out, "Model calls")
+    assert [row[2] for row in model_calls] == [str(2 * ROLLOUTS)]  # every call, counted once
 
     waterfall = out.split("gym-sidecar trace ", 1)[1]
     for name in ("POST /run", "gym.rollout", "POST /seed_session", "gym.verify"):

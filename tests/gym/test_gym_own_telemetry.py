@@ -34,6 +34,7 @@ from testkit.gym_fleet import (
     FleetRun,
     fleet_table,
     gym_own_env,
+    latest_points,
     lens_python,
     producers,
     run_fleet,
@@ -143,6 +144,24 @@ def test_gyms_in_process_copies_are_renamed(gym_fleet: FleetRun) -> None:
     assert made_by["gym.inprocess.rollout.duration_ms"] == {gym_dialect.METRIC_SCOPE}
     assert made_by["gym.inprocess.verify.success_rate"] == {gym_dialect.METRIC_SCOPE}
     assert gym_fleet.counters[OWNED] > 0
+
+
+def test_gyms_own_model_calls_give_the_genai_durations(gym_fleet: FleetRun) -> None:
+    """issue 41, both dialects: Gym's own ``gym.model.responses`` spans (Lens's scope, no
+    GenAI attributes) give ``gen_ai.client.operation.duration`` points as the agent's do:
+    one per call, at the model server, ``gen_ai.operation.name=chat``; no token usage
+    (Gym's spans carry none) and no reward (nor do they)."""
+    points = latest_points(
+        gym_fleet.metric_requests, semconv.METRIC_GEN_AI_OPERATION_DURATION, SIDECAR_SCOPE
+    )
+    assert sum(p.count for p in points) == 2 * ROLLOUTS  # a tool call, then the answer
+    for p in points:
+        attrs = {kv.key: kv.value.string_value for kv in p.attributes}
+        assert attrs == {semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_CHAT}
+    for name in (semconv.METRIC_GEN_AI_TOKEN_USAGE, semconv.METRIC_VERIFY_REWARD):
+        assert not latest_points(gym_fleet.metric_requests, name, SIDECAR_SCOPE), name
+    made_by = producers(gym_fleet.metric_requests)
+    assert made_by[semconv.METRIC_GEN_AI_OPERATION_DURATION] == {SIDECAR_SCOPE}
 
 
 def test_mixed_fleet_reads_as_one_fleet(mixed_fleet: FleetRun) -> None:

@@ -18,7 +18,21 @@ def test_presets_are_subsets_of_all_groups() -> None:
 
 def test_every_derived_metric_reads_a_derived_group() -> None:
     assert set(semconv.SOURCE_GROUP.values()) == semconv.DERIVED_GROUPS
-    assert {semconv.GROUP_ROLLOUT, semconv.GROUP_VERIFY} == semconv.DERIVED_GROUPS
+    assert {
+        semconv.GROUP_ROLLOUT,
+        semconv.GROUP_VERIFY,
+        semconv.GROUP_MODEL_CALL,
+        semconv.GROUP_HTTP_CLIENT,
+    } == semconv.DERIVED_GROUPS
+
+
+def test_model_calls_and_hops_are_created_by_default() -> None:
+    """Issue 41: the GenAI and hop metrics work with no configuration: ``model_call`` is
+    in ``metrics`` mode and ``http_client`` ``on`` (the ``default`` preset)."""
+    modes = semconv.resolve_modes(semconv.DEFAULT_SPEC)
+    assert modes[semconv.GROUP_MODEL_CALL] is semconv.Mode.METRICS
+    assert modes[semconv.GROUP_HTTP_CLIENT] is semconv.Mode.ON
+    assert semconv.resolve_modes("rollout")[semconv.GROUP_HTTP_CLIENT] is semconv.Mode.METRICS
 
 
 def test_admin_paths() -> None:

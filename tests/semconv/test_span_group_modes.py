@@ -8,7 +8,7 @@ from gym_telemetry_semconv import Mode
 ON, METRICS, OFF = Mode.ON, Mode.METRICS, Mode.OFF
 
 
-def test_default_spec_forwards_the_default_preset_and_derives_verify() -> None:
+def test_default_spec_forwards_the_default_preset_and_derives_verify_and_model_calls() -> None:
     modes = semconv.resolve_modes(semconv.DEFAULT_SPEC)
     assert modes == {
         "job": ON,
@@ -17,10 +17,10 @@ def test_default_spec_forwards_the_default_preset_and_derives_verify() -> None:
         "rollout": ON,
         "verify": METRICS,
         "agent": OFF,
-        "model_call": OFF,
+        "model_call": METRICS,
         "sandbox": OFF,
     }
-    assert semconv.enabled_groups(modes) == semconv.PRESETS["default"] | {"verify"}
+    assert semconv.enabled_groups(modes) == semconv.PRESETS["default"] | {"verify", "model_call"}
     assert semconv.forwarded_groups(modes) == semconv.PRESETS["default"]
 
 

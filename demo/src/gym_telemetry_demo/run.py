@@ -27,7 +27,8 @@ from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 from gym_sidecar.inspect.render import rollouts_table, stats_table, trace_waterfall
-from gym_sidecar.store import db, queries, stats
+from gym_sidecar.inspect.rl_render import rl_group
+from gym_sidecar.store import db, queries, rl, stats
 from gym_sidecar.store.config import default_data_dir
 from rich.console import Console
 from rich.panel import Panel
@@ -173,6 +174,17 @@ def _report(console: Console, path: Path, since_ns: int, failing: int) -> None:
             console.print(trace_waterfall(queries.trace_spans(conn, shown.trace_id)))
         console.print("\n[bold]gym-sidecar stats[/bold]")
         console.print(stats_table(stats.compute(conn, window_s)))
+        console.print(
+            "\n[bold]gym-sidecar envs[/bold] (reward, turns and tokens per environment; "
+            "model calls; verifier rewards)"
+        )
+        console.print(
+            rl_group(
+                rl.environments(conn, window_s),
+                rl.models(conn, window_s),
+                rl.verifier_rewards(conn, window_s),
+            )
+        )
     if failing and not failed:
         console.print("[yellow]no failed verification reached the store[/yellow]")
 
@@ -251,7 +263,8 @@ def _next_steps(console: Console, store_dir: Path) -> None:
             f"  uv run gym-sidecar ui{flag}   (the web view, http://127.0.0.1:16687/)\n"
             f"  uv run gym-sidecar rollouts{flag} --failed\n"
             f"  uv run gym-sidecar trace{flag} ROLLOUT_ID\n"
-            f"  uv run gym-sidecar stats{flag} --since 1h\n\n"
+            f"  uv run gym-sidecar stats{flag} --since 1h\n"
+            f"  uv run gym-sidecar envs{flag}   (reward, turns, tokens per environment)\n\n"
             "The same traces in Jaeger (needs Docker): docker compose up --build, then open\n"
             "http://localhost:16686 (docs/deployment.md); without Docker, against Jaeger v2\n"
             "built from source (needs Go): bash scripts/demo.sh --jaeger.\n"
@@ -273,6 +286,8 @@ def _webview_report(
     # plain lines, never wrapped: the URLs are meant to be copied
     console.print("\n[bold]Web view[/bold] (rollouts, waterfalls, stats, service map):")
     console.print(f"  {webview.url}/", soft_wrap=True, highlight=False)
+    console.print("reward, turns and tokens per environment:")
+    console.print(f"  {webview.url}/envs", soft_wrap=True, highlight=False)
     if failed:
         console.print(f"a failed rollout, {failed[0].rollout_id}:")
         console.print(f"  {webview.trace_url(failed[0].trace_id)}", soft_wrap=True, highlight=False)

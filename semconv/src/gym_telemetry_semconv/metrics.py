@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from gym_telemetry_semconv.span_groups import GROUP_ROLLOUT, GROUP_VERIFY
+from gym_telemetry_semconv.span_groups import (
+    GROUP_HTTP_CLIENT,
+    GROUP_MODEL_CALL,
+    GROUP_ROLLOUT,
+    GROUP_VERIFY,
+)
 
 METRIC_ROLLOUT_DURATION: Final = "gym.rollout.duration_ms"
 METRIC_VERIFY_DURATION: Final = "gym.verify.duration_ms"
@@ -50,6 +55,17 @@ SOURCE_GROUP: Final[Mapping[str, str]] = {
     METRIC_VERIFY_SUCCESS_RATE: GROUP_VERIFY,
     METRIC_ENV_STEP_DURATION: GROUP_VERIFY,
     METRIC_ENV_STEP_COUNT: GROUP_VERIFY,
+    METRIC_VERIFY_REWARD: GROUP_VERIFY,
+    METRIC_ENV_STEP_REWARD: GROUP_VERIFY,
+    METRIC_GEN_AI_TOKEN_USAGE: GROUP_MODEL_CALL,
+    METRIC_GEN_AI_OPERATION_DURATION: GROUP_MODEL_CALL,
+    METRIC_GEN_AI_TIME_TO_FIRST_TOKEN: GROUP_MODEL_CALL,
+    METRIC_ROLLOUT_TURNS: GROUP_ROLLOUT,
+    METRIC_ROLLOUT_TOKENS: GROUP_ROLLOUT,
+    METRIC_HTTP_CLIENT_RETRIES: GROUP_HTTP_CLIENT,
+    METRIC_HTTP_CLIENT_TIMEOUTS: GROUP_HTTP_CLIENT,
 }
-"""Derived metric -> the span group whose spans it is computed from. Its values are
-``span_groups.DERIVED_GROUPS``, the groups in ``metrics`` mode by default."""
+"""Derived metric (from spans) -> the span group whose spans it is computed from. Its
+values are ``span_groups.DERIVED_GROUPS``, the groups in ``metrics`` mode by default. (The
+live metrics, ``gym.rollout.in_flight|stalled|lost`` and ``gym.server.event_loop.lag_ms``,
+come from the live events, not from spans.)"""

@@ -68,8 +68,14 @@ DEFAULT_SPEC: Final = "default"
 NONE_SPEC: Final = "none"
 """Spec token that selects nothing and turns every unselected group ``off``."""
 
-DERIVED_GROUPS: Final[frozenset[str]] = frozenset({GROUP_ROLLOUT, GROUP_VERIFY})
-"""Groups whose spans the sidecar derives metrics from (``metrics.SOURCE_GROUP``)."""
+DERIVED_GROUPS: Final[frozenset[str]] = frozenset(
+    {GROUP_ROLLOUT, GROUP_VERIFY, GROUP_MODEL_CALL, GROUP_HTTP_CLIENT}
+)
+"""Groups whose spans the sidecar derives metrics from (``metrics.SOURCE_GROUP``): the
+rollouts and verifications (``gym.rollout.*``, ``gym.verify.*``), the model calls
+(``gen_ai.client.*``, issue 41) and the hops between Gym servers (``gym.http.client.*``).
+A group the spec leaves unselected is ``metrics`` by default, so that every derived
+metric works out of the box (``http_client`` is ``on`` in the ``default`` preset)."""
 
 
 # --- modes ------------------------------------------------------------------------------

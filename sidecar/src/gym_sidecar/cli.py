@@ -9,7 +9,7 @@ registers its parser with ``set_defaults(func=...)`` and append it to ``SUBCOMMA
   controlling terminal closing (:mod:`gym_sidecar.hangup`).
 - ``check-config FILE``: load FILE with the environment and flags applied, print the
   effective configuration as YAML (exit 0) or every error with its key path (exit 2).
-- ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``: read the embedded local store
+- ``rollouts``, ``trace ROLLOUT_ID|TRACE_ID``, ``stats``, ``envs``: read the embedded local store
   (see :mod:`gym_sidecar.inspect.commands`).
 - ``ui``: serve the web view and the Jaeger-compatible query API over the local store
   (see :mod:`gym_sidecar.webui.command`).
@@ -36,7 +36,7 @@ from typing import Any
 from gym_telemetry_semconv.safetext import SafeFormatter, escape_controls
 
 from gym_sidecar.config import ENV_CONFIG_FILE, ConfigError, SidecarConfig, load_config
-from gym_sidecar.inspect.commands import add_rollouts, add_stats, add_trace
+from gym_sidecar.inspect.commands import add_envs, add_rollouts, add_stats, add_trace
 from gym_sidecar.live.command import add_live
 from gym_sidecar.webhook.cli import add_webhook
 from gym_sidecar.webui.command import add_ui
@@ -156,6 +156,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_rollouts,
     add_trace,
     add_stats,
+    add_envs,
     add_ui,
     add_live,
 ]

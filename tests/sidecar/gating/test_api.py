@@ -28,7 +28,14 @@ def test_get_returns_modes_with_etag_and_304_on_match() -> None:
     assert first.body["service"] == "res"
     assert first.body["modes"]["verify"] == "metrics"
     assert first.body["modes"]["sandbox"] == "off"
-    assert first.body["enabled"] == ["http_client", "job", "rollout", "server", "verify"]
+    assert first.body["enabled"] == [
+        "http_client",
+        "job",
+        "model_call",
+        "rollout",
+        "server",
+        "verify",
+    ]
     assert first.body["forwarded"] == ["http_client", "job", "rollout", "server"]
     etag = first.headers["ETag"]
     again = get_span_groups(st, "res", etag)

@@ -94,7 +94,8 @@ def test_default_policy_keeps_rollouts_and_drops_verify_agent_and_model_spans() 
     assert out[(GYM_AGENT, LENS, semconv.SPAN_ROLLOUT)] == 8
     agent = GYM_AGENT
     assert sample(metrics, COUNTER, group="verify", service=GYM_RESOURCES, mode="metrics") == 8
-    assert sample(metrics, COUNTER, group="model_call", service=GYM_MODEL, mode="off") == 8
+    # model_call: metrics mode by default since issue 41 (derived, then dropped)
+    assert sample(metrics, COUNTER, group="model_call", service=GYM_MODEL, mode="metrics") == 8
     assert sample(metrics, COUNTER, group="agent", service=agent, mode="off") == 8
     assert batch.items == items - 24
     # The resources server's and the model's Lens blocks emptied: gone; the agent's kept.

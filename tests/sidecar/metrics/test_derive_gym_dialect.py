@@ -82,8 +82,8 @@ def test_each_gym_rollout_and_verification_is_one_point() -> None:
 
 
 def test_gym_spans_of_a_metrics_group_are_derived_then_dropped() -> None:
-    """Default policy: verify in ``metrics`` mode (derived, not forwarded), agent and
-    model_call ``off`` (dropped), rollout ``on``."""
+    """Default policy: verify and model_call in ``metrics`` mode (derived, not
+    forwarded), agent ``off`` (dropped), rollout ``on``."""
     stage, tail = pipeline()
     derive(stage, tail, gym_dialect_request(rollouts(3, failing=1)))
     forwarded = {
@@ -99,9 +99,16 @@ def test_gym_spans_of_a_metrics_group_are_derived_then_dropped() -> None:
 
 
 def test_an_off_group_is_not_derived_from_gym_spans_either() -> None:
-    stage, tail = pipeline(modes={"verify": "off"})
+    stage, tail = pipeline(modes={"verify": "off", "model_call": "off"})
     got = derive(stage, tail, gym_dialect_request(rollouts(3, failing=1)))
     assert set(got) == {semconv.METRIC_ROLLOUT_DURATION}
+    # model_call is in ``metrics`` mode by default: Gym's model calls are derived too
+    stage, tail = pipeline(modes={"verify": "off"})
+    got = derive(stage, tail, gym_dialect_request(rollouts(3, failing=1)))
+    assert set(got) == {
+        semconv.METRIC_ROLLOUT_DURATION,
+        semconv.METRIC_GEN_AI_OPERATION_DURATION,
+    }
     stage, tail = pipeline(modes={"rollout": "off"})
     got = derive(stage, tail, gym_dialect_request(rollouts(3, failing=1)))
     assert semconv.METRIC_ROLLOUT_DURATION not in got

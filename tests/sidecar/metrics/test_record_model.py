@@ -22,9 +22,15 @@ from typing import Any
 
 import gym_telemetry_semconv as semconv
 import pytest
-from gym_sidecar.core.traces import DerivedSpan, ResourceBlock, ScopeBlock, TraceRequest
-from gym_sidecar.metrics.config import DEFAULT_ROLLOUT_BUCKETS_MS, MetricsConfig
-from gym_sidecar.metrics.derived import CARDINALITY_LIMIT_NAME, DerivedMetrics
+from gym_sidecar.core.traces import AttrValue, DerivedSpan, ResourceBlock, ScopeBlock, TraceRequest
+from gym_sidecar.metrics import fields
+from gym_sidecar.metrics.config import DEFAULT_ROLLOUT_BUCKETS_MS, RL_METRICS, MetricsConfig
+from gym_sidecar.metrics.derived import (
+    CARDINALITY_LIMIT_NAME,
+    HOP_SPANS,
+    MODEL_CALL_SPANS,
+    DerivedMetrics,
+)
 from gym_sidecar.metrics.series import exemplar_of
 from gym_sidecar.metrics.spans import SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
@@ -90,7 +96,7 @@ class Model:
         self.regular = dict.fromkeys(bounds, 0)
         self.rates: dict[bytes, list[int]] = {}
         self.rate_overflow: list[int] | None = None
-        self.spans = {"rollout": 0, "verify": 0, "step": 0, "nested": 0}
+        self.spans = {"rollout": 0, "verify": 0, "step": 0, "nested": 0, "model_calls": 0}
         self.invalid = 0
         self.overflow = {"rollout": 0, "verify": 0, "step": 0, "rate": 0}
 
@@ -132,22 +138,30 @@ class Model:
                 for span in scope.derived:
                     name, start, end, trace_id, span_id, status, values = span
                     if scope.name in (ROLLOUT_SCOPE, GYM_SCOPE) and name == semconv.SPAN_ROLLOUT:
-                        if values[0] is True:
+                        if values[fields.NESTED] is True:
                             self.spans["nested"] += 1
                             continue
                         table, attrs = "rollout", ()
+                    elif scope.name == GYM_SCOPE and name == semconv.SPAN_MODEL_RESPONSES:
+                        # a model call (metrics.rl; its own tables, not modelled here)
+                        if start == 0 or end < start:
+                            self.invalid += 1
+                        else:
+                            self.spans["model_calls"] += 1
+                        continue
                     elif scope.name in (VERIFY_SCOPE, GYM_SCOPE) and name in (
                         semconv.SPAN_VERIFY,
                         semconv.SPAN_ENV_STEP,
                     ):
                         table = "verify" if name == semconv.SPAN_VERIFY else "step"
-                        succeeded = values[1]
+                        succeeded = values[fields.SUCCEEDED]
                         if succeeded is True or (succeeded is not False and status != STATUS_ERROR):
                             attrs = OK
                         else:
-                            error = values[2] if isinstance(values[2], str) else ""
+                            error = values[fields.ERROR_TYPE]
+                            error = error if isinstance(error, str) else ""
                             if not error:  # Gym's own telemetry: the exception event's class
-                                exc = values[3]
+                                exc = values[fields.EXCEPTION_TYPE]
                                 error = exc.split(".")[-1] if isinstance(exc, str) else ""
                             error = error[: self.cfg.max_error_type_chars] or "_OTHER"
                             attrs = ((semconv.ERROR_TYPE, error), (semconv.VERIFY_SUCCEEDED, False))
@@ -192,6 +206,13 @@ class Model:
                 self.spans[table] += 1
 
 
+def unclock_rl(store: DerivedMetrics) -> None:
+    """The model ticks its clock once per series it creates; the RL tables' series (not
+    modelled) must not take ticks from it: they read a clock of their own."""
+    for table in [*store.rl.histograms, *store.rl.sums]:
+        table._clock_ns = lambda: 0
+
+
 def store_state(store: DerivedMetrics, metrics: SelfMetrics) -> dict[str, Any]:
     def table(t: Any) -> list[Any]:
         return [
@@ -209,9 +230,17 @@ def store_state(store: DerivedMetrics, metrics: SelfMetrics) -> dict[str, Any]:
         "rates": [(w.resource_key, w.attrs, w.ok, w.total) for w in store.rates],
         "spans": dict(store.spans),
         "invalid": store.invalid_spans,
-        "overflow": dict(store.overflow_points),
-        "limit_hits": metrics.registry.get_sample_value(
-            "gym_sidecar_limit_hits_total", {"limit": CARDINALITY_LIMIT_NAME}
+        # the model calls' own tables (metrics.rl) are not modelled: their overflow is
+        # left out, and so are the cardinality-limit hits they caused (one per point)
+        "overflow": {k: n for k, n in store.overflow_points.items() if k not in RL_METRICS},
+        "limit_hits": (
+            (
+                metrics.registry.get_sample_value(
+                    "gym_sidecar_limit_hits_total", {"limit": CARDINALITY_LIMIT_NAME}
+                )
+                or 0.0
+            )
+            - sum(store.overflow_points[k] for k in RL_METRICS)
         ),
     }
 
@@ -239,6 +268,9 @@ def model_state(model: Model) -> dict[str, Any]:
             semconv.SPAN_VERIFY: model.spans["verify"],
             semconv.SPAN_ENV_STEP: model.spans["step"],
             "gym.rollout.nested": model.spans["nested"],
+            # the model's spans carry no RL attribute and no scope of model calls or hops
+            MODEL_CALL_SPANS: model.spans["model_calls"],
+            HOP_SPANS: 0,
         },
         "invalid": model.invalid,
         "overflow": {
@@ -264,7 +296,7 @@ bounds_lists = st.one_of(
     st.just(None),  # the defaults (integers, as the config's default factory gives them)
     st.lists(
         st.one_of(
-            st.floats(min_value=-5.0, max_value=4e6, allow_nan=False),
+            st.floats(min_value=0.0, max_value=4e6, allow_nan=False),  # none negative
             st.sampled_from([0.0, 1e-6, 0.0015, 0.1, 1.0, 2.5, 1e13, 2e13]),
         ),
         min_size=1,
@@ -272,6 +304,20 @@ bounds_lists = st.one_of(
         unique=True,
     ).map(sorted),
 )
+
+
+NOTHING: tuple[AttrValue, ...] = (None,) * (fields.EXCEPTION_TYPE + 1)
+"""A span's derive values with no attribute set (``metrics.fields`` layout)."""
+
+
+def values(
+    nested: AttrValue, succeeded: AttrValue, error: AttrValue, exception: AttrValue
+) -> tuple[AttrValue, ...]:
+    """Derive values with these four set (the RL attributes absent)."""
+    out = list(NOTHING)
+    out[fields.NESTED], out[fields.SUCCEEDED] = nested, succeeded
+    out[fields.ERROR_TYPE], out[fields.EXCEPTION_TYPE] = error, exception
+    return tuple(out)
 
 
 @st.composite
@@ -310,7 +356,7 @@ def spans(draw: st.DrawFn, scope: str, bounds: list[float]) -> DerivedSpan:
     succeeded = draw(st.sampled_from([None, True, True, False, "false", 0, 1]))
     error = draw(st.sampled_from([None, "ValueError", "judge_failed", "", 7, b"x", "E" * 200]))
     exception = draw(st.sampled_from([None, "a.b.Crash", "Crash", "", ".", 3]))
-    return (name, start, end, ids[0], ids[1], status, (nested, succeeded, error, exception))
+    return (name, start, end, ids[0], ids[1], status, values(nested, succeeded, error, exception))
 
 
 @st.composite
@@ -369,6 +415,7 @@ def test_the_deriver_records_what_the_per_point_model_records(
     cfg, reqs = case
     metrics = SelfMetrics()
     store = DerivedMetrics(cfg, metrics, clock_ns=Clock())
+    unclock_rl(store)
     deriver = SpanDeriver(store)
     model = Model(cfg, Clock())
     for req in reqs:
@@ -386,7 +433,7 @@ def test_the_default_bounds_are_integers_and_compare_as_the_model_does() -> None
     assert all(type(b) is int for b in MetricsConfig().rollout_buckets_ms)
     bound = DEFAULT_ROLLOUT_BUCKETS_MS[0]
     derived: list[DerivedSpan] = [
-        (semconv.SPAN_ROLLOUT, T0, T0 + int(bound * 1_000_000) + delta, b"t", b"s", 0, (None,) * 4)
+        (semconv.SPAN_ROLLOUT, T0, T0 + int(bound * 1_000_000) + delta, b"t", b"s", 0, NOTHING)
         for delta in (-1, 0, 1)
     ]
     req = TraceRequest(
@@ -419,10 +466,10 @@ def test_series_of_one_block_meeting_in_overflow_add_in_span_order(last_has_ids:
             ids * 16 if ids else b"",
             ids * 8,
             2,
-            (None, False, error, None),
+            values(None, False, error, None),
         )
 
-    ok: DerivedSpan = (semconv.SPAN_VERIFY, T0, T0 + 5, b"\x09" * 16, b"\x09" * 8, 0, (None,) * 4)
+    ok: DerivedSpan = (semconv.SPAN_VERIFY, T0, T0 + 5, b"\x09" * 16, b"\x09" * 8, 0, NOTHING)
     last = failed("A", 0.4, b"\x03" if last_has_ids else b"")
     derived = [ok, failed("A", 0.1, b"\x01"), failed("B", 0.1, b"\x02"), last]
     block = ScopeBlock(0, 0, VERIFY_SCOPE, len(derived), derived)
@@ -430,6 +477,7 @@ def test_series_of_one_block_meeting_in_overflow_add_in_span_order(last_has_ids:
     cfg = MetricsConfig(cardinality_limit=2)
     metrics = SelfMetrics()
     store = DerivedMetrics(cfg, metrics, clock_ns=Clock())
+    unclock_rl(store)
     deriver = SpanDeriver(store)
     pending = deriver.extract(req)
     assert pending is not None

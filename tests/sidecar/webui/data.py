@@ -94,11 +94,30 @@ RESOURCES = "nemo-gym/weather"
 
 
 def gym_trace(
-    rollout_id: str, start_ns: int, *, fail_verify: bool = False, trace_id: bytes | None = None
+    rollout_id: str,
+    start_ns: int,
+    *,
+    fail_verify: bool = False,
+    trace_id: bytes | None = None,
+    agent: str = AGENT,
+    reward: float | None = None,
+    turns: int | None = None,
+    tokens: tuple[int, int] | None = None,
+    model_call: tuple[str, int, int] | None = None,
 ) -> tuple[bytes, list[SpanSpec]]:
     """A Gym-shaped rollout across three services: the agent's /run with its rollout span,
-    a model call and the resources server's /verify (its verify span failing on request)."""
+    a model call and the resources server's /verify (its verify span failing on request).
+    The RL figures go on the rollout span (``reward``, ``turns``, ``tokens``), and on the
+    verify span (``reward``, unless it fails); ``model_call`` = (model, input, output
+    tokens) adds the model server's ``gym.model.responses`` span."""
     tid = trace_id or new_id(16)
+    rl: dict[str, object] = {}
+    if reward is not None:
+        rl[semconv.REWARD] = reward
+    if turns is not None:
+        rl[semconv.ROLLOUT_TURNS] = turns
+    if tokens is not None:
+        rl[semconv.ROLLOUT_INPUT_TOKENS], rl[semconv.ROLLOUT_OUTPUT_TOKENS] = tokens
     ms = 1_000_000
     run, rollout, mcall, mserver, vcall, vserver, verify = (new_id() for _ in range(7))
     server = semconv.scope_name(semconv.GROUP_SERVER)
@@ -106,7 +125,7 @@ def gym_trace(
     err = "VerifierCrash: on purpose" if fail_verify else None
     specs = [
         SpanSpec(
-            AGENT,
+            agent,
             "POST /run",
             run,
             b"",
@@ -118,18 +137,18 @@ def gym_trace(
             error="500" if fail_verify else None,
         ),
         SpanSpec(
-            AGENT,
+            agent,
             semconv.SPAN_ROLLOUT,
             rollout,
             run,
             start_ns + ms,
             start_ns + 99 * ms,
             scope=semconv.scope_name(semconv.GROUP_ROLLOUT),
-            attrs={semconv.ROLLOUT_ID: rollout_id},
+            attrs={semconv.ROLLOUT_ID: rollout_id, **rl},
             error=err,
         ),
         SpanSpec(
-            AGENT,
+            agent,
             "POST /v1/responses",
             mcall,
             rollout,
@@ -151,7 +170,7 @@ def gym_trace(
             {"http.route": "/v1/responses"},
         ),
         SpanSpec(
-            AGENT,
+            agent,
             "POST /verify",
             vcall,
             rollout,
@@ -186,8 +205,62 @@ def gym_trace(
                 semconv.ROLLOUT_ID: rollout_id,
                 semconv.VERIFY_SUCCEEDED: not fail_verify,
                 **({semconv.ERROR_TYPE: "VerifierCrash"} if fail_verify else {}),
+                **({semconv.REWARD: reward} if reward is not None and not fail_verify else {}),
             },
             error=err,
         ),
     ]
+    if model_call is not None:
+        model, tokens_in, tokens_out = model_call
+        specs.append(
+            SpanSpec(
+                MODEL,
+                semconv.SPAN_MODEL_RESPONSES,
+                new_id(),
+                mserver,
+                start_ns + 4 * ms,
+                start_ns + 58 * ms,
+                scope=semconv.scope_name(semconv.GROUP_MODEL_CALL),
+                attrs={
+                    semconv.ROLLOUT_ID: rollout_id,
+                    semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_CHAT,
+                    semconv.GEN_AI_REQUEST_MODEL: model,
+                    semconv.GEN_AI_USAGE_INPUT_TOKENS: tokens_in,
+                    semconv.GEN_AI_USAGE_OUTPUT_TOKENS: tokens_out,
+                },
+            )
+        )
     return tid, specs
+
+
+def derived_metrics(payloads: Sequence[bytes]) -> bytes:
+    """The derived metrics the sidecar's derive stage exports for these trace requests
+    (cumulative), serialized: what the store receives from a running sidecar."""
+    from gym_sidecar.metrics.config import MetricsConfig
+    from gym_sidecar.metrics.derived import DerivedMetrics
+    from gym_sidecar.metrics.otlp_request import build_request
+    from gym_sidecar.metrics.spans import SpanDeriver
+
+    from testkit.otlp_samples import trace_view
+
+    store = DerivedMetrics(MetricsConfig())
+    deriver = SpanDeriver(store)
+    for payload in payloads:
+        pending = deriver.extract(trace_view(payload))
+        if pending is not None:
+            deriver.record(pending)
+    bounds = {
+        semconv.METRIC_ROLLOUT_DURATION: store.rollout.bounds,
+        semconv.METRIC_VERIFY_DURATION: store.verify.bounds,
+        semconv.METRIC_ENV_STEP_DURATION: store.env_step.bounds,
+        **{t.metric_names[0]: t.bounds for t in store.rl.histograms},
+    }
+    return build_request(store.collect(), bounds).SerializeToString()
+
+
+def write_points(path: Path, metrics_payload: bytes, stored_ns: int | None = None) -> None:
+    """Insert the points of a serialized metrics request, as the store's writer does."""
+    from gym_sidecar.store.rows import point_rows
+
+    with closing(db.connect(path)) as conn:
+        db.insert(conn, [], point_rows(metrics_payload), stored_ns or time.time_ns())

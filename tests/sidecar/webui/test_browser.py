@@ -1,7 +1,9 @@
 """The web view in a real browser (Debian's Chromium driven by Playwright) over stores
 written here: hostile span data runs no script and opens no dialog, the CSP refuses an
 injected inline script, a span's details open on click, a 10,000-span trace pages, the
-rollouts list refreshes in place as rollouts arrive. Assertions are on the DOM.
+rollouts list refreshes in place as rollouts arrive, the environments page drills down to
+an environment's rollouts and the stats page draws its time series. Assertions are on the
+DOM.
 
 The same view after a real Gym run: tests/demo/test_web_view.py.
 """
@@ -16,7 +18,16 @@ import pytest
 from gym_telemetry_demo.webview import WebViewChild
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.sidecar.webui.data import AGENT, SpanSpec, gym_trace, new_id, request, write
+from tests.sidecar.webui.data import (
+    AGENT,
+    SpanSpec,
+    derived_metrics,
+    gym_trace,
+    new_id,
+    request,
+    write,
+    write_points,
+)
 from tests.sidecar.webui.test_hostile_and_bounded import HOSTILE, LONG, hostile_trace
 from tests.support.browser import launch
 
@@ -140,3 +151,64 @@ def test_the_rollouts_list_refreshes_in_place(tmp_path: Path, page: tuple[Page, 
             "[data-testid=rollout-row]", "els => els.map(e => e.dataset.rollout)"
         )
         assert rows == ["second-0", "first-0"]
+
+
+def test_the_environments_page_drills_down_and_the_stats_page_charts(
+    tmp_path: Path, page: tuple[Page, list[str]]
+) -> None:
+    """issue 41's pages in the browser: every page's navigation reaches the environments
+    page; an environment's link lists its rollouts with their reward, turns and tokens;
+    the trace page shows them; the stats page draws the three time series; a hostile
+    environment name stays text (no script, no dialog)."""
+    pg, dialogs = page
+    path = tmp_path / "traces.db"
+    payloads = [
+        request(
+            *gym_trace(
+                f"w{i}",
+                NOW - (60 - i) * 10**9,
+                agent="nemo-gym/weather_agent",
+                reward=float(i % 2),
+                turns=2,
+                tokens=(34, 13),
+                model_call=("policy-7b", 13, 5),
+            )
+        )
+        for i in range(6)
+    ]
+    payloads.append(
+        request(*gym_trace("h0", NOW - 30 * 10**9, agent=HOSTILE[0], reward=0.5, turns=1))
+    )
+    write(path, payloads, NOW - 20 * 10**9)
+    write_points(path, derived_metrics(payloads), NOW - 20 * 10**9)
+    with WebViewChild(tmp_path, tmp_path).start(timeout_s=60) as view:
+        pg.goto(view.url + "/rollouts")
+        pg.locator("header nav a[href='/envs']").click()
+        pg.wait_for_url("**/envs")
+        _no_foreign_markup(pg)
+        row = pg.locator("[data-testid=env-row][data-env='nemo-gym/weather_agent']")
+        assert row.get_attribute("data-rollouts") == "6"
+        assert row.get_attribute("data-reward-mean") == "0.5"
+        assert pg.locator("[data-testid=model-row]").get_attribute("data-calls") == "6"
+        assert pg.locator("[data-testid=env-row]").count() == 2
+        row.locator("[data-testid=env-link]").click()
+        pg.wait_for_url("**/rollouts?env=*")
+        rows = pg.eval_on_selector_all(
+            "[data-testid=rollout-row]",
+            "els => els.map(e => [e.dataset.rollout, e.dataset.reward, e.dataset.turns,"
+            " e.dataset.tokens])",
+        )
+        assert rows == [[f"w{i}", str(i % 2), "2", "47"] for i in reversed(range(6))]
+        pg.locator("[data-rollout='w3'] a").first.click()
+        pg.wait_for_url("**/trace/*")
+        assert pg.locator("[data-testid=trace-reward]").inner_text() == "1"
+        assert pg.locator("[data-testid=trace-tokens]").inner_text() == "34 / 13"
+        pg.goto(view.url + "/stats")
+        for chart in ("rate-chart", "reward-chart", "tokens-chart"):
+            assert pg.locator(f"svg[data-testid={chart}]").count() == 1, chart
+        bins = pg.eval_on_selector_all(
+            "svg[data-testid=rate-chart] [data-n]", "els => els.map(e => Number(e.dataset.n))"
+        )
+        assert sum(bins) == 7
+        _no_foreign_markup(pg)
+    assert dialogs == []

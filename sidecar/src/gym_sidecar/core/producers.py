@@ -199,6 +199,23 @@ ROW_SCOPES: Final = frozenset({AGENT_ROLLOUT_SCOPE, AGENT_VERIFY_SCOPE, *SPLIT_S
 """Every scope that can hold a span of :data:`ROW_KINDS`: read span by span by the derive
 stage and the store; every other block costs them one scope-name lookup."""
 
+AGENT_MODEL_CALL_SCOPE: Final = semconv.scope_name(semconv.GROUP_MODEL_CALL)
+AGENT_HTTP_CLIENT_SCOPE: Final = semconv.scope_name(semconv.GROUP_HTTP_CLIENT)
+
+MODEL_CALL_SCOPES: Final = frozenset({AGENT_MODEL_CALL_SCOPE, *SPLIT_SCOPES})
+"""Every scope that can hold a model call (``Kind.MODEL_CALL``: ``gym.model.*``): the
+agent's ``model_call`` scope and Gym's one scope. Read by the derive stage for the GenAI
+metrics (issue 41)."""
+
+HOP_SCOPES: Final = frozenset({AGENT_HTTP_CLIENT_SCOPE})
+"""The scopes whose CLIENT hops the derive stage reads for ``gym.http.client.*``: the
+agent's ``http_client`` scope only. Gym's own hop scope (``nemo.gym``) records neither the
+retries nor the target server: Gym counts them in its in-process
+``gym.http.{retry,timeout}_total`` instead (docs/nemo-gym.md)."""
+
+DERIVE_SCOPES: Final = ROW_SCOPES | MODEL_CALL_SCOPES | HOP_SCOPES
+"""Every scope the derive stage reads span by span (``metrics.spans.SCAN_SPEC``)."""
+
 
 def _compute(name: str) -> ScopeRole:
     group = semconv.group_of_scope(name)

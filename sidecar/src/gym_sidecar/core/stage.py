@@ -114,7 +114,8 @@ class Stage(abc.ABC):
 def pipeline_trace_scan(head: Stage | None) -> ScanSpec:
     """The :class:`ScanSpec` the stages from ``head`` on declare (``trace_scan``), merged:
     the union of their ``split_scopes``, and the derive fields (``derive_scopes``,
-    ``attr_keys``, ``event_keys``) of the one stage that reads any (the derive stage).
+    ``attr_keys``, ``event_keys``, ``sparse_scopes``, ``sparse_keys``) of the one stage
+    that reads any (the derive stage).
     Two readers would need one key order, as the values of a
     :data:`~gym_sidecar.core.traces.DerivedSpan` are positional: ValueError then. An
     empty spec when no stage declares one."""
@@ -125,7 +126,7 @@ def pipeline_trace_scan(head: Stage | None) -> ScanSpec:
         spec = stage.trace_scan
         if spec is not None:
             split |= spec.split_scopes
-            if spec.derive_scopes or spec.attr_keys or spec.event_keys:
+            if spec.derive_scopes or spec.attr_keys or spec.event_keys or spec.sparse_scopes:
                 readers.append(spec)
         stage = stage.next
     if len(readers) > 1:

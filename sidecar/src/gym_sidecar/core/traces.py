@@ -90,11 +90,18 @@ SCOPE_SPANS_TAG = b"\x12"
 
 @dataclass(frozen=True, slots=True)
 class ScanSpec:
-    """What a scan reads beyond the index: the spans of the scopes named here, and of
-    their attributes and events the keys named here (see :data:`DerivedSpan`); and the
-    byte range of each span in the blocks of ``split_scopes``. The derive stage says
-    what it reads (empty when it is off), the gate which scopes it splits; the
+    """What a scan reads beyond the index: the spans of the scopes named here (of the
+    ``sparse_scopes`` among them, only those with a value for one of ``sparse_keys``),
+    and of their attributes and events the keys named here (see :data:`DerivedSpan`);
+    and the byte range of each span in the blocks of ``split_scopes``. The derive stage
+    says what it reads (empty when it is off), the gate which scopes it splits; the
     receivers pass the merge (``core.stage.pipeline_trace_scan``) to the scanner."""
+
+    def __post_init__(self) -> None:
+        if not set(self.sparse_keys) <= set(self.attr_keys):
+            raise ValueError("every sparse key must be one of attr_keys")
+        if not self.sparse_scopes <= self.derive_scopes:
+            raise ValueError("every sparse scope must be a derive scope")
 
     derive_scopes: frozenset[str] = frozenset()
     attr_keys: tuple[str, ...] = ()
@@ -103,6 +110,14 @@ class ScanSpec:
     split_scopes: frozenset[str] = frozenset()
     """Scopes whose blocks report :attr:`ScopeBlock.split` (the gate removes single
     spans from them)."""
+    sparse_scopes: frozenset[str] = frozenset()
+    """Derive scopes read for their rare spans only: a block of one of them lists in
+    :attr:`ScopeBlock.derived` only the spans with a value for one of ``sparse_keys``
+    (in wire order; an empty list when none has). The scope of the hops between Gym
+    servers (every span a hop, a retried or failed one now and then): its other spans
+    cost the scan no derive tuple."""
+    sparse_keys: tuple[str, ...] = ()
+    """The keys (each one of ``attr_keys``) that select a sparse scope's spans."""
 
 
 class ScopeBlock:
@@ -128,7 +143,8 @@ class ScopeBlock:
         """How many spans the block holds."""
         self.derived = derived
         """The block's spans' derive fields, in order, when its scope name was one the
-        scan was asked to read (``derive_scopes``); None for every other block."""
+        scan was asked to read (``derive_scopes``; of a ``sparse_scopes`` block, only
+        its spans with a value for one of ``sparse_keys``); None for every other block."""
         self.split: list[SplitSpan] | None = None
         """Each span's name and field bytes (:data:`SplitSpan`), in wire order, when the
         scope name was one the scan was asked to split (``split_scopes``; the scanner

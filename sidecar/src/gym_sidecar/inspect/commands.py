@@ -1,6 +1,6 @@
-"""The ``rollouts``, ``trace`` and ``stats`` subcommands of ``gym-sidecar``.
+"""The ``rollouts``, ``trace``, ``stats`` and ``envs`` subcommands of ``gym-sidecar``.
 
-All three read the store that ``gym-sidecar run`` writes: its path comes from the same
+All four read the store that ``gym-sidecar run`` writes: its path comes from the same
 config file, environment (``GYM_SIDECAR_LOCAL_STORE__DATA_DIR`` / ``GYM_SIDECAR_STORE_DIR``)
 and ``--store-dir`` flag. They open it read-only and never block a running sidecar.
 Exit codes: 0 shown, 1 nothing found (no store, unknown id), 2 bad arguments/config.
@@ -190,7 +190,8 @@ def add_stats(subparsers: Any) -> None:
 
 def cmd_stats(args: argparse.Namespace, console: Console | None = None) -> int:
     from gym_sidecar.inspect.render import make_console, stats_table
-    from gym_sidecar.store import stats
+    from gym_sidecar.inspect.rl_render import envs_table, models_table
+    from gym_sidecar.store import rl, stats
 
     console = console or make_console()
     conn = _open(args, console)
@@ -198,5 +199,41 @@ def cmd_stats(args: argparse.Namespace, console: Console | None = None) -> int:
         return conn
     with closing(conn):
         result = stats.compute(conn, args.since)
+        rollouts = rl.whole_fleet(conn, args.since)
+        models = rl.models(conn, args.since)
     console.print(stats_table(result))
+    console.print(envs_table(rollouts, "Reward, turns and tokens per rollout (all rollouts)"))
+    console.print(models_table(models))
     return EXIT_OK
+
+
+def add_envs(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "envs",
+        help="reward, turns, tokens and latency per environment; model calls; verifier rewards",
+    )
+    _common(p)
+    p.add_argument(
+        "--since",
+        type=parse_duration,
+        metavar="DURATION",
+        help="the window, e.g. 1h (default: everything stored)",
+    )
+    p.set_defaults(func=cmd_envs)
+
+
+def cmd_envs(args: argparse.Namespace, console: Console | None = None) -> int:
+    from gym_sidecar.inspect.render import make_console
+    from gym_sidecar.inspect.rl_render import rl_group
+    from gym_sidecar.store import rl
+
+    console = console or make_console()
+    conn = _open(args, console)
+    if isinstance(conn, int):
+        return conn
+    with closing(conn):
+        found = rl.environments(conn, args.since)
+        models = rl.models(conn, args.since)
+        verifiers = rl.verifier_rewards(conn, args.since)
+    console.print(rl_group(found, models, verifiers))
+    return EXIT_OK if found.envs or models or verifiers else EXIT_NOT_FOUND

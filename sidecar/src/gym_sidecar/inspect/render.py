@@ -54,6 +54,18 @@ def untrusted(value: object, max_chars: int = MAX_VALUE_CHARS, style: str = "") 
     return Text(clip(str(value), max_chars), style=style)
 
 
+def figure(value: float | None) -> str:
+    """An RL figure (reward, turns, a token count): ``-`` when unknown."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def tokens(input_tokens: int | None, output_tokens: int | None) -> str:
+    """``34/13``, ``-`` when neither is known."""
+    if input_tokens is None and output_tokens is None:
+        return "-"
+    return f"{figure(input_tokens)}/{figure(output_tokens)}"
+
+
 def _ms(value: float | None) -> str:
     if value is None:
         return "-"
@@ -87,6 +99,9 @@ def rollouts_table(rows: Sequence[RolloutSummary], title: str = "Rollouts") -> T
     table.add_column("start", no_wrap=True)
     table.add_column("duration ms", justify="right")
     table.add_column("verify", justify="center")
+    table.add_column("reward", justify="right")
+    table.add_column("turns", justify="right")
+    table.add_column("tokens in/out", justify="right")
     table.add_column("spans", justify="right")
     table.add_column("services")
     for r in rows:
@@ -98,6 +113,9 @@ def rollouts_table(rows: Sequence[RolloutSummary], title: str = "Rollouts") -> T
             _when(r.start_ns),
             duration,
             verify,
+            figure(r.reward),
+            figure(r.turns),
+            tokens(r.input_tokens, r.output_tokens),
             str(r.span_count),
             Text(", ".join(_short_service(s) for s in r.services)),
         )

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from gym_sidecar.metrics.config import MetricsConfig
+from gym_sidecar.metrics.config import RL_METRICS, MetricsConfig
 from gym_sidecar.metrics.live_series import LiveSeries, RolloutSeries
+from gym_sidecar.metrics.rl import HISTOGRAMS, SUMS
+from gym_sidecar.metrics.rl_tables import LABEL_SETS_LIMIT_NAME, RlTables
 from gym_sidecar.metrics.series import (
     Attrs,
+    CounterSeries,
     Exemplar,
     HistogramSeries,
     HistogramTable,
@@ -40,6 +43,10 @@ _INF = float("inf")
 
 NESTED_ROLLOUT_SPANS = "gym.rollout.nested"
 """Key of :attr:`DerivedMetrics.spans` counting nested rollout spans (seen, not derived)."""
+MODEL_CALL_SPANS = "gym.model.*"
+"""Key of :attr:`DerivedMetrics.spans` counting model-call spans derived."""
+HOP_SPANS = "http_client.retried_or_failed"
+"""Key of :attr:`DerivedMetrics.spans` counting the retried or failed hops derived."""
 
 CARDINALITY_LIMIT_NAME = "metrics.cardinality_limit"
 """The ``limit`` label under which overflowed points are counted in ``limit_hits``."""
@@ -103,6 +110,9 @@ class Snapshot:
     success_rate: list[GaugePoint] = field(default_factory=list)
     env_step_duration: list[HistogramPoint] = field(default_factory=list)
     env_step_count: list[SumPoint] = field(default_factory=list)
+    rl_histograms: list[tuple[str, HistogramPoint]] = field(default_factory=list)
+    """The RL view's histogram points, with their metric's name."""
+    rl_sums: list[tuple[str, SumPoint]] = field(default_factory=list)
     rollout_in_flight: list[GaugePoint] = field(default_factory=list)
     rollout_stalled: list[GaugePoint] = field(default_factory=list)
     rollout_lost: list[SumPoint] = field(default_factory=list)
@@ -110,6 +120,7 @@ class Snapshot:
     resources: dict[bytes, Resource] = field(default_factory=dict)
     _marks: list[_SeriesMark] = field(default_factory=list)
     _windows: list[tuple[RateWindow, int, int]] = field(default_factory=list)
+    _counters: list[tuple[CounterSeries, int]] = field(default_factory=list)
     _lost: list[tuple[RolloutSeries, int]] = field(default_factory=list)
 
     @property
@@ -122,6 +133,8 @@ class Snapshot:
             + len(self.success_rate)
             + len(self.env_step_duration)
             + len(self.env_step_count)
+            + len(self.rl_histograms)
+            + len(self.rl_sums)
             + len(self.rollout_in_flight)
             + len(self.rollout_stalled)
             + len(self.rollout_lost)
@@ -130,8 +143,9 @@ class Snapshot:
 
 
 class DerivedMetrics:
-    """Series of ``gym.rollout.duration_ms`` and ``gym.verify.*`` for one sidecar, and
-    the live metrics the live tracker sets (:attr:`live`, :mod:`.live_series`).
+    """Series of ``gym.rollout.duration_ms``, ``gym.verify.*``, ``gym.env.step.*`` and the
+    RL view's metrics (:attr:`rl`, ``metrics.rl_tables``) for one sidecar, and the live
+    metrics the live tracker sets (:attr:`live`, :mod:`.live_series`).
 
     Plain integer counters (``spans``, ``invalid_spans``, ``overflow_points``,
     ``exports``) are read by the Prometheus collector; they cost no lock to bump.
@@ -177,6 +191,10 @@ class DerivedMetrics:
             resources=self.resources,
         )
         self.rates = RateTable(cfg.cardinality_limit, self._overflowed, self.resources)
+        self._label_hits = (
+            selfmetrics.limit_hits.labels(limit=LABEL_SETS_LIMIT_NAME) if selfmetrics else None
+        )
+        self.rl = RlTables(cfg, clock_ns, self._overflowed, self._capped, self.resources)
         self.live = LiveSeries(
             cardinality_limit=cfg.cardinality_limit,
             clock_ns=clock_ns,
@@ -189,6 +207,8 @@ class DerivedMetrics:
             semconv.SPAN_VERIFY: 0,
             semconv.SPAN_ENV_STEP: 0,
             NESTED_ROLLOUT_SPANS: 0,
+            MODEL_CALL_SPANS: 0,
+            HOP_SPANS: 0,
         }
         self.invalid_spans = 0
         self.overflow_points: dict[str, int] = {
@@ -198,6 +218,7 @@ class DerivedMetrics:
             semconv.METRIC_VERIFY_SUCCESS_RATE: 0,
             semconv.METRIC_ENV_STEP_DURATION: 0,
             semconv.METRIC_ENV_STEP_COUNT: 0,
+            **dict.fromkeys(RL_METRICS, 0),
             semconv.METRIC_ROLLOUT_IN_FLIGHT: 0,
             semconv.METRIC_ROLLOUT_STALLED: 0,
             semconv.METRIC_ROLLOUT_LOST: 0,
@@ -210,6 +231,11 @@ class DerivedMetrics:
             self.overflow_points[name] += points
         if self._limit_hits is not None:
             self._limit_hits.inc(len(metric_names) * points)
+
+    def _capped(self, metric: str, points: int) -> None:
+        self.overflow_points[metric] += points
+        if self._label_hits is not None:
+            self._label_hits.inc(points)
 
     # -- export -----------------------------------------------------------------------
     def collect(self) -> Snapshot:
@@ -235,6 +261,16 @@ class DerivedMetrics:
                     snap.env_step_count.append(
                         SumPoint(s.resource_key, s.attrs, p.start_time_ns, p.count)
                     )
+            for name, table in zip(HISTOGRAMS, self.rl.histograms, strict=True):
+                for s in table:
+                    p = self._histogram_point(s, snap)
+                    if p is not None:
+                        snap.rl_histograms.append((name, p))
+            for name, counters in zip(SUMS, self.rl.sums, strict=True):
+                for c in counters:
+                    sp = self._sum_point(c, snap)
+                    if sp is not None:
+                        snap.rl_sums.append((name, sp))
             for w in self.rates:
                 snap._windows.append((w, w.ok, w.total))
                 if w.total:
@@ -246,6 +282,8 @@ class DerivedMetrics:
             keys.update(p.resource_key for p in snap.verify_duration)
             keys.update(p.resource_key for p in snap.env_step_duration)
             keys.update(g.resource_key for g in snap.success_rate)
+            keys.update(p.resource_key for _, p in snap.rl_histograms)
+            keys.update(p.resource_key for _, p in snap.rl_sums)
             keys.update(g.resource_key for g in snap.rollout_in_flight)
             keys.update(p.resource_key for p in snap.event_loop_lag)
             for key in keys:
@@ -317,6 +355,16 @@ class DerivedMetrics:
             kept,
         )
 
+    def _sum_point(self, c: CounterSeries, snap: Snapshot) -> SumPoint | None:
+        snap._counters.append((c, c.value))
+        if self.delta:
+            if c.value == c.prev_value:
+                return None
+            return SumPoint(c.resource_key, c.attrs, c.prev_time_ns, c.value - c.prev_value)
+        if c.value == 0:
+            return None
+        return SumPoint(c.resource_key, c.attrs, c.start_time_ns, c.value)
+
     def commit(self, snap: Snapshot) -> None:
         """Mark ``snap`` as exported: move delta marks, mark its exemplars as sent, close
         the success-rate window. Call only after the snapshot's request was accepted."""
@@ -333,6 +381,9 @@ class DerivedMetrics:
                     s.win_min = float("inf")
                     s.win_max = float("-inf")
                 s.sent_exemplars = m.exemplars
+            for c, value in snap._counters:
+                c.prev_value = value
+                c.prev_time_ns = snap.time_ns
             for r, lost in snap._lost:
                 r.prev_lost = lost
                 r.prev_time_ns = snap.time_ns

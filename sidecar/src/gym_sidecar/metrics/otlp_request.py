@@ -11,6 +11,12 @@ for that resource:
   of the window the fraction covers.
 - ``gym.env.step.duration_ms`` (Histogram, ``ms``) and ``gym.env.step.count`` (monotonic
   Sum, ``{step}``): gymnasium-style ``/step`` calls, attributes as ``gym.verify.*``.
+- the RL view's (``metrics.rl``; units and descriptions in ``metrics.rl_tables``):
+  Histograms ``gym.verify.reward``, ``gym.env.step.reward`` (``1``),
+  ``gen_ai.client.token.usage`` (``{token}``), ``gen_ai.client.operation.duration``,
+  ``gen_ai.server.time_to_first_token`` (``s``), ``gym.rollout.turns`` (``{turn}``),
+  ``gym.rollout.tokens`` (``{token}``); monotonic Sums ``gym.http.client.retries``,
+  ``gym.http.client.timeouts``.
 - ``gym.rollout.in_flight``, ``gym.rollout.stalled`` (Gauge, ``{rollout}``, integer) and
   ``gym.rollout.lost`` (monotonic Sum, ``{rollout}``): per agent server, from the live
   tracker; ``gym.server.event_loop.lag_ms`` (Histogram, ``ms``, no ``min``: the
@@ -35,6 +41,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 
 from gym_sidecar import __version__
 from gym_sidecar.metrics.derived import GaugePoint, HistogramPoint, Snapshot, SumPoint
+from gym_sidecar.metrics.rl_tables import DESCRIPTIONS as RL_DESCRIPTIONS
+from gym_sidecar.metrics.rl_tables import UNITS as RL_UNITS
 from gym_sidecar.metrics.series import Attrs
 
 SCOPE_NAME: Final = "gym_sidecar.derived"
@@ -55,6 +63,7 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     ),
     semconv.METRIC_ENV_STEP_DURATION: "Duration of gym.env.step spans (one gymnasium /step).",
     semconv.METRIC_ENV_STEP_COUNT: "Environment steps, by whether the call completed (succeeded).",
+    **RL_DESCRIPTIONS,
     semconv.METRIC_ROLLOUT_IN_FLIGHT: "Rollouts started and not ended (live events).",
     semconv.METRIC_ROLLOUT_STALLED: (
         "In-flight rollouts with no activity for rollouts.stall_after_s (live events)."
@@ -133,6 +142,15 @@ def build_request(snap: Snapshot, bounds: dict[str, list[float]]) -> ExportMetri
         _sum_point(m, sp, snap.time_ns)
     for sp in snap.env_step_count:
         m = group(sp.resource_key).metric(semconv.METRIC_ENV_STEP_COUNT, UNIT_STEPS)
+        m.sum.aggregation_temporality = temporality
+        m.sum.is_monotonic = True
+        _sum_point(m, sp, snap.time_ns)
+    for name, hp in snap.rl_histograms:
+        m = group(hp.resource_key).metric(name, RL_UNITS[name])
+        m.histogram.aggregation_temporality = temporality
+        _histogram_point(m, hp, bounds[name], snap.time_ns)
+    for name, sp in snap.rl_sums:
+        m = group(sp.resource_key).metric(name, RL_UNITS[name])
         m.sum.aggregation_temporality = temporality
         m.sum.is_monotonic = True
         _sum_point(m, sp, snap.time_ns)

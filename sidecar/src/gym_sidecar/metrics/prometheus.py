@@ -11,6 +11,11 @@ the store (under its lock) and renders:
 - ``gym_env_step_duration_ms`` (histogram) and ``gym_env_step_count_total`` (counter);
 - ``gym_verify_success_rate``: gauge, the fraction of the last *exported* window
   (absent when that window had no verifications);
+- the RL view's (``metrics.rl``): histograms ``gym_verify_reward``,
+  ``gym_env_step_reward``, ``gen_ai_client_token_usage``,
+  ``gen_ai_client_operation_duration``, ``gen_ai_server_time_to_first_token``,
+  ``gym_rollout_turns``, ``gym_rollout_tokens`` and counters
+  ``gym_http_client_retries_total``, ``gym_http_client_timeouts_total``;
 - ``gym_rollout_in_flight``, ``gym_rollout_stalled`` (gauges) and
   ``gym_rollout_lost_total`` (counter) per agent server, and the histogram
   ``gym_server_event_loop_lag_ms`` per server (the live tracker's, see
@@ -45,6 +50,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.samples import Exemplar, Sample
 
 from gym_sidecar.metrics.derived import DerivedMetrics
+from gym_sidecar.metrics.rl import HISTOGRAMS, SUMS
+from gym_sidecar.metrics.rl_tables import DESCRIPTIONS as RL_DESCRIPTIONS
 from gym_sidecar.metrics.series import Attrs, HistogramSeries
 
 _INVALID: Final = re.compile(r"[^a-zA-Z0-9_]")
@@ -125,12 +132,15 @@ class DerivedCollector:
             GaugeMetricFamily(sanitize_name(semconv.METRIC_VERIFY_SUCCESS_RATE), ""),
             HistogramMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_DURATION), ""),
             CounterMetricFamily(sanitize_name(semconv.METRIC_ENV_STEP_COUNT), ""),
+            *(HistogramMetricFamily(sanitize_name(name), "") for name in HISTOGRAMS),
+            *(CounterMetricFamily(sanitize_name(name), "") for name in SUMS),
             GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_IN_FLIGHT), ""),
             GaugeMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_STALLED), ""),
             CounterMetricFamily(sanitize_name(semconv.METRIC_ROLLOUT_LOST), ""),
             HistogramMetricFamily(sanitize_name(semconv.METRIC_EVENT_LOOP_LAG), ""),
             CounterMetricFamily("gym_sidecar_derived_spans", ""),
             CounterMetricFamily("gym_sidecar_derived_invalid_spans", ""),
+            CounterMetricFamily("gym_sidecar_derived_invalid_values", ""),
             CounterMetricFamily("gym_sidecar_derived_overflow_points", ""),
             CounterMetricFamily("gym_sidecar_derived_exports", ""),
         ]
@@ -155,6 +165,13 @@ class DerivedCollector:
                 for w in store.rates
                 if w.last_rate is not None
             ]
+            rl_histograms = [
+                [self._hist_row(s, table.bounds) for s in table] for table in store.rl.histograms
+            ]
+            rl_sums = [
+                [(self._labels(c.resource_key, c.attrs), c.value) for c in table]
+                for table in store.rl.sums
+            ]
             live = [(self._labels(r.resource_key, r.attrs), r) for r in store.live]
             in_flight = [(labels, float(r.in_flight)) for labels, r in live]
             stalled = [(labels, float(r.stalled)) for labels, r in live]
@@ -162,6 +179,7 @@ class DerivedCollector:
             lag = [self._hist_row(s, store.live.lag.bounds) for s in store.live.lag]
             spans = dict(store.spans)
             invalid = store.invalid_spans
+            invalid_values = store.rl.invalid_values
             overflow = dict(store.overflow_points)
             exports = dict(store.exports)
         yield _histogram(semconv.METRIC_ROLLOUT_DURATION, rollout, "Duration of gym.rollout spans.")
@@ -209,6 +227,16 @@ class DerivedCollector:
             lag,
             "How late each server's event loop ran a timer callback (agent heartbeats), ms.",
         )
+        for name, rows in zip(HISTOGRAMS, rl_histograms, strict=True):
+            yield _histogram(name, rows, RL_DESCRIPTIONS[name])
+        for name, counts in zip(SUMS, rl_sums, strict=True):
+            yield _family(CounterMetricFamily, name, RL_DESCRIPTIONS[name], counts)
+        yield CounterMetricFamily(
+            "gym_sidecar_derived_invalid_values",
+            "RL attribute values of the wrong type or range (a string reward, a negative "
+            "token count): no point.",
+            value=invalid_values,
+        )
         fam = CounterMetricFamily(
             "gym_sidecar_derived_spans", "Spans turned into derived metrics.", labels=["span"]
         )
@@ -222,7 +250,8 @@ class DerivedCollector:
         )
         fam = CounterMetricFamily(
             "gym_sidecar_derived_overflow_points",
-            "Points sent to the overflow series by the cardinality limit.",
+            "Points sent to an overflow series: by the cardinality limit "
+            "(otel.metric.overflow) or the label-set cap (_OTHER values).",
             labels=["metric"],
         )
         for name, n in overflow.items():
@@ -274,6 +303,10 @@ def _histogram(
             fam.samples.append(
                 Sample(fam.name + "_bucket", {**labels, "le": le}, count, None, exemplar)
             )
+        if total < 0:
+            # A negative sum (negative rewards): OpenMetrics allows no negative _sum, nor
+            # a _count without one; the buckets stay, the OTLP export carries the sum.
+            continue
         fam.samples.append(Sample(fam.name + "_count", labels, buckets[-1][1]))
         fam.samples.append(Sample(fam.name + "_sum", labels, total))
     return fam

@@ -48,12 +48,12 @@ NS_PER_MS: Final = 1_000_000.0
 """A span's value in ms is ``(end_time_unix_nano - start_time_unix_nano) / NS_PER_MS``."""
 
 
-def exemplar_of(span: DerivedSpan) -> Exemplar | None:
-    """The exemplar ``span`` makes (its value, end time and ids); None when it lacks
-    one of the ids (it cannot link to a span)."""
+def exemplar_of(span: DerivedSpan, value: float | None = None) -> Exemplar | None:
+    """The exemplar ``span`` makes (``value``, else its duration in ms; its end time and
+    ids); None when it lacks one of the ids (it cannot link to a span)."""
     _, start, end, trace_id, span_id, _, _ = span
     if trace_id and span_id:
-        return ((end - start) / NS_PER_MS, end, trace_id, span_id)
+        return ((end - start) / NS_PER_MS if value is None else value, end, trace_id, span_id)
     return None
 
 
@@ -65,7 +65,16 @@ class SeriesPoints:
     accepted. Not thread-safe (filled and read on the event loop).
     """
 
-    __slots__ = ("attrs", "bounds", "counts", "exemplars", "key", "spans", "values")
+    __slots__ = (
+        "attrs",
+        "bounds",
+        "counts",
+        "exemplar_value",
+        "exemplars",
+        "key",
+        "spans",
+        "values",
+    )
 
     def __init__(
         self,
@@ -89,6 +98,10 @@ class SeriesPoints:
         """Points per bucket."""
         self.exemplars: dict[int, DerivedSpan] | None = {} if exemplars else None
         """Bucket -> the block's last span in it (None: exemplars are off)."""
+        self.exemplar_value: Callable[[DerivedSpan], float] | None = None
+        """The point's value of a span, for a metric whose value is not the span's
+        duration in ms (a reward, tokens, seconds): called for each bucket's exemplar
+        span only, when the points are recorded; None: the duration in ms."""
 
 
 def remember_resource(resources: dict[bytes, Resource], key: bytes) -> None:
@@ -163,8 +176,9 @@ class HistogramSeries:
         self.bucket_counts = list(map(add, self.bucket_counts, points.counts))
         if points.exemplars:
             exemplars = self.exemplars
+            value_of = points.exemplar_value
             for bucket, span in points.exemplars.items():
-                exemplar = exemplar_of(span)
+                exemplar = exemplar_of(span, None if value_of is None else value_of(span))
                 if exemplar is not None:  # empty ids: no exemplar (the last one stays)
                     exemplars[bucket] = exemplar
 
@@ -296,3 +310,100 @@ class RateTable:
         yield from self.windows.values()
         if self._overflow is not None:
             yield self._overflow
+
+
+class CounterSeries:
+    """A cumulative monotonic sum of one series (``gym.http.client.*``)."""
+
+    __slots__ = ("attrs", "prev_time_ns", "prev_value", "resource_key", "start_time_ns", "value")
+
+    def __init__(self, resource_key: bytes, attrs: Attrs, now_ns: int) -> None:
+        self.resource_key = resource_key
+        self.attrs = attrs
+        self.start_time_ns = now_ns
+        self.value = 0
+        self.prev_value = 0
+        """What the last successful export carried (a delta export's base)."""
+        self.prev_time_ns = now_ns
+
+
+class CounterTable:
+    """All series of one sum metric, bounded by the cardinality limit (as
+    :class:`HistogramTable`)."""
+
+    def __init__(
+        self,
+        *,
+        metric_name: str,
+        cardinality_limit: int,
+        clock_ns: Callable[[], int],
+        on_overflow: Callable[[tuple[str, ...], int], None],
+        resources: dict[bytes, Resource],
+    ) -> None:
+        self.resources = resources
+        self.metric_names = (metric_name,)
+        self.limit = cardinality_limit
+        self.series: dict[SeriesKey, CounterSeries] = {}
+        self._clock_ns = clock_ns
+        self._on_overflow = on_overflow
+
+    def add(self, resource_key: bytes, attrs: Attrs, amount: int) -> None:
+        """Add ``amount`` to the series (creating it, or routing to overflow, if new);
+        an overflowed amount counts as that many points."""
+        s = self.series.get((resource_key, attrs))
+        if s is None:
+            if len(self.series) < self.limit - 1:
+                remember_resource(self.resources, resource_key)
+                s = CounterSeries(resource_key, attrs, self._clock_ns())
+                self.series[(resource_key, attrs)] = s
+            else:
+                self._on_overflow(self.metric_names, amount)
+                key = (OVERFLOW_RESOURCE, OVERFLOW_ATTRS)
+                s = self.series.get(key)
+                if s is None:
+                    s = CounterSeries(OVERFLOW_RESOURCE, OVERFLOW_ATTRS, self._clock_ns())
+                    self.series[key] = s
+        s.value += amount
+
+    def __iter__(self) -> Iterator[CounterSeries]:
+        return iter(self.series.values())
+
+
+OTHER_VALUE: Final = "_OTHER"
+"""What a capped label set's free values become (:class:`LabelCap`)."""
+
+
+class LabelCap:
+    """The label-set cap of one RL metric: the first ``cap`` distinct point-attribute
+    sets are kept; a later new one has its free values (strings other than
+    ``fixed`` keys' values) replaced by :data:`OTHER_VALUE`. Not thread-safe (the store's
+    lock guards it)."""
+
+    __slots__ = ("cap", "fixed", "overflowed", "seen")
+
+    def __init__(self, cap: int, fixed: frozenset[str] = frozenset()) -> None:
+        self.cap = cap
+        self.fixed = fixed
+        """Keys whose values are a small closed set (``gen_ai.token.type``): kept."""
+        self.seen: set[Attrs] = set()
+        self.overflowed = 0
+        """Points whose attributes were capped."""
+
+    def admit(self, attrs: Attrs, points: int) -> Attrs:
+        """``attrs`` itself, or (a new tuple) its capped form when it is new, the cap is
+        reached and it has a free value to replace; ``points`` are then counted in
+        :attr:`overflowed`. (A set differing from the kept ones in fixed values only
+        stays as it is: there are few.)"""
+        if attrs in self.seen:
+            return attrs
+        if len(self.seen) < self.cap:
+            self.seen.add(attrs)
+            return attrs
+        fixed = self.fixed
+        if not any(isinstance(v, str) and k not in fixed and v != OTHER_VALUE for k, v in attrs):
+            return attrs
+        self.overflowed += points
+        return tuple(
+            (key, OTHER_VALUE if isinstance(value, str) and key not in fixed else value)
+            for key, value in attrs
+        )

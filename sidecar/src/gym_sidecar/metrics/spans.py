@@ -8,12 +8,13 @@ is not counted twice:
 2. :meth:`SpanDeriver.record` adds them to the store once the request was accepted.
 
 The request is a trace request's wire view (:mod:`gym_sidecar.core.traces`). Only
-ScopeSpans blocks whose scope can hold rollouts and verifications
-(``core.producers.ROW_SCOPES``: the agent's rollout and verify scopes, and the one scope
-of Gym's own telemetry, ``nemo.lens.helpers``) are read span by span, from the fields
-the scanner extracted for them (:data:`SCAN_SPEC`: each span's name, times, ids, status
-code, the values of three attributes and the ``exception.type`` of its exception
-event); every other block costs one scope-name lookup. The resource of a block that is
+ScopeSpans blocks whose scope the stage derives from (``core.producers.DERIVE_SCOPES``:
+the agent's rollout, verify, ``model_call`` and ``http_client`` scopes, and the one
+scope of Gym's own telemetry, ``nemo.lens.helpers``) are read span by span, from the
+fields the scanner extracted for them (:data:`SCAN_SPEC`, ``metrics.fields``: each
+span's name, times, ids, status code, the values of the attributes read and the
+``exception.type`` of its exception event); every other block costs one scope-name
+lookup. The resource of a block that is
 read is identified by its serialized bytes as they now stand (as received, or as
 enriched): those bytes are all a pending point keeps of it.
 
@@ -44,6 +45,12 @@ Per span (the producers' dialects are told apart by ``core.producers``):
   stale agent still sending it) are not read: the derived metrics mean exactly what the
   span-group configuration says (docs/span-groups.md). The gate drops and counts them.
 
+The RL view's points (issue 41: rewards, turns, tokens, model calls, retried and failed
+hops) are read in the same pass over each block by :mod:`gym_sidecar.metrics.rl` and
+kept in :attr:`Pending.rl`: from the rollout and verify scopes as above, from the agent's
+``model_call`` scope and Gym's scope (model calls), and from the agent's ``http_client``
+scope, whose blocks the scan reports sparsely (only its retried or failed hops).
+
 No other attribute (the rollout id in particular) becomes a dimension. The request is
 never modified.
 
@@ -69,13 +76,19 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import gym_telemetry_semconv as semconv
-from gym_telemetry_semconv import gym_dialect
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from gym_sidecar.core import producers
 from gym_sidecar.core.rollout_end import RolloutEnd
-from gym_sidecar.core.traces import AttrValue, DerivedSpan, ScanSpec, TraceRequest
-from gym_sidecar.metrics.derived import NESTED_ROLLOUT_SPANS, DerivedMetrics
+from gym_sidecar.core.traces import AttrValue, DerivedSpan, TraceRequest
+from gym_sidecar.metrics import fields
+from gym_sidecar.metrics.derived import (
+    HOP_SPANS,
+    MODEL_CALL_SPANS,
+    NESTED_ROLLOUT_SPANS,
+    DerivedMetrics,
+)
+from gym_sidecar.metrics.rl import RlExtractor, RlPending
 from gym_sidecar.metrics.series import (
     NS_PER_MS,
     OVERFLOW_ATTRS,
@@ -100,24 +113,23 @@ _VERIFY: Final = 2
 _BOTH: Final = 3
 """A scope that carries rollouts and verifications alike (Gym's own telemetry)."""
 
-SCAN_SPEC: Final = ScanSpec(
-    derive_scopes=producers.ROW_SCOPES,
-    attr_keys=(semconv.ROLLOUT_NESTED, semconv.VERIFY_SUCCEEDED, semconv.ERROR_TYPE),
-    event_keys=((gym_dialect.EXCEPTION_EVENT, gym_dialect.EXCEPTION_TYPE),),
-)
-"""What the derive stage reads of a trace request beyond its index: the spans of the
-scopes that hold rollouts and verifications, with these three attributes and the
-exception event's type (indexes below)."""
-_NESTED: Final = 0
-_SUCCEEDED: Final = 1
-_ERROR_TYPE: Final = 2
-_EXCEPTION_TYPE: Final = 3
+SCAN_SPEC: Final = fields.SCAN_SPEC
+"""What the derive stage reads of a trace request (``metrics.fields``)."""
+_NESTED: Final = fields.NESTED
+_SUCCEEDED: Final = fields.SUCCEEDED
+_ERROR_TYPE: Final = fields.ERROR_TYPE
+_EXCEPTION_TYPE: Final = fields.EXCEPTION_TYPE
+_MODEL: Final = 4
+"""The agent's ``model_call`` scope: model calls only (``metrics.rl``)."""
+_HOPS: Final = 5
+"""The agent's ``http_client`` scope, read sparsely: retried and failed hops."""
+_GROUP_OF_KIND: Final = {_MODEL: semconv.GROUP_MODEL_CALL, _HOPS: semconv.GROUP_HTTP_CLIENT}
 
 
 def _scope_kinds() -> dict[str, int]:
     """Scope name -> which loops read its blocks (from ``core.producers``)."""
     kinds: dict[str, int] = {}
-    for name in producers.ROW_SCOPES:
+    for name in producers.DERIVE_SCOPES:
         role = producers.scope_role(name)
         if role.by_name:
             kinds[name] = _BOTH
@@ -125,6 +137,10 @@ def _scope_kinds() -> dict[str, int]:
             kinds[name] = _ROLLOUT
         elif role.group == semconv.GROUP_VERIFY:
             kinds[name] = _VERIFY
+        elif role.group == semconv.GROUP_MODEL_CALL:
+            kinds[name] = _MODEL
+        elif role.group == semconv.GROUP_HTTP_CLIENT:
+            kinds[name] = _HOPS
     return kinds
 
 
@@ -144,6 +160,8 @@ class Pending:
     steps: list[SeriesPoints] = field(default_factory=list)
     invalid: int = 0
     nested: int = 0
+    rl: RlPending | None = None
+    """The RL view's points (``metrics.rl``), once a span gave one."""
     ended: list[RolloutEnd] = field(default_factory=list)
     """The outermost rollout spans read (with ``rollout_ends`` on), in span order."""
 
@@ -166,6 +184,7 @@ class SpanDeriver:
         self._rollout_bounds = store.rollout.bounds
         self._verify_bounds = store.verify.bounds
         self._step_bounds = store.env_step.bounds
+        self._rl = RlExtractor(store.rl.bounds, store.cfg.exemplars, self._max_error_chars)
 
     def extract(self, request: TraceRequest) -> Pending | None:
         """The derivable points of ``request`` (None: it has no rollout/verify scope).
@@ -187,21 +206,52 @@ class SpanDeriver:
                     continue
                 if resource_key is None:
                     resource_key = block.current_resource
-                rollouts = verifications = True
+                if kind >= _MODEL:
+                    if not spans:
+                        continue  # a sparse block without a retried or failed hop
+                    if enabled_of is not None:
+                        if enabled is None:
+                            enabled = enabled_of(resource_key)
+                        group = (
+                            semconv.GROUP_MODEL_CALL
+                            if kind == _MODEL
+                            else semconv.GROUP_HTTP_CLIENT
+                        )
+                        if group not in enabled:
+                            continue
+                    if pending is None:
+                        pending = Pending()
+                    if pending.rl is None:
+                        pending.rl = RlPending()
+                    if kind == _MODEL:
+                        self._rl.model_calls(resource_key, spans, pending.rl)
+                    else:
+                        self._rl.hops(resource_key, spans, pending.rl)
+                    continue
+                rollouts = verifications = models = True
                 if enabled_of is not None:
                     if enabled is None:
                         enabled = enabled_of(resource_key)
                     rollouts = kind != _VERIFY and semconv.GROUP_ROLLOUT in enabled
                     verifications = kind != _ROLLOUT and semconv.GROUP_VERIFY in enabled
-                    if not (rollouts or verifications):
+                    models = kind == _BOTH and semconv.GROUP_MODEL_CALL in enabled
+                    if not (rollouts or verifications or models):
                         continue  # an off group: not derived (the gate drops it)
                 if pending is None:
                     pending = Pending()
-                # A scope of both kinds is read twice; each loop takes its own names.
+                rl = pending.rl
+                if rl is None:
+                    rl = pending.rl = RlPending()
+                # A scope of several kinds is read once per kind; each loop takes its
+                # own names.
                 if kind != _VERIFY and rollouts:
                     self._rollouts(resource_key, spans, pending)
+                    self._rl.rollouts(resource_key, spans, rl)
                 if kind != _ROLLOUT and verifications:
                     self._verifications(resource_key, spans, pending)
+                    self._rl.verifications(resource_key, spans, rl)
+                if kind == _BOTH and models:
+                    self._rl.model_calls(resource_key, spans, rl)
         return pending
 
     # The two loops below run once per derived span: names are bound to locals, the
@@ -347,6 +397,14 @@ class SpanDeriver:
                 store.spans[semconv.SPAN_ENV_STEP] += added
             if pending.nested:
                 store.spans[NESTED_ROLLOUT_SPANS] += pending.nested
+            rl = pending.rl
+            if rl is not None:
+                store.rl.record(rl)
+                store.invalid_spans += rl.invalid_spans
+                if rl.model_calls:
+                    store.spans[MODEL_CALL_SPANS] += rl.model_calls
+                if rl.hops:
+                    store.spans[HOP_SPANS] += rl.hops
 
     def _add(
         self,

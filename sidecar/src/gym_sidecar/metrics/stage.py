@@ -51,11 +51,12 @@ from gym_sidecar.core.stage import Backpressure, Batch, PassThrough, ProcessorSt
 from gym_sidecar.core.traces import TraceRequest
 from gym_sidecar.metrics.config import MetricsConfig
 from gym_sidecar.metrics.derived import DerivedMetrics
+from gym_sidecar.metrics.fields import SCAN_SPEC
 from gym_sidecar.metrics.live_series import LAG_BOUNDS_MS
 from gym_sidecar.metrics.otlp_request import build_request
 from gym_sidecar.metrics.ownership import MetricOwnership
 from gym_sidecar.metrics.prometheus import DerivedCollector
-from gym_sidecar.metrics.spans import SCAN_SPEC, EnabledGroups, Pending, SpanDeriver
+from gym_sidecar.metrics.spans import EnabledGroups, Pending, SpanDeriver
 from gym_sidecar.selfmetrics import SelfMetrics
 
 _log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class DeriveStage(ProcessorStage["Pending | None"]):
             semconv.METRIC_ROLLOUT_DURATION: self.store.rollout.bounds,
             semconv.METRIC_VERIFY_DURATION: self.store.verify.bounds,
             semconv.METRIC_ENV_STEP_DURATION: self.store.env_step.bounds,
+            **{t.metric_names[0]: t.bounds for t in self.store.rl.histograms},
             semconv.METRIC_EVENT_LOOP_LAG: LAG_BOUNDS_MS,
         }
         self._enabled_groups = enabled_groups

@@ -27,6 +27,7 @@ from typing import Any, Final
 import gym_telemetry_semconv as semconv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from gym_sidecar.store.figures import RlFigures
 from gym_sidecar.store.nesting import OUTERMOST_ROLLOUT
 from gym_sidecar.store.rows import Truncation, attributes, service_of
 
@@ -50,10 +51,27 @@ class RolloutSummary:
     verify_ms: float | None
     span_count: int
     services: tuple[str, ...]
+    service: str = ""
+    """The service of the rollout span: the agent server that ran it (its environment,
+    :mod:`gym_sidecar.store.rl`)."""
+    reward: float | None = None
+    """``nemo.gym.reward`` of the rollout span (the ``/run`` answer's reward)."""
+    turns: int | None = None
+    """``nemo.gym.rollout.turns``: the model calls it made."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    """``nemo.gym.rollout.input_tokens`` / ``output_tokens``: the usage Gym summed."""
 
     @property
     def failed(self) -> bool:
         return self.error or self.verify == "failed"
+
+    @property
+    def tokens(self) -> int | None:
+        """Input plus output tokens (None when the rollout span has neither)."""
+        if self.input_tokens is None and self.output_tokens is None:
+            return None
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -120,14 +138,18 @@ def rollouts(
     max_duration_s: float | None = None,
     rollout_id: str | None = None,
     offset: int = 0,
+    env: str | None = None,
 ) -> list[RolloutSummary]:
     """Rollouts started in the last ``since_s`` seconds (all when None).
 
     Newest first, or the ``slowest`` N longest first. ``service`` keeps rollouts whose
     trace has a span of that service (exact name or a substring). ``min_duration_s`` /
     ``max_duration_s`` keep rollouts at least / less than that long, ``rollout_id`` the
-    rollout of that id. ``limit`` bounds the rows returned (``slowest`` replaces it when
-    given), after skipping the first ``offset`` matching rows.
+    rollout of that id, ``env`` the rollouts of that environment (the exact service of
+    their rollout span: the agent server). ``limit`` bounds the rows returned
+    (``slowest`` replaces it when given), after skipping the first ``offset`` matching
+    rows. Each row carries its RL figures (:class:`RlFigures`; turns and tokens from a
+    nested rollout span of its trace when its own span has none).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     where = ["name = ?", OUTERMOST_ROLLOUT]
@@ -144,6 +166,9 @@ def rollouts(
     if rollout_id is not None:
         where.append("rollout_id = ?")
         args.append(rollout_id)
+    if env is not None:
+        where.append("service = ?")
+        args.append(env)
     order = "end_ns - start_ns DESC" if slowest is not None else "start_ns DESC"
     tail = ""
     if not failed_only and service is None:
@@ -151,7 +176,8 @@ def rollouts(
         tail = " LIMIT ?"
         args.append(slowest if slowest is not None else limit + offset)
     rows = conn.execute(
-        "SELECT rollout_id, trace_id, start_ns, end_ns, status_code FROM gym_spans "
+        "SELECT rollout_id, trace_id, start_ns, end_ns, status_code, service, attributes "
+        "FROM gym_spans "
         f"WHERE {' AND '.join(where)} ORDER BY {order}{tail}",
         args,
     ).fetchall()
@@ -160,6 +186,7 @@ def rollouts(
     services: dict[bytes, set[str]] = {}
     verifies: dict[bytes, tuple[str, float]] = {}
     nested_errors: set[tuple[bytes, str | None]] = set()
+    nested_figures: dict[tuple[bytes, str | None], RlFigures] = {}
     for chunk in _chunks(trace_ids):
         marks = ",".join("?" * len(chunk))
         for r in conn.execute(
@@ -178,16 +205,23 @@ def rollouts(
             duration_ms = max(0, r["end_ns"] - r["start_ns"]) / 1e6
             verifies[bytes(r["trace_id"])] = (outcome, duration_ms)
         for r in conn.execute(
-            "SELECT trace_id, rollout_id FROM gym_spans "
-            f"WHERE name = ? AND status_code = ? AND NOT ({OUTERMOST_ROLLOUT}) "
-            f"AND trace_id IN ({marks})",
-            [semconv.SPAN_ROLLOUT, STATUS_ERROR, *chunk],
+            "SELECT trace_id, rollout_id, status_code, attributes FROM gym_spans "
+            f"WHERE name = ? AND NOT ({OUTERMOST_ROLLOUT}) AND trace_id IN ({marks})",
+            [semconv.SPAN_ROLLOUT, *chunk],
         ):
-            nested_errors.add((bytes(r["trace_id"]), r["rollout_id"]))
+            key = (bytes(r["trace_id"]), r["rollout_id"])
+            if int(r["status_code"]) == STATUS_ERROR:
+                nested_errors.add(key)
+            figures = RlFigures.of(json.loads(r["attributes"]))
+            if figures.turns is not None or figures.input_tokens is not None:
+                nested_figures[key] = figures
     out: list[RolloutSummary] = []
     for r in rows:
         tid = bytes(r["trace_id"])
         outcome, verify_ms = verifies.get(tid, ("-", None))
+        figures = RlFigures.of(json.loads(r["attributes"])).or_counts_of(
+            nested_figures.get((tid, r["rollout_id"])) or nested_figures.get((tid, None))
+        )
         summary = RolloutSummary(
             rollout_id=r["rollout_id"] or f"(trace {tid.hex()[:8]})",
             trace_id=tid.hex(),
@@ -202,6 +236,11 @@ def rollouts(
             verify_ms=verify_ms,
             span_count=counts.get(tid, 0),
             services=tuple(sorted(services.get(tid, ()))),
+            service=str(r["service"]),
+            reward=figures.reward,
+            turns=figures.turns,
+            input_tokens=figures.input_tokens,
+            output_tokens=figures.output_tokens,
         )
         if failed_only and not summary.failed:
             continue

@@ -14,7 +14,8 @@ read. What queries need is extracted beside it:
 Only the scopes that can hold them (``core.producers.ROW_SCOPES``) are walked span by
 span, plus one pass reading each span's trace id, which keeps writing several times
 cheaper than a row per span. Metric points are kept
-for metrics named ``gym.*`` (the derived metrics); logs are not stored.
+for metrics named ``gym.*`` and the GenAI ones (``STORED_METRIC_PREFIXES``: the derived
+metrics); logs are not stored.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from gym_sidecar.core import producers
 
 GYM_METRIC_PREFIX: Final = "gym."
+STORED_METRIC_PREFIXES: Final = (GYM_METRIC_PREFIX, "gen_ai.client.", "gen_ai.server.")
+"""Metric names whose points the store keeps: the ``gym.*`` metrics and the GenAI ones
+(the sidecar derives ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``
+and ``gen_ai.server.time_to_first_token``: the web view's model-call figures)."""
 
 TraceRow = tuple[bytes, int, str]
 """(trace_id, spans of it in the request, its services comma-separated)."""
@@ -179,14 +184,15 @@ def _points(metric: Metric) -> tuple[str, list[tuple[int, int, dict[str, Any], A
 
 
 def point_rows(payload: bytes) -> list[PointRow]:
-    """Rows of the ``gym.*`` metric points in a serialized ``ExportMetricsServiceRequest``."""
+    """Rows of the points of the metrics the store keeps (:data:`STORED_METRIC_PREFIXES`)
+    in a serialized ``ExportMetricsServiceRequest``."""
     request = ExportMetricsServiceRequest.FromString(payload)
     rows: list[PointRow] = []
     for rm in request.resource_metrics:
         service: str | None = None
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if not metric.name.startswith(GYM_METRIC_PREFIX):
+                if not metric.name.startswith(STORED_METRIC_PREFIXES):
                     continue
                 if service is None:
                     service = service_of(rm.resource)

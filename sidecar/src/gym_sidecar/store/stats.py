@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
 
+from gym_sidecar.store.figures import RlFigures
 from gym_sidecar.store.nesting import OUTERMOST_ROLLOUT
 from gym_sidecar.store.queries import STATUS_ERROR
 
@@ -103,29 +104,36 @@ def _span_distribution(
     return durations, details
 
 
-def _window_values(conn: sqlite3.Connection, name: str, since_ns: int | None) -> list[Any]:
-    """Per series, the value accumulated in the window (see the module docstring)."""
+def window_points(
+    conn: sqlite3.Connection, name: str, since_ns: int | None
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """Per series of metric ``name``, (service, attributes JSON, the value accumulated in
+    the window): see the module docstring."""
     rows = conn.execute(
         "SELECT service, attributes, start_ns, time_ns, value FROM metric_points "
         "WHERE name = ? ORDER BY time_ns",
         (name,),
     ).fetchall()
     series: dict[tuple[str, str, int], list[tuple[int, Any]]] = defaultdict(list)
-    deltas: list[Any] = []
+    out: list[tuple[str, str, dict[str, Any]]] = []
     for r in rows:
         value = json.loads(r["value"])
         if value.get("temporality") == _CUMULATIVE:
             series[(r["service"], r["attributes"], r["start_ns"])].append((r["time_ns"], value))
         elif since_ns is None or r["time_ns"] >= since_ns:
-            deltas.append((r["attributes"], value))
-    out: list[Any] = list(deltas)
-    for (_service, attrs, _start), points in series.items():
+            out.append((str(r["service"]), str(r["attributes"]), value))
+    for (service, attrs, _start), points in series.items():
         inside = [v for t, v in points if since_ns is None or t >= since_ns]
         if not inside:
             continue
         before = [v for t, v in points if since_ns is not None and t < since_ns]
-        out.append((attrs, _minus(inside[-1], before[-1] if before else None)))
+        out.append((service, attrs, _minus(inside[-1], before[-1] if before else None)))
     return out
+
+
+def _window_values(conn: sqlite3.Connection, name: str, since_ns: int | None) -> list[Any]:
+    """Per series, (attributes JSON, the value accumulated in the window)."""
+    return [(attrs, value) for _service, attrs, value in window_points(conn, name, since_ns)]
 
 
 def _minus(last: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
@@ -135,6 +143,7 @@ def _minus(last: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
         return {
             **last,
             "count": last["count"] - base["count"],
+            "sum": last.get("sum", 0.0) - base.get("sum", 0.0),
             "buckets": [a - b for a, b in zip(last["buckets"], base["buckets"], strict=False)],
         }
     return {**last, "value": last["value"] - base["value"]}
@@ -193,6 +202,10 @@ class SpanSample:
     duration_ms: float
     completed: bool
     """For a verify span: the verification completed (``succeeded`` not false, no ERROR)."""
+    reward: float | None = None
+    """Its ``nemo.gym.reward`` (rollout and verify spans), when numeric."""
+    tokens: int | None = None
+    """A rollout's input plus output tokens (``nemo.gym.rollout.*_tokens``), when known."""
 
 
 def span_samples(
@@ -209,13 +222,20 @@ def span_samples(
     if since_ns is not None:
         sql += " AND start_ns >= ?"
         args.append(since_ns)
-    out = [
-        SpanSample(
-            int(r["start_ns"]),
-            max(0, r["end_ns"] - r["start_ns"]) / 1e6,
-            json.loads(r["attributes"]).get(semconv.VERIFY_SUCCEEDED) is not False
-            and int(r["status_code"]) != STATUS_ERROR,
+    out = []
+    for r in conn.execute(sql + " ORDER BY start_ns", args):
+        attrs = json.loads(r["attributes"])
+        figures = RlFigures.of(attrs)
+        out.append(
+            SpanSample(
+                int(r["start_ns"]),
+                max(0, r["end_ns"] - r["start_ns"]) / 1e6,
+                attrs.get(semconv.VERIFY_SUCCEEDED) is not False
+                and int(r["status_code"]) != STATUS_ERROR,
+                figures.reward,
+                None
+                if figures.input_tokens is None and figures.output_tokens is None
+                else (figures.input_tokens or 0) + (figures.output_tokens or 0),
+            )
         )
-        for r in conn.execute(sql + " ORDER BY start_ns", args)
-    ]
     return out

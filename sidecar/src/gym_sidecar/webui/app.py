@@ -3,8 +3,9 @@
 Routes (all GET; anything else is 405, the view is read-only):
 
 - ``/`` -> ``/rollouts``; ``/rollouts`` (filters ``failed``, ``server``, ``slower_than``,
-  ``faster_than``, ``since``, ``rollout``; ``page``); ``/trace/{rollout or trace id}``
-  (``page``, ``errors``); ``/stats`` (``since``); ``/map`` (``since``); ``/live`` (the
+  ``faster_than``, ``since``, ``rollout``, ``env``; ``page``); ``/trace/{rollout or trace
+  id}`` (``page``, ``errors``); ``/stats`` (``since``); ``/envs`` (``since``: the RL
+  figures per environment, model and verifier); ``/map`` (``since``); ``/live`` (the
   rollouts in flight now, read from the sidecar's admin listener, :mod:`.live_page`);
 - ``/static/ui.css``, ``/static/ui.js``; ``/api/...`` (:mod:`gym_sidecar.query.api`).
 
@@ -36,8 +37,8 @@ from starlette.routing import BaseRoute, Route
 from gym_sidecar.live.client import LiveUnavailable, fetch_live
 from gym_sidecar.query.api import build_router, normalize_trace_id
 from gym_sidecar.query.dependencies import DEPENDENCY_TRACES, recent_graph
-from gym_sidecar.store import db, queries, stats
-from gym_sidecar.webui import live_page, pages, svg, trace_page
+from gym_sidecar.store import db, queries, rl, stats
+from gym_sidecar.webui import live_page, pages, rl_pages, svg, trace_page
 from gym_sidecar.webui.html import SECURITY_HEADERS, url
 from gym_sidecar.webui.jaeger_ui import BASE_PATH as JAEGER_BASE
 from gym_sidecar.webui.jaeger_ui import JaegerUi
@@ -146,6 +147,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
             faster_than=q.get("faster_than", "").strip(),
             since=q.get("since", "").strip(),
             rollout=q.get("rollout", "").strip(),
+            env=q.get("env", "").strip(),
         )
         error = ""
         try:
@@ -164,6 +166,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
                 min_duration_s=slower,
                 max_duration_s=faster,
                 rollout_id=filters.rollout or None,
+                env=filters.env or None,
                 limit=PAGE_SIZE + 1,
                 offset=page_no * PAGE_SIZE,
                 now_ns=cfg.clock_ns(),
@@ -262,7 +265,23 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
             success,
             since,
             error,
+            rl_pages.series_section(rl_pages.rollout_series(rollout_samples)),
         )
+        return _html(body, 400 if error else 200)
+
+    def envs(request: Request) -> Response:
+        since = request.query_params.get("since", "").strip()
+        error = ""
+        try:
+            window_s = parse_duration_s(since, "since")
+        except ValueError as exc:
+            error, window_s = str(exc), None
+        now = cfg.clock_ns()
+        with snapshot() as conn:
+            found = rl.environments(conn, window_s, now)
+            models = rl.models(conn, window_s, now)
+            verifiers = rl.verifier_rewards(conn, window_s, now)
+        body = rl_pages.envs_page(found, models, verifiers, since, error)
         return _html(body, 400 if error else 200)
 
     def service_map(request: Request) -> Response:
@@ -330,6 +349,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         Route("/rollouts", rollouts, methods=["GET"]),
         Route("/trace/{ident:path}", trace, methods=["GET"]),
         Route("/stats", stats_view, methods=["GET"]),
+        Route("/envs", envs, methods=["GET"]),
         Route("/map", service_map, methods=["GET"]),
         Route("/live", live, methods=["GET"]),
         Route("/static/{name}", static, methods=["GET"]),

@@ -33,6 +33,7 @@ MAX_DETAIL_CHARS: Final = 4000
 ACTIVE: Final = ' class="active" aria-current="page"'
 NAV: Final = (
     ("/rollouts", "Rollouts"),
+    ("/envs", "Environments"),
     ("/live", "Live"),
     ("/stats", "Stats"),
     ("/map", "Service map"),

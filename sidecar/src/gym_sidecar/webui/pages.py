@@ -41,6 +41,8 @@ class RolloutFilters:
     faster_than: str = ""
     since: str = ""
     rollout: str = ""
+    env: str = ""
+    """An environment: the exact service of the rollout span (the agent server)."""
 
     def params(self) -> dict[str, object]:
         return {
@@ -50,6 +52,7 @@ class RolloutFilters:
             "faster_than": self.faster_than,
             "since": self.since,
             "rollout": self.rollout,
+            "env": self.env,
         }
 
 
@@ -65,16 +68,34 @@ def not_found_page(message: str) -> str:
     )
 
 
+def figure(value: float | None) -> str:
+    """An RL figure for a cell: ``-`` when the span had none."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def tokens_text(input_tokens: int | None, output_tokens: int | None) -> str:
+    """``34 / 13`` (input / output), ``-`` when neither is known."""
+    if input_tokens is None and output_tokens is None:
+        return "-"
+    return f"{figure(input_tokens)} / {figure(output_tokens)}"
+
+
 def _rollout_row(r: RolloutSummary) -> str:
     cls = "failed" if r.failed else ""
     verify = f'<span class="verify {e(r.verify)}">{e(r.verify)}</span>'
     status = '<span class="badge error">error</span>' if r.error else "ok"
     return (
         f'<tr class="{cls}" data-testid="rollout-row" data-rollout="{e(r.rollout_id)}" '
-        f'data-trace="{e(r.trace_id)}" data-failed="{str(r.failed).lower()}">'
+        f'data-trace="{e(r.trace_id)}" data-failed="{str(r.failed).lower()}" '
+        f'data-env="{e(r.service)}" data-reward="{e(figure(r.reward))}" '
+        f'data-turns="{e(figure(r.turns))}" data-tokens="{e(figure(r.tokens))}">'
         f'<td><a href="/trace/{e(seg(r.trace_id))}">{clip(r.rollout_id, 80)}</a></td>'
         f'<td>{e(when(r.start_ns))}</td><td class="num">{e(fmt_ms(r.duration_ms))}</td>'
-        f'<td>{status}</td><td>{verify}</td><td class="num">{r.span_count}</td>'
+        f'<td>{status}</td><td>{verify}</td><td class="num">{e(figure(r.reward))}</td>'
+        f'<td class="num">{e(figure(r.turns))}</td>'
+        f'<td class="num">{e(tokens_text(r.input_tokens, r.output_tokens))}</td>'
+        f'<td class="num">{r.span_count}</td>'
+        f"<td>{clip(r.service, 80)}</td>"
         f"<td>{clip(', '.join(r.services))}</td></tr>"
     )
 
@@ -104,6 +125,8 @@ def rollouts_page(
         f'<label>since <input name="since" size="6" value="{e(filters.since)}" '
         'placeholder="15m"></label>'
         f'<label>rollout id <input name="rollout" size="12" value="{e(filters.rollout)}"></label>'
+        f'<label>environment <input name="env" size="16" value="{e(filters.env)}" '
+        'placeholder="any"></label>'
         '<button type="submit">Filter</button> <a href="/rollouts">clear</a></form>'
     )
     body = [form]
@@ -120,7 +143,19 @@ def rollouts_page(
     )
     if rows:
         region += table(
-            ["rollout", "start (UTC)", "duration", "status", "verify", "spans", "services"],
+            [
+                "rollout",
+                "start (UTC)",
+                "duration",
+                "status",
+                "verify",
+                "reward",
+                "turns",
+                "tokens in / out",
+                "spans",
+                "environment",
+                "services",
+            ],
             (_rollout_row(r) for r in rows),
             "rollouts",
         )
@@ -159,9 +194,11 @@ def stats_page(  # noqa: PLR0917 (one argument per part of the page)
     success: Sequence[tuple[str, float, int]],
     since: str,
     error: str = "",
+    series: str = "",
 ) -> str:
     """Percentiles, two histograms (rollout buckets link to their rollouts), the verify
-    success fraction over time."""
+    success fraction over time, and ``series`` (the RL time series, already rendered:
+    ``rl_pages.series_section``)."""
     form = (
         '<form class="filters" method="get" action="/stats"><label>since '
         f'<input name="since" size="6" value="{e(since)}" placeholder="all"></label>'
@@ -201,6 +238,7 @@ def stats_page(  # noqa: PLR0917 (one argument per part of the page)
         svg.histogram(verify_buckets, "verify durations", "verify-histogram"),
         "<h2>Verify success fraction over time</h2>",
         svg.fraction_chart(success, "success-chart"),
+        series,
     ]
     return page("Stats", "".join(body), active="/stats")
 

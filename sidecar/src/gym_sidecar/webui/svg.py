@@ -209,3 +209,91 @@ def service_map(nodes: dict[str, tuple[int, int]], edges: Sequence[Edge]) -> str
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One time bin of a series chart."""
+
+    label: str
+    """The bin's start (``HH:MM:SS`` UTC)."""
+    value: float | None
+    """None: nothing in this bin (a gap in a line)."""
+    n: int
+    """How many rollouts the value is of."""
+
+
+def series_chart(
+    points: Sequence[SeriesPoint],
+    testid: str,
+    label: str,
+    unit: str,
+    *,
+    bars: bool = False,
+    empty: str = "no rollouts in this window",
+) -> str:
+    """A value per time bin: bars (``bars``, counts from 0) or a line with a dot per bin
+    (its axis from the smallest value, or 0, to the largest). Every bin carries its value
+    and ``n`` as ``data-*`` attributes and a tooltip."""
+    shown = [p for p in points if p.value is not None]
+    if not shown:
+        return f'<p class="empty" data-testid="{e(testid)}">{e(empty)}</p>'
+    width, height, pad = 720, 200, 44
+    values = [p.value for p in shown if p.value is not None]
+    low = 0.0 if bars else min(0.0, *values)
+    high = max(*values, low + 1e-9)
+    span = high - low or 1.0
+
+    def y(v: float) -> float:
+        return pad + (height - 2 * pad) * (1 - (v - low) / span)
+
+    step = (width - 2 * pad) / max(1, len(points))
+    parts = [
+        f'<svg class="chart series" data-testid="{e(testid)}" '
+        f'viewBox="0 0 {width} {height + 24}" role="img" aria-label="{e(label)}">'
+    ]
+    for v in sorted({low, (low + high) / 2, high}):
+        parts.append(
+            f'<line class="grid" x1="{pad}" y1="{y(v):.1f}" x2="{width - pad}" y2="{y(v):.1f}"/>'
+            f'<text class="axis" x="2" y="{y(v) + 4:.1f}">{e(_short(v))}</text>'
+        )
+    coords: list[str] = []
+    marks: list[str] = []
+    for i, p in enumerate(points):
+        if p.value is None:
+            continue
+        x = pad + step * (i + 0.5)
+        attrs = f'data-bin="{i}" data-n="{p.n}" data-value="{p.value:.6g}"'
+        title = f"{p.label}: {_short(p.value)} {unit} ({p.n} rollouts)"
+        if bars:
+            top = y(p.value)
+            marks.append(
+                f'<rect class="bar" x="{x - step * 0.4:.1f}" y="{top:.1f}" '
+                f'width="{step * 0.8:.1f}" height="{y(low) - top:.1f}" {attrs}>'
+                f"<title>{e(title)}</title></rect>"
+            )
+        else:
+            coords.append(f"{x:.1f},{y(p.value):.1f}")
+            marks.append(
+                f'<circle class="dot" cx="{x:.1f}" cy="{y(p.value):.1f}" r="4" {attrs}>'
+                f"<title>{e(title)}</title></circle>"
+            )
+    if coords:
+        parts.append(f'<polyline class="line" points="{" ".join(coords)}"/>')
+    parts += marks
+    parts.append(
+        f'<text class="axis" x="{pad}" y="{height + 18}">{e(points[0].label)}</text>'
+        f'<text class="axis end" x="{width - pad}" y="{height + 18}">{e(points[-1].label)}</text>'
+        f'<text class="axis end" x="{width - pad}" y="14">{e(unit)}</text></svg>'
+    )
+    return "".join(parts)
+
+
+def _short(value: float) -> str:
+    """A chart label: ``0.75``, ``12``, ``3.4k``, ``1.2M``."""
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if magnitude >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.3g}"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import gym_telemetry_semconv as semconv
+
 from gym_sidecar.core import producers
+from gym_sidecar.store.figures import RlFigures
 from gym_sidecar.store.queries import SpanRecord
 from gym_sidecar.webui.html import clip, e, fmt_ms, kv_table, page, seg, url
-from gym_sidecar.webui.pages import KIND_LABELS, STATUS_LABELS, when
+from gym_sidecar.webui.pages import KIND_LABELS, STATUS_LABELS, figure, tokens_text, when
 from gym_sidecar.webui.waterfall import (
     MAX_DEPTH_CLASS,
     PAGE_ROWS,
@@ -148,6 +151,14 @@ def trace_page(
         notes.append("no root span stored")
     if state.awaiting_callees:
         notes.append(f"{state.awaiting_callees} client calls without a span from the callee")
+    rollout_spans = sorted(
+        (s for s in spans if s.name == semconv.SPAN_ROLLOUT), key=lambda s: s.start_ns
+    )
+    figures = RlFigures()
+    if rollout_spans:  # the outermost (it starts first); counts from whichever carries them
+        figures = RlFigures.of(rollout_spans[0].attributes)
+        for inner in rollout_spans[1:]:
+            figures = figures.or_counts_of(RlFigures.of(inner.attributes))
     legend = "".join(
         f'<li data-testid="service" data-service="{e(name)}"><span class="swatch {cls}"></span>'
         f"{clip(name, 80)}</li>"
@@ -162,6 +173,10 @@ def trace_page(
         f"<dt>spans</dt><dd>{len(spans)} from {len(classes)} services</dd>",
         f"<dt>duration</dt><dd>{e(fmt_ms(total_ns / 1e6))}, started {e(when(t0))} UTC</dd>",
         f"<dt>errors</dt><dd>{errors} spans, {failed_verifies} failed verifications</dd>",
+        f'<dt>reward</dt><dd data-testid="trace-reward">{e(figure(figures.reward))}</dd>',
+        f'<dt>turns</dt><dd data-testid="trace-turns">{e(figure(figures.turns))}</dd>',
+        '<dt>tokens in / out</dt><dd data-testid="trace-tokens">'
+        f"{e(tokens_text(figures.input_tokens, figures.output_tokens))}</dd>",
         f'<dt>state</dt><dd class="state {e(state.state)}" data-testid="trace-state">'
         f"{e(state_text)}"
         f"{' (' + e('; '.join(notes)) + ')' if notes else ''}</dd>",

@@ -72,6 +72,8 @@ def scan_for_derive(scan: Scan, data: bytes, max_depth: int = 100) -> TraceReque
         attr_keys=SCAN_SPEC.attr_keys,
         event_keys=SCAN_SPEC.event_keys,
         split_scopes=SPLIT_SCOPES,
+        sparse_scopes=SCAN_SPEC.sparse_scopes,
+        sparse_keys=SCAN_SPEC.sparse_keys,
     )
 
 
@@ -134,7 +136,7 @@ def check_index(view: TraceRequest, data: bytes) -> None:
             if ss.scope.name not in SCAN_SPEC.derive_scopes:
                 assert scope.derived is None
                 continue
-            assert scope.derived == [
+            want = [
                 (
                     span.name,
                     span.start_time_unix_nano,
@@ -146,6 +148,10 @@ def check_index(view: TraceRequest, data: bytes) -> None:
                 )
                 for span in ss.spans
             ]
+            if ss.scope.name in SCAN_SPEC.sparse_scopes:  # the marked spans only
+                marks = [SCAN_SPEC.attr_keys.index(k) for k in SCAN_SPEC.sparse_keys]
+                want = [d for d in want if any(d[6][i] is not None for i in marks)]
+            assert scope.derived == want
         for value in (v for s in block.scopes for d in s.derived or () for v in d[6]):
             assert value is None or type(value) in (bool, int, float, str, bytes)
     assert view.span_count() == sum(
@@ -217,10 +223,11 @@ def test_gym_own_telemetry_spans_are_read_and_split(scan: Scan) -> None:
     check_index(view, data)
     (scope,) = view.blocks[0].scopes
     assert scope.derived is not None
+    nothing = (None,) * len(SCAN_SPEC.attr_keys)
     assert [d[6] for d in scope.derived] == [
-        (None, None, None, None),
-        (None, None, None, "__main__.VerifierCrash"),
-        (None, None, None, None),
+        (*nothing, None),
+        (*nothing, "__main__.VerifierCrash"),
+        (*nothing, None),
     ]
     assert scope.split is not None
     assert [name for name, _, _ in scope.split] == [
@@ -362,6 +369,52 @@ def test_a_scope_outside_derive_scopes_is_not_read(scan: Scan) -> None:
     assert verify.derived == [(semconv.SPAN_VERIFY, 5, 9, b"", b"", 0, (True, None))]
 
 
+def test_a_sparse_scope_lists_its_marked_spans_only(scan: Scan) -> None:
+    """``sparse_scopes``: of a hop block, only the spans with a value for one of the
+    sparse keys (a retried or failed hop) are listed, each with every key's value; a
+    block with none lists nothing; a non-sparse derive scope lists every span."""
+    hops = semconv.scope_name(semconv.GROUP_HTTP_CLIENT)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    plain, retried, failed = rs.scope_spans.add(), rs.scope_spans.add(), rs.scope_spans.add()
+    for ss in (plain, retried, failed):
+        ss.scope.name = hops
+    for i in range(3):  # plain hops: a target, no mark
+        sp = plain.spans.add(name="POST /v1/responses", start_time_unix_nano=1 + i)
+        sp.attributes.add(key="target").value.string_value = "model"
+    retried.spans.add(name="POST /a").attributes.add(key="target").value.string_value = "a"
+    sp = retried.spans.add(name="POST /b", start_time_unix_nano=7)
+    sp.attributes.add(key="target").value.string_value = "b"
+    sp.attributes.add(key="resends").value.int_value = 2
+    sp = failed.spans.add(name="POST /c")
+    sp.attributes.add(key="error").value.string_value = "timeout"
+    sp.attributes.add(key="resends").value.array_value.SetInParent()  # no value: unmarked
+    failed.spans.add(name="POST /d").attributes.add(key="error").value.string_value = "500"
+    other = rs.scope_spans.add()
+    other.scope.name = ROLLOUT_SCOPE
+    other.spans.add(name="x")
+    view = scan(
+        req.SerializeToString(),
+        max_depth=100,
+        max_messages=1000,
+        derive_scopes=frozenset({hops, ROLLOUT_SCOPE}),
+        attr_keys=("target", "resends", "error"),
+        sparse_scopes=frozenset({hops}),
+        sparse_keys=("resends", "error"),
+    )
+    got = [scope.derived for scope in view.blocks[0].scopes]
+    assert got == [
+        [],
+        [("POST /b", 7, 0, b"", b"", 0, ("b", 2, None))],
+        [
+            ("POST /c", 0, 0, b"", b"", 0, (None, None, "timeout")),
+            ("POST /d", 0, 0, b"", b"", 0, (None, None, "500")),
+        ],
+        [("x", 0, 0, b"", b"", 0, (None, None, None))],
+    ]
+    assert [scope.spans for scope in view.blocks[0].scopes] == [3, 2, 2, 1]  # counts: all
+
+
 def test_otlp_json_traces_are_scanned_like_protobuf() -> None:
     req = trace_request("j", spans=4)
     req.resource_spans[0].scope_spans[0].scope.name = VERIFY_SCOPE
@@ -425,6 +478,8 @@ def fake_native(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> typ
         scope_block: type[ScopeBlock],
         event_keys: tuple[tuple[str, str], ...] = (),
         split_scopes: frozenset[str] = frozenset(),
+        sparse_scopes: frozenset[str] = frozenset(),
+        sparse_keys: tuple[str, ...] = (),
     ) -> tuple[list[ResourceBlock], list[tuple[int, int]]]:
         assert resource_block is ResourceBlock and scope_block is ScopeBlock
         calls.append(data)
@@ -438,6 +493,8 @@ def fake_native(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> typ
             attr_keys=attr_keys,
             event_keys=event_keys,
             split_scopes=split_scopes,
+            sparse_scopes=sparse_scopes,
+            sparse_keys=sparse_keys,
         )
         return view.blocks, view.other
 

@@ -30,6 +30,7 @@ SCOPE_NAMES = (
     GYM_SCOPE,
     SANDBOX_SCOPE,
     semconv.scope_name(semconv.GROUP_MODEL_CALL),
+    semconv.scope_name(semconv.GROUP_HTTP_CLIENT),
     "fastapi",
     "opentelemetry.instrumentation.aiohttp_client",
     "my.lib",
@@ -49,6 +50,9 @@ SPAN_KEYS = (
     semconv.VERIFY_SUCCEEDED,
     semconv.ERROR_TYPE,
     semconv.ROLLOUT_ID,
+    semconv.HTTP_REQUEST_RESEND_COUNT,
+    semconv.TARGET_SERVER_NAME,
+    semconv.REWARD,
     "x",
 )
 

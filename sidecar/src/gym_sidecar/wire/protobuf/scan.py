@@ -6,7 +6,8 @@ and messages) and builds the :class:`~gym_sidecar.core.traces.TraceRequest` the 
 pipeline works on: where each ResourceSpans and ScopeSpans block lies, its resource
 bytes, scope name and span count, the derive fields of the spans of the scopes
 ``derive_scopes`` names (:data:`~gym_sidecar.core.traces.DerivedSpan`: their attribute
-values for ``attr_keys``, then their event attribute values for ``event_keys``), and
+values for ``attr_keys``, then their event attribute values for ``event_keys``; of the
+``sparse_scopes`` among them, only the spans with a value for one of ``sparse_keys``), and
 the name and byte range of each span of the scopes ``split_scopes`` names
 (:data:`~gym_sidecar.core.traces.SplitSpan`, for the gate's span-level removal).
 
@@ -153,14 +154,18 @@ def scan_traces(
     attr_keys: tuple[str, ...],
     event_keys: tuple[tuple[str, str], ...] = (),
     split_scopes: frozenset[str] = frozenset(),
+    sparse_scopes: frozenset[str] = frozenset(),
+    sparse_keys: tuple[str, ...] = (),
 ) -> TraceRequest:
     """The wire view of the ExportTraceServiceRequest ``data``; :class:`BadRequest` (reasons
     ``bad_request``, ``too_deep``, ``too_many_messages``) for anything the upb parser
     refuses, for nesting beyond ``max_depth`` message levels and for more than
     ``max_messages`` messages. Blocks whose scope name is in ``derive_scopes`` carry
     their spans' derive fields, with the values of ``attr_keys`` then of ``event_keys``
-    (those of spans whose status is ERROR only); blocks whose scope name is in
-    ``split_scopes`` their spans' names and byte ranges (``ScopeBlock.split``)."""
+    (those of spans whose status is ERROR only), of a block whose scope name is in
+    ``sparse_scopes`` only the spans with a value for one of ``sparse_keys``; blocks
+    whose scope name is in ``split_scopes`` their spans' names and byte ranges
+    (``ScopeBlock.split``)."""
     native = _SELECTION.scanner()
     if native is None:
         return scan_python(
@@ -171,6 +176,8 @@ def scan_traces(
             attr_keys=attr_keys,
             event_keys=event_keys,
             split_scopes=split_scopes,
+            sparse_scopes=sparse_scopes,
+            sparse_keys=sparse_keys,
         )
     try:
         blocks, other = native.scan_traces(
@@ -183,6 +190,8 @@ def scan_traces(
             ScopeBlock,
             event_keys,
             split_scopes,
+            sparse_scopes,
+            sparse_keys,
         )
     except native.TooDeep:
         raise too_deep(min(max_depth, PARSER_MAX_DEPTH)) from None
@@ -203,6 +212,8 @@ def scan_request(data: bytes, *, max_depth: int, max_messages: int, scan: ScanSp
         attr_keys=scan.attr_keys,
         event_keys=scan.event_keys,
         split_scopes=scan.split_scopes,
+        sparse_scopes=scan.sparse_scopes,
+        sparse_keys=scan.sparse_keys,
     )
 
 
@@ -215,11 +226,15 @@ def scan_python(
     attr_keys: tuple[str, ...],
     event_keys: tuple[tuple[str, str], ...] = (),
     split_scopes: frozenset[str] = frozenset(),
+    sparse_scopes: frozenset[str] = frozenset(),
+    sparse_keys: tuple[str, ...] = (),
 ) -> TraceRequest:
     """The pure-Python scanner (see the module doc); same contract as
     :func:`scan_traces`."""
     message: Any = decode_protobuf(_SPEC, data, max_depth, max_messages)
-    reading = ScanSpec(derive_scopes, attr_keys, event_keys, split_scopes)
+    reading = ScanSpec(
+        derive_scopes, attr_keys, event_keys, split_scopes, sparse_scopes, sparse_keys
+    )
     try:
         blocks, other = _index(data, message.resource_spans, reading)
     except (IndexError, ValueError) as exc:
@@ -335,7 +350,8 @@ def _fill_block(block: ResourceBlock, data: bytes, pos: int, rs: Any, reading: S
             name = ss.scope.name
             derived = None
             if name in reading.derive_scopes:
-                derived = _derived(ss, reading, data, pos, field_end)
+                sparse = name in reading.sparse_scopes
+                derived = _derived(ss, reading, data, pos, field_end, sparse=sparse)
             scope = ScopeBlock(pos, field_end, name, len(ss.spans), derived)
             if name in reading.split_scopes:
                 scope.split = _split(ss, data, body, field_end)
@@ -376,21 +392,28 @@ def _value(value: AnyValue) -> AttrValue:
 
 
 def _derived(
-    ss: ScopeSpans, reading: ScanSpec, data: bytes, start: int, end: int
+    ss: ScopeSpans, reading: ScanSpec, data: bytes, start: int, end: int, *, sparse: bool = False
 ) -> list[DerivedSpan]:
     """The derive fields of the block's spans. Attributes are read only when one of
     ``attr_keys`` occurs in the block's bytes at all (the keys are rare), events only
-    when one of ``event_keys``' event names does, and then of ERROR spans only."""
+    when one of ``event_keys``' event names does, and then of ERROR spans only. A
+    ``sparse`` block lists only its spans with a value for one of ``sparse_keys``, and
+    is read only when one of them occurs in its bytes."""
     attr_keys, event_keys = reading.attr_keys, reading.event_keys
     n_attrs = len(attr_keys)
     nothing: tuple[AttrValue, ...] = (None,) * (n_attrs + len(event_keys))
     wanted = {key: i for i, key in enumerate(attr_keys)}
     find = data.find
     read_attrs = False
-    for needle in _needles(attr_keys):
+    for needle in _needles(reading.sparse_keys if sparse else attr_keys):
         if find(needle, start, end) >= 0:
             read_attrs = True
             break
+    if sparse:
+        if not read_attrs:
+            return []
+        marks = [wanted[key] for key in reading.sparse_keys]
+        return [span for span in _derived(ss, reading, data, start, end) if _marked(span[6], marks)]
     read_events = False
     for needle in _needles(tuple(name for name, _ in event_keys)):
         if find(needle, start, end) >= 0:
@@ -398,6 +421,7 @@ def _derived(
             break
     out: list[DerivedSpan] = []
     append = out.append
+    scalars = _SCALARS
     for span in ss.spans:
         values = nothing
         found: list[AttrValue] | None = None
@@ -407,7 +431,10 @@ def _derived(
                 if i is not None:
                     if found is None:
                         found = list(nothing)
-                    found[i] = _value(kv.value)
+                    # _value, inlined: this loop runs once per attribute of a derived span
+                    any_value = kv.value
+                    kind = any_value.WhichOneof("value")
+                    found[i] = getattr(any_value, kind) if kind in scalars else None
         code = span.status.code
         # Event values are failure details: read from ERROR spans only (the contract).
         if read_events and code == _STATUS_ERROR and span.events:
@@ -431,6 +458,11 @@ def _derived(
             )
         )
     return out
+
+
+def _marked(values: tuple[AttrValue, ...], marks: list[int]) -> bool:
+    """Whether one of the ``marks`` (value indexes) holds a value."""
+    return any(values[i] is not None for i in marks)
 
 
 @functools.lru_cache(maxsize=64)
