@@ -114,7 +114,9 @@ class H2Connection(h2.connection.H2Connection):
     def max_outbound_frame_size(self, value: int) -> None:
         self.frame_limit = value  # h2 sets it from the peer's SETTINGS
 
-    def send_data_unsplit(self, stream_id: int, data: bytes, *, end_stream: bool) -> None:
+    def send_data_unsplit(
+        self, stream_id: int, data: bytes | memoryview, *, end_stream: bool
+    ) -> None:
         """``send_data`` of ``data`` in one call however long it is (at most the flow
         control windows); it leaves in frames of the peer's size, uncopied when long."""
         self._unsplit = True
