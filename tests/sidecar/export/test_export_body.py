@@ -4,6 +4,7 @@ bytes on the wire as the join, over both exporters, with and without gzip."""
 from __future__ import annotations
 
 import base64
+import itertools
 import random
 
 import grpc
@@ -27,7 +28,7 @@ def pieces_of(payload: bytes, seed: int) -> list[bytes | memoryview]:
     rng = random.Random(seed)
     cuts = sorted({0, len(payload), *(rng.randrange(len(payload)) for _ in range(40))})
     view = memoryview(payload)
-    out: list[bytes | memoryview] = [view[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    out: list[bytes | memoryview] = [view[a:b] for a, b in itertools.pairwise(cuts)]
     for i in range(0, len(out), 3):
         out[i] = bytes(out[i])
     out.insert(len(out) // 2, b"")
@@ -78,9 +79,7 @@ def test_h2_export_of_pieces_arrives_as_their_join(compression: str) -> None:
             exporter = GrpcH2Exporter(BackendConfig(url=url, compression=compression))  # type: ignore[arg-type]
             try:
                 for data, seed in ((payload, 1), (small, 2)):
-                    result = await exporter.export_parts(
-                        Signal.TRACES, pieces_of(data, seed), 250
-                    )
+                    result = await exporter.export_parts(Signal.TRACES, pieces_of(data, seed), 250)
                     assert result.outcome is Outcome.SUCCESS, result.message
             finally:
                 await exporter.close()

@@ -4,13 +4,14 @@ real export through the counting HTTP sink."""
 from __future__ import annotations
 
 import gzip
+import itertools
 
 import pytest
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export import body
 from gym_sidecar.export.body import gzip_body, gzip_library, gzip_parts
+from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
 from pydantic import ValidationError
 
@@ -46,7 +47,7 @@ def test_pieces_deflate_to_the_gzip_of_their_join() -> None:
     view = memoryview(whole)
     cuts = sorted({0, 1, 7, 4096, 4097, 70_000, len(whole) // 2, len(whole)})
     assert cuts[-1] == len(whole) > 140_000
-    pieces: list[bytes | memoryview] = [view[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    pieces: list[bytes | memoryview] = [view[a:b] for a, b in itertools.pairwise(cuts)]
     pieces[2] = bytes(pieces[2])
     for level in (1, 5, 9):
         out = gzip_parts(pieces, level)
