@@ -36,6 +36,7 @@ server still serves finish. A broken connection is replaced at the next call.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl
 from collections.abc import Iterable, Sequence
@@ -205,7 +206,7 @@ class GrpcH2Exporter(Exporter):
         try:
             # The prefix goes as its own 5-byte DATA frame so that the body is never
             # concatenated to it (a copy of the whole batch).
-            await conn.send_body(stream_id, call, (prefix, *body))
+            await conn.send_body(stream_id, call, itertools.chain((prefix,), body))
             await call.done
         except BaseException:
             conn.cancel(stream_id)
