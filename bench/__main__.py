@@ -32,6 +32,13 @@ Runs, in order, each in its own processes:
 6. ``bench.round3_summary``: the targets table, every figure above beside its goal, the
    load average of its run and a verdict (also written as ``round3_targets.md``).
 
+``--round4`` runs performance round 4's set instead (issue 42): the sidecar in
+instructions per span (callgrind, both loads, gzip and none), the agent's callgrind
+steps, the sidecar, rotel and the same-job Collector on the issue's two loads and three
+paths (and the sidecar at the peers' gzip level), the default configuration's memory at
+10k spans/s, then ``bench.round4_summary``: every ratio of the issue's table with its
+target and load average (``bench/round4.py`` has the steps and their durations).
+
 The load average before and after is printed and saved with each result, because on a
 machine shared with other work it decides how far the figures can be trusted.
 
@@ -50,6 +57,8 @@ from pathlib import Path
 from gym_telemetry_demo.procs import run_passing_signals
 from gym_telemetry_demo.stopsignals import run_main
 
+from bench import round4 as round4_options
+
 #: How long a step gets to stop what it started once a stop signal is passed on (s).
 STEP_STOP_GRACE_S = 180.0
 
@@ -65,10 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="pin the measured process to core 1")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     p.add_argument("--round3", action="store_true", help="the round-3 set (module doc)")
-    p.add_argument("--rounds", type=int, default=3, help="--round3: sidecar_vs_rotel rounds")
-    p.add_argument("--soak-minutes", type=float, default=30.0, help="--round3: 0 skips")
+    p.add_argument("--round4", action="store_true", help="the round-4 set (bench/round4.py)")
+    p.add_argument("--rounds", type=int, default=3, help="--round3/4: sidecar_vs_rotel rounds")
+    p.add_argument(
+        "--soak-minutes", type=float, help="--round3 (default 30) / --round4 (default 0); 0 skips"
+    )
+    round4_options.add_arguments(p)
     args = p.parse_args(argv)
+    if args.round4:
+        args.soak_minutes = 0.0 if args.soak_minutes is None else args.soak_minutes
+        return round4_options.round4(args)
     if args.round3:
+        args.soak_minutes = 30.0 if args.soak_minutes is None else args.soak_minutes
         return round3(args)
     args.out.mkdir(parents=True, exist_ok=True)
     common = ["--out", str(args.out)] + (["--quick"] if args.quick else [])

@@ -6,7 +6,8 @@
 
 Paths (``procs``) are ``collector:export/compression``: the collector (``sidecar``,
 ``sidecar-h2`` and ``sidecar-grpcio`` (``backend.grpc_client`` forced), ``rotel``,
-``jaeger``) receives the generator's load and exports with
+``jaeger``; ``sidecar@N`` is a sidecar path gzipping at level N instead of its default,
+e.g. ``sidecar@6:grpc/gzip`` at the peers' level) receives the generator's load and exports with
 that protocol and compression into a counting sink (gRPC or OTLP/HTTP); ``direct`` is the
 generator sending straight to the gRPC sink. Every round runs every path once, with a
 fresh collector, in a shuffled order; with ``--pin-modes off,on`` every round runs each
@@ -71,10 +72,21 @@ DEFAULT_PATHS = (
 DEFAULT_RATE_PATHS = ("sidecar:grpc/none", "rotel:grpc/none", "jaeger:grpc/none")
 
 
+def split_level(collector: str) -> tuple[str, int | None]:
+    """``sidecar@6`` -> (``sidecar``, 6): a sidecar path at that gzip level."""
+    name, _, level = collector.partition("@")
+    return name, int(level) if level.isdigit() else None
+
+
 def check_path(path: str) -> None:
     if path == "direct":
         return
     collector, _, export = path.partition(":")
+    collector, level = split_level(collector)
+    if level is not None and (
+        not collector.startswith("sidecar") or not export.endswith("/gzip") or not 1 <= level <= 9
+    ):
+        raise SystemExit(f"{path}: @LEVEL (1-9) is for a sidecar path with gzip")
     if collector not in COLLECTORS or export not in EXPORTS:
         raise SystemExit(
             f"unknown path {path!r}: use direct or COLLECTOR:EXPORT with COLLECTOR in "
@@ -96,6 +108,8 @@ def make(
         return Direct(sink)
     collector, _, export = path.partition(":")
     protocol, _, compression = export.partition("/")
+    collector, level = split_level(collector)
+    gzip_level = level or gzip_level
     if collector == "rotel":
         return Rotel(sink, workdir, export=protocol, compression=compression)
     if collector == "jaeger":

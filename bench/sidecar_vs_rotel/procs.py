@@ -133,6 +133,8 @@ class Sidecar:
         kind = "sidecar" if grpc_client == "auto" else f"sidecar-{grpc_client}"
         if not derive:
             kind = "sidecar-noderive"
+        if gzip_level and compression == "gzip":
+            kind += f"@{gzip_level}"  # a level other than the default: its own path
         self.name = f"{kind}:{export}/{compression}"
         protocol = "grpc" if export == "grpc" else "http/protobuf"
         self.proc = SidecarProcess(

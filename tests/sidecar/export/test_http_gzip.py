@@ -4,16 +4,15 @@ real export through the counting HTTP sink."""
 from __future__ import annotations
 
 import gzip
+import itertools
 
 import pytest
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
+from gym_sidecar.export import body
+from gym_sidecar.export.body import gzip_body, gzip_library, gzip_parts
 from gym_sidecar.export.config import BackendConfig
-from gym_sidecar.export.otlp_http import (
-    OtlpHttpExporter,
-    gzip_body,
-    gzip_library,
-)
+from gym_sidecar.export.otlp_http import OtlpHttpExporter
 from pydantic import ValidationError
 
 from testkit.http_sink import HttpSink
@@ -37,6 +36,23 @@ def test_every_level_gives_a_standard_gzip_member(level: int) -> None:
     assert body[:2] == b"\x1f\x8b"
     assert gzip.decompress(body) == payload
     assert len(body) < len(payload) // 3
+
+
+def test_pieces_deflate_to_the_gzip_of_their_join() -> None:
+    # The exporters deflate a batch's pieces (received bytes, views of them, new
+    # resources) without joining them: one member that inflates to their join, about the
+    # size one call over the join gives (the deflater's choices depend on how input
+    # arrives, so the bytes may differ).
+    whole = many_spans(12)
+    view = memoryview(whole)
+    cuts = sorted({0, 1, 7, 4096, 4097, 70_000, len(whole) // 2, len(whole)})
+    assert cuts[-1] == len(whole) > 140_000
+    pieces: list[bytes | memoryview] = [view[a:b] for a, b in itertools.pairwise(cuts)]
+    pieces[2] = bytes(pieces[2])
+    for level in (1, 5, 9):
+        out = gzip_parts(pieces, level)
+        assert gzip.decompress(out) == whole
+        assert abs(len(out) - len(gzip_body(whole, level))) <= len(out) // 100
 
 
 def test_a_higher_level_is_not_larger() -> None:
@@ -77,14 +93,14 @@ def test_without_zlib_ng_gzip_falls_back_to_zlib_and_warns(
 ) -> None:
     import sys
 
-    from gym_sidecar.export import otlp_http
-
     monkeypatch.setitem(sys.modules, "zlib_ng", None)  # import fails
-    otlp_http._deflate.cache_clear()
+    body._zlib.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger=otlp_http.__name__):
-            assert otlp_http.gzip_library() == "zlib"
+        with caplog.at_level("WARNING", logger=body.__name__):
+            assert gzip_library() == "zlib"
         assert "zlib-ng is not importable" in caplog.text
-        assert gzip.decompress(otlp_http.gzip_body(b"abc" * 100, 5)) == b"abc" * 100
+        assert gzip.decompress(gzip_body(b"abc" * 100, 5)) == b"abc" * 100
+        pieces = [b"abc" * 100, memoryview(b"xyz" * 50)[10:], b""]
+        assert gzip.decompress(gzip_parts(pieces, 5)) == b"".join(pieces)
     finally:
-        otlp_http._deflate.cache_clear()
+        body._zlib.cache_clear()

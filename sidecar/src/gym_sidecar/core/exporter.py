@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gym_sidecar.core.stage import Signal
@@ -67,6 +68,17 @@ class Exporter(abc.ABC):
         Never raises for remote errors, timeouts or refused connections; those become
         RETRYABLE or PERMANENT results. Cancellation propagates.
         """
+
+    async def export_parts(
+        self, signal: Signal, parts: Sequence[bytes | memoryview], items: int
+    ) -> ExportResult:
+        """:meth:`export` of the concatenation of ``parts`` (a leased batch as the queue
+        holds it; none of them is modified). This default joins them, one copy of the
+        batch; an exporter that can send or compress the pieces as they are overrides
+        it. The sender passes the same ``parts`` object again when it retries."""
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            return await self.export(signal, parts[0], items)
+        return await self.export(signal, b"".join(parts), items)
 
     @abc.abstractmethod
     async def close(self) -> None:

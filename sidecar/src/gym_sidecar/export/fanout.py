@@ -30,17 +30,35 @@ class FanOutExporter(Exporter):
             raise ValueError("FanOutExporter needs at least one exporter")
         self.children = list(children)
         self.name = "+".join(c.name for c in self.children)
-        # id(payload) -> (payload, indexes of children done); the payload is held so the
-        # id cannot be reused while remembered.
-        self._done: OrderedDict[int, tuple[bytes, set[int]]] = OrderedDict()
+        # id(payload) -> (payload, indexes of children done); the payload (bytes, or the
+        # sender's list of pieces) is held so the id cannot be reused while remembered.
+        self._done: OrderedDict[int, tuple[object, set[int]]] = OrderedDict()
 
     async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+        return await self._fan_out(signal, payload, items)
+
+    async def export_parts(
+        self, signal: Signal, parts: Sequence[bytes | memoryview], items: int
+    ) -> ExportResult:
+        # Each child gets the pieces: the backend's exporter sends or compresses them as
+        # they are, the store's joins them (the default), so the batch is joined once
+        # at most, by whoever needs it whole.
+        return await self._fan_out(signal, parts, items)
+
+    async def _fan_out(
+        self, signal: Signal, payload: bytes | Sequence[bytes | memoryview], items: int
+    ) -> ExportResult:
         key = id(payload)
         entry = self._done.get(key)
         done = entry[1] if entry is not None and entry[0] is payload else set()
         todo = [i for i in range(len(self.children)) if i not in done]
         results = await asyncio.gather(
-            *(self.children[i].export(signal, payload, items) for i in todo)
+            *(
+                self.children[i].export(signal, payload, items)
+                if isinstance(payload, bytes)
+                else self.children[i].export_parts(signal, payload, items)
+                for i in todo
+            )
         )
         for i, result in zip(todo, results, strict=True):
             if result.outcome is Outcome.SUCCESS:

@@ -36,17 +36,19 @@ server still serves finish. A broken connection is replaced at the next call.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl
+from collections.abc import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.grpc_status import StatusCode, decode_bin, retry_delay_s
 from gym_sidecar.core.signals import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
+from gym_sidecar.export.body import Piece, body_size, coalesced, gzip_library, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_outcome import classify
-from gym_sidecar.export.otlp_http import gzip_body, gzip_library
 from gym_sidecar.wire.http2 import grpc_framing
 from gym_sidecar.wire.http2.connection import quiet_frame_reprs
 from gym_sidecar.wire.http2.grpc_client import (
@@ -187,21 +189,24 @@ class GrpcH2Exporter(Exporter):
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _call(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+    async def _call(self, signal: Signal, parts: Sequence[Piece], items: int) -> ExportResult:
+        body: Iterable[Piece]
         if self._gzip:
-            if len(payload) < _INLINE_GZIP_BYTES:
-                body = gzip_body(payload, self._level)
+            size = body_size(parts)
+            if size < _INLINE_GZIP_BYTES:
+                compressed = gzip_parts(parts, self._level)
             else:
-                body = await asyncio.to_thread(gzip_body, payload, self._level)
-        else:
-            body = payload
-        prefix = grpc_framing.prefix(self._gzip, len(body))
+                compressed = await asyncio.to_thread(gzip_parts, parts, self._level)
+            size, body = len(compressed), (compressed,)
+        else:  # the batch's pieces in chunks: never joined whole (.body)
+            size, body = body_size(parts), coalesced(parts)
+        prefix = grpc_framing.prefix(self._gzip, size)
         conn = await self._connection()
         stream_id, call = conn.start(self._headers[signal])
         try:
             # The prefix goes as its own 5-byte DATA frame so that the body is never
             # concatenated to it (a copy of the whole batch).
-            await conn.send_body(stream_id, call, (prefix, body) if body else (prefix,))
+            await conn.send_body(stream_id, call, itertools.chain((prefix,), body))
             await call.done
         except BaseException:
             conn.cancel(stream_id)
@@ -212,10 +217,15 @@ class GrpcH2Exporter(Exporter):
         return _outcome(signal, call, items)
 
     async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+        return await self.export_parts(signal, (payload,), items)
+
+    async def export_parts(
+        self, signal: Signal, parts: Sequence[Piece], items: int
+    ) -> ExportResult:
         if self._closed:
             return ExportResult.retryable("exporter closed")
         try:
-            return await asyncio.wait_for(self._call(signal, payload, items), self._timeout_s)
+            return await asyncio.wait_for(self._call(signal, parts, items), self._timeout_s)
         except TimeoutError:
             return classify(
                 StatusCode.DEADLINE_EXCEEDED, f"no answer within {self._timeout_s}s", None

@@ -17,8 +17,11 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from gym_sidecar.export.body import body_size, coalesced
 
 _STALE_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 """Errors of a reused keep-alive connection the server closed meanwhile."""
@@ -79,8 +82,19 @@ class HttpPoster:
                 return
         conn.close()
 
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> PostResponse:
-        """POST ``body`` to ``path``; raises OSError or http.client.HTTPException."""
+    def post(
+        self,
+        path: str,
+        body: bytes | Sequence[bytes | memoryview],
+        headers: dict[str, str],
+    ) -> PostResponse:
+        """POST ``body`` to ``path``; raises OSError or http.client.HTTPException.
+
+        ``body`` is bytes, or the pieces whose concatenation it is: then they are
+        written in coalesced chunks (:func:`.body.coalesced`, never joined whole) with
+        their total length as ``Content-Length``."""
+        if not isinstance(body, bytes):
+            headers = {**headers, "Content-Length": str(body_size(body))}
         conn, reused = self._take()
         try:
             resp = self._exchange(conn, path, body, headers)
@@ -105,9 +119,14 @@ class HttpPoster:
         return PostResponse(status, content_type, retry_after, content)
 
     def _exchange(
-        self, conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
+        self,
+        conn: http.client.HTTPConnection,
+        path: str,
+        body: bytes | Sequence[bytes | memoryview],
+        headers: dict[str, str],
     ) -> tuple[int, str, str | None, bytes, bool]:
-        conn.request("POST", path, body=body, headers=headers)
+        sent = body if isinstance(body, bytes) else coalesced(body)
+        conn.request("POST", path, body=sent, headers=headers)
         resp = conn.getresponse()
         content = resp.read(self._max_response_bytes + 1)
         whole = len(content) <= self._max_response_bytes and resp.isclosed()

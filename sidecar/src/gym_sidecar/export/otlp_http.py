@@ -10,6 +10,8 @@ With ``compression: gzip`` the exporter compresses the body itself (standard gzi
 package imports (the same format at about half the CPU of zlib for the same level),
 else with the standard library's zlib. Compression and the POST run in a worker thread
 (both deflate libraries release the GIL), so the event loop keeps receiving meanwhile.
+The body goes out from the batch's pieces (:mod:`.body`): deflated piece by piece with
+gzip, else written in coalesced chunks; the batch is never joined into one more copy.
 The transport is the standard library's ``http.client`` (:mod:`.http_post`).
 """
 
@@ -17,48 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import functools
 import http.client
 import logging
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.signals import PROTOBUF, SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
+from gym_sidecar.export.body import Piece, gzip_library, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.http_post import HttpPoster, PostResponse
 
 logger = logging.getLogger(__name__)
-
-_GZIP_WBITS = 31
-"""wbits selecting the gzip container (RFC 1952) with a 32 KiB window."""
-
-
-@functools.cache
-def _deflate() -> tuple[str, Callable[[bytes, int, int], bytes]]:
-    # Imported on first use, so a sidecar that never gzips over HTTP does not load it.
-    try:
-        from zlib_ng import zlib_ng
-    except ImportError:  # no wheel for this platform: the standard library's zlib
-        # Loud on purpose: zlib costs about twice the CPU per byte (docs/benchmarks.md,
-        # "Why the two harnesses disagreed"), which is easy to miss otherwise.
-        logger.warning("zlib-ng is not importable: gzip export uses zlib at ~2x the CPU")
-        return "zlib", zlib.compress
-    return "zlib-ng", zlib_ng.compress
-
-
-def gzip_library() -> str:
-    """Which deflate implementation gzip bodies go through: ``zlib-ng`` or ``zlib``."""
-    return _deflate()[0]
-
-
-def gzip_body(payload: bytes, level: int) -> bytes:
-    """``payload`` as one standard gzip member at ``level`` (1 fastest .. 9 smallest)."""
-    return _deflate()[1](payload, level, _GZIP_WBITS)
-
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_ERROR_BODY_CHARS = 300
@@ -127,15 +101,23 @@ class OtlpHttpExporter(Exporter):
             logger.info("OTLP/HTTP export: gzip with %s at level %d", gzip_library(), self._level)
         self._poster = HttpPoster(config.url, timeout_s=config.timeout_s)
 
-    def _send(self, signal: Signal, payload: bytes) -> PostResponse:
+    def _send(self, signal: Signal, parts: Sequence[Piece]) -> PostResponse:
         """Worker thread: compress (if configured) and POST."""
-        body = gzip_body(payload, self._level) if self._gzip else payload
-        return self._poster.post(self._paths[signal], body, self._headers)
+        if self._gzip:
+            return self._poster.post(
+                self._paths[signal], gzip_parts(parts, self._level), self._headers
+            )
+        return self._poster.post(self._paths[signal], parts, self._headers)
 
     async def export(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+        return await self.export_parts(signal, (payload,), items)
+
+    async def export_parts(
+        self, signal: Signal, parts: Sequence[Piece], items: int
+    ) -> ExportResult:
         try:
             resp = await asyncio.wait_for(
-                asyncio.to_thread(self._send, signal, payload), self._timeout_s
+                asyncio.to_thread(self._send, signal, parts), self._timeout_s
             )
         except TimeoutError:
             return ExportResult.retryable(f"timed out after {self._timeout_s}s")

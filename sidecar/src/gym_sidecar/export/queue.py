@@ -60,17 +60,23 @@ class Lease:
     signal: Signal
     entries: list[Entry] = field(default_factory=list)
 
-    @property
-    def payload(self) -> bytes:
-        """The entries concatenated: one valid export request (repeated-field merge).
-        Every byte is copied once; a lease of one bytes entry is that object itself."""
+    def parts(self) -> list[bytes | memoryview]:
+        """The entries' pieces in order: their concatenation is one valid export request
+        (repeated-field merge). Nothing is copied."""
         parts: list[bytes | memoryview] = []
         for e in self.entries:
             if isinstance(e.payload, bytes):
                 parts.append(e.payload)
             else:
                 parts += e.payload
-        return b"".join(parts)
+        return parts
+
+    @property
+    def payload(self) -> bytes:
+        """The entries concatenated (:meth:`parts` joined): every byte is copied once; a
+        lease of one bytes entry is that object itself."""
+        parts = self.parts()
+        return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
 
     @property
     def items(self) -> int:

@@ -73,10 +73,12 @@ class Sender:
             await asyncio.wait_for(self._abort.wait(), delay_s)
         return not self._abort.is_set()
 
-    async def _export_once(self, signal: Signal, payload: bytes, items: int) -> ExportResult:
+    async def _export_once(
+        self, signal: Signal, parts: list[bytes | memoryview], items: int
+    ) -> ExportResult:
         self.metrics.export_attempts.labels(signal.value).inc()
         try:
-            return await self.exporter.export(signal, payload, items)
+            return await self.exporter.export_parts(signal, parts, items)
         except Exception as err:
             # Boundary: a bug in an exporter must cost this batch, not the sender.
             logger.exception("exporter %s raised", self.exporter.name)
@@ -84,12 +86,14 @@ class Sender:
 
     async def _send(self, lease: Lease) -> bool:
         """Export one batch until it is settled; False if shutdown cut it short."""
-        signal, payload, items = lease.signal, lease.payload, lease.items
+        # The batch's pieces, never joined here (exporters send or compress them as they
+        # are); the same list on every attempt.
+        signal, parts, items = lease.signal, lease.parts(), lease.items
         started = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
-            result = await self._export_once(signal, payload, items)
+            result = await self._export_once(signal, parts, items)
             if result.outcome is Outcome.SUCCESS:
                 self.metrics.exported.labels(signal.value).inc(items - result.rejected_items)
                 if result.rejected_items:

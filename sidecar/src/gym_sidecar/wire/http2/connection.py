@@ -3,8 +3,8 @@ exporter's client connection).
 
 ``h2`` (with ``hyperframe`` for frames and ``hpack`` for headers) carries every gRPC call
 the sidecar receives or sends. :class:`H2Connection`, the connection both ends build
-with :meth:`H2Connection.for_grpc`, changes three of its behaviours, and
-:func:`quiet_frame_reprs` a fourth:
+with :meth:`H2Connection.for_grpc`, changes four of its behaviours, and
+:func:`quiet_frame_reprs` a fifth:
 
 - **GOAWAY**: ``h2`` moves the whole connection to CLOSED when it receives a GOAWAY and
   then refuses every frame (python-hyper/h2#1181, open), although streams up to the
@@ -33,13 +33,17 @@ with :meth:`H2Connection.for_grpc`, changes three of its behaviours, and
   ``_prepare_for_sending`` stays, with ``h2``'s version range pinned in the sidecar's
   dependencies and the path exercised by the tests; the cost of the public path is in
   the wire package's README.
+- **the incoming DATA path**: ``h2``'s frame buffer copies every received byte three
+  times before the body reaches the owner; :class:`~.frame_buffer.ViewFrameBuffer`
+  (its ``incoming_buffer`` here) hands a DATA body that arrived whole in one read over
+  as a view of that read, so a DATA event's ``data`` may be a ``memoryview``.
 - **frame reprs**: ``h2`` evaluates ``repr(frame)`` for its trace log on every frame it
   receives, whatever the logger (the argument is built before the call), and
   hyperframe's reprs hex-encode frame bodies (a DATA frame's whole body, a header
   block, an unknown frame's payload) to show 20 characters of them: 22 % of the
   sidecar's instructions per span under callgrind (docs/benchmarks.md).
 
-Depends on ``h2`` and ``hyperframe`` only.
+Depends on ``h2`` and ``hyperframe`` only (and :mod:`.frame_buffer`, on them).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ import h2.connection
 import h2.errors
 import h2.events
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame
+
+from gym_sidecar.wire.http2.frame_buffer import ViewFrameBuffer
 
 MAX_CLOSED_STREAMS = 1024
 """Closed streams ``h2`` remembers per connection (its default: 65,536)."""
@@ -77,6 +83,7 @@ class H2Connection(h2.connection.H2Connection):
         self._out: list[bytes | memoryview] = []
         self._small = bytearray()
         super().__init__(config=config)
+        self.incoming_buffer = ViewFrameBuffer(server=not config.client_side)
 
     @classmethod
     def for_grpc(cls, *, client_side: bool) -> H2Connection:
@@ -114,7 +121,9 @@ class H2Connection(h2.connection.H2Connection):
     def max_outbound_frame_size(self, value: int) -> None:
         self.frame_limit = value  # h2 sets it from the peer's SETTINGS
 
-    def send_data_unsplit(self, stream_id: int, data: bytes, *, end_stream: bool) -> None:
+    def send_data_unsplit(
+        self, stream_id: int, data: bytes | memoryview, *, end_stream: bool
+    ) -> None:
         """``send_data`` of ``data`` in one call however long it is (at most the flow
         control windows); it leaves in frames of the peer's size, uncopied when long."""
         self._unsplit = True

@@ -178,7 +178,7 @@ def too_large(what: str, limits: LimitsConfig, metrics: SelfMetrics) -> Answer:
 
 
 def inflate(
-    chunks: list[bytes], encoding: bytes, limits: LimitsConfig, metrics: SelfMetrics
+    chunks: list[bytes | memoryview], encoding: bytes, limits: LimitsConfig, metrics: SelfMetrics
 ) -> bytes | Answer:
     """The compressed message in ``chunks`` inflated (:func:`.grpc_framing.inflate`, up
     to ``limits.grpc_max_message_bytes``), or the refusal (counted): more is

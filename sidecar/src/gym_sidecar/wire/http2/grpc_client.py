@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import h2.errors
@@ -152,13 +153,20 @@ class ClientConnection:
         self.flush()
         return stream_id, call
 
-    async def send_body(self, stream_id: int, call: Call, parts: tuple[bytes, ...]) -> None:
-        """Send ``parts`` (the message prefix, then the body) on ``stream_id`` as flow
-        control allows, in as few DATA frames as the peer's frame size allows, then end
-        the stream. A part the windows take whole goes out uncopied."""
+    async def send_body(
+        self, stream_id: int, call: Call, parts: Iterable[bytes | memoryview]
+    ) -> None:
+        """Send ``parts`` (the message prefix, then the body's pieces) on ``stream_id`` as
+        flow control allows, in as few DATA frames as the peer's frame size allows, then
+        end the stream. Pieces go out uncopied (slices of a piece the windows cut are
+        views); ``parts`` is read lazily, one piece ahead of the one being sent."""
         conn = self.h2
-        for index, part in enumerate(parts):
-            last = index == len(parts) - 1
+        pieces = iter(parts)
+        part = next(pieces, None)
+        ended = False
+        while part is not None:
+            following = next(pieces, None)
+            last = following is None
             pos, size = 0, len(part)
             while pos < size:
                 if call.done.done():
@@ -173,15 +181,17 @@ class ClientConnection:
                     waiter.cancel()
                     continue
                 end = min(size, pos + window)
-                chunk = part if pos == 0 and end == size else part[pos:end]
+                chunk = part if pos == 0 and end == size else memoryview(part)[pos:end]
+                ended = last and end == size
                 try:
-                    conn.send_data_unsplit(stream_id, chunk, end_stream=last and end == size)
+                    conn.send_data_unsplit(stream_id, chunk, end_stream=ended)
                 except h2.exceptions.StreamClosedError:
                     return  # the server ended or reset the stream; its answer tells why
                 pos = end
                 self.flush()
                 await self.drain()
-        if not parts or not parts[-1]:
+            part = following
+        if not ended:
             with contextlib.suppress(h2.exceptions.StreamClosedError):
                 conn.end_stream(stream_id)
                 self.flush()

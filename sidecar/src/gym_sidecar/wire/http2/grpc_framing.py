@@ -33,7 +33,7 @@ def prefix(compressed: bool, length: int) -> bytes:
     return _PREFIX.pack(1 if compressed else 0, length)
 
 
-def read_prefix(data: bytes | bytearray) -> tuple[int, int]:
+def read_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int]:
     """``(flag, length)`` from the first :data:`PREFIX_BYTES` of ``data``."""
     flag, length = _PREFIX.unpack_from(data)
     return flag, length
@@ -52,7 +52,7 @@ class InflateError(Exception):
         self.reason = reason
 
 
-def inflate(chunks: list[bytes], encoding: bytes, max_bytes: int) -> bytes:
+def inflate(chunks: list[bytes | memoryview], encoding: bytes, max_bytes: int) -> bytes:
     """The compressed message in ``chunks`` (its DATA as received, the first chunk
     starting with the 5-byte prefix) inflated; ``encoding`` one of :data:`ENCODINGS`.
 

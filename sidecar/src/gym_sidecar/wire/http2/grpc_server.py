@@ -5,9 +5,12 @@ the calls on it, and the connection's bounds (the contract is
 Flow of a call: HEADERS (:meth:`Connection._open`: the headers checked by
 :func:`.grpc_call.check_headers`, the concurrency limit, the message timer armed), DATA
 (:meth:`Connection._data`: the length prefix checked before anything is buffered, the
-chunks kept as ``h2`` hands them over, the flow-control windows reopened at once),
-END_STREAM (:meth:`Connection._message_done`: the one message joined, inflated, handed
-to :attr:`Shared.handle` in a task), the answer (HEADERS, DATA, trailers; or one HEADERS
+chunks kept as ``h2`` hands them over, views of the reads they came in
+(:mod:`.frame_buffer`) while what they keep alive stays within :data:`PIN_FACTOR` x the
+call's bytes plus one read, copies past that; the flow-control windows reopened at
+once), END_STREAM (:meth:`Connection._message_done`: the one message joined (the one
+copy between the socket and the pipeline), or inflated, and handed to
+:attr:`Shared.handle` in a task), the answer (HEADERS, DATA, trailers; or one HEADERS
 frame, trailers-only, for a refusal). A call holds one of the receiver's in-flight slots from
 its HEADERS until its answer is decided (or the client gives up on it); every path
 gives it back exactly once (:meth:`Connection._release`).
@@ -54,6 +57,14 @@ _ACCEPT_ENCODING = (b"grpc-accept-encoding", grpc_call.ACCEPT_ENCODING)
 _RESPONSE_HEADERS = [(b":status", b"200"), _CONTENT_TYPE, _ACCEPT_ENCODING]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
 _NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
+
+PIN_FACTOR = 2
+"""A call keeps a DATA body as a view of the read it came in (``.frame_buffer``) only while
+the reads its views keep alive sum to at most this many times the bytes it received,
+plus :data:`PIN_SLACK_BYTES`; past that it copies the body. Without the bound a client
+could make one buffered byte keep a whole read (up to 256 KiB) alive, read after read."""
+PIN_SLACK_BYTES = 256 * 1024
+"""One read of asyncio's (its ``max_size``)."""
 
 
 class Handler(Protocol):
@@ -108,6 +119,8 @@ class _Call:
         "encoding",
         "length",
         "pending",
+        "pinned",
+        "pinned_read",
         "received",
         "released",
         "running",
@@ -120,8 +133,11 @@ class _Call:
         self.stream_id = stream_id
         self.spec = spec
         self.encoding = encoding
-        self.chunks: list[bytes] = []  # the DATA as received, the 5-byte prefix included
+        # the DATA as received (views of reads, or bytes), the 5-byte prefix included
+        self.chunks: list[bytes | memoryview] = []
         self.received = 0
+        self.pinned = 0  # bytes of the reads the views in chunks keep alive (at most)
+        self.pinned_read: object = None  # the read the last view came in
         self.length = -1  # the message length from its prefix, once 5 bytes arrived
         self.compressed = False
         self.client_done = False  # the client ended its side of the stream
@@ -131,6 +147,23 @@ class _Call:
         self.released = False  # its in-flight slot given back
         self.timer: asyncio.TimerHandle | None = None
         self.pending: bytes | None = None  # response DATA waiting for window
+
+
+def retained(call: _Call, data: bytes | memoryview) -> bytes | memoryview:
+    """What ``call`` keeps of a DATA body: the body itself, or a copy of a view when
+    keeping the view would make the reads its views keep alive exceed the bound
+    (:data:`PIN_FACTOR`, :data:`PIN_SLACK_BYTES`). Consecutive views of one read count
+    it once."""
+    if type(data) is not memoryview:
+        return data
+    read = data.obj
+    if read is call.pinned_read:
+        return data
+    pinned = call.pinned + memoryview(read).nbytes
+    if pinned > PIN_FACTOR * (call.received + len(data)) + PIN_SLACK_BYTES:
+        return bytes(data)  # too little of that read is this call's: copy the body
+    call.pinned, call.pinned_read = pinned, read
+    return data
 
 
 def _peer(transport: asyncio.BaseTransport) -> str | None:
@@ -342,7 +375,8 @@ class Connection(asyncio.Protocol):
             call.client_deadline = True
         call.timer = self.loop.call_later(timeout_s, self._timeout, call)
 
-    def _data(self, call: _Call, data: bytes) -> None:
+    def _data(self, call: _Call, data: bytes | memoryview) -> None:
+        data = retained(call, data)
         call.chunks.append(data)
         call.received += len(data)
         if call.length < 0:
@@ -377,10 +411,9 @@ class Connection(asyncio.Protocol):
                 self._answer(call, inflated)
                 return
             message = inflated
-        else:  # one copy: a slice when it came in one DATA frame, else a join
-            parts = [part for part in (chunks[0][PREFIX_BYTES:], *chunks[1:]) if part]
-            message = parts[0] if len(parts) == 1 else b"".join(parts)
-            del chunks, parts
+        else:  # the one copy from the socket to the pipeline (views of the reads joined)
+            message = b"".join([memoryview(chunks[0])[PREFIX_BYTES:], *chunks[1:]])
+            del chunks
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
