@@ -115,8 +115,10 @@ def histogram_request(
     time_ns: int,
     temporality: int = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE,
     service: str = RESOURCES,
+    extremes: tuple[float, float] | None = None,
 ) -> ExportMetricsServiceRequest:
-    """One histogram point of ``name`` plus a non-gym gauge (which the store skips)."""
+    """One histogram point of ``name`` plus a non-gym gauge (which the store skips);
+    ``extremes``: the point's ``min`` and ``max``."""
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
     set_attrs(rm.resource.attributes, {semconv.SERVICE_NAME: service})
@@ -130,6 +132,8 @@ def histogram_request(
     dp.count = sum(counts)
     dp.explicit_bounds.extend(bounds)
     dp.bucket_counts.extend(counts)
+    if extremes is not None:
+        dp.min, dp.max = extremes
     other = sm.metrics.add()
     other.name = "process.cpu.time"
     other.gauge.data_points.add().as_double = 1.0

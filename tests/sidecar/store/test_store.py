@@ -282,6 +282,29 @@ def test_bucket_quantile() -> None:
     assert stats.bucket_quantile([10, 20], [10, 0, 0], 0.5) == pytest.approx(5.0)
     assert stats.bucket_quantile([10, 20], [0, 10, 0], 0.9) == pytest.approx(19.0)
     assert stats.bucket_quantile([10, 20], [0, 0, 3], 0.5) == 20  # overflow: last bound
+    # the extremes narrow the bucket the estimate is drawn in
+    assert stats.bucket_quantile([500, 1000], [30, 0, 0], 0.5, 20.0, 240.0) == pytest.approx(130.0)
+    assert stats.bucket_quantile([10, 20], [0, 10, 0], 0.9, 12.0, 30.0) == pytest.approx(19.2)
+    assert stats.bucket_quantile([10, 20], [0, 0, 3], 0.5, 5.0, 42.0) == 42.0  # overflow: max
+
+
+def test_point_extremes_bound_the_estimated_percentiles(path: Path) -> None:
+    """All 30 rollouts under the first bound (500 ms): without min and max the median
+    would read 250 ms whatever the values; with them it is drawn between them, and one
+    point without them makes them unknown again."""
+    rollout = semconv.METRIC_ROLLOUT_DURATION
+    bounds = [500.0, 1000.0]
+    t0, t1 = NOW - 60 * 10**9, NOW - 10**9
+    with_extremes = histogram_request(rollout, bounds, [30, 0, 0], t0, t1, extremes=(20.0, 240.0))
+    _export(path, LocalStoreConfig(), (Signal.METRICS, with_extremes.SerializeToString()))
+    with closing(db.connect(path, readonly=True)) as conn:
+        p50 = stats.compute(conn, None, now_ns=NOW).rollout_points.quantiles[0]
+    assert p50 == pytest.approx(130.0)
+    other = histogram_request(rollout, bounds, [2, 0, 0], t0, t1, service="another")
+    _export(path, LocalStoreConfig(), (Signal.METRICS, other.SerializeToString()))
+    with closing(db.connect(path, readonly=True)) as conn:
+        p50 = stats.compute(conn, None, now_ns=NOW).rollout_points.quantiles[0]
+    assert p50 == pytest.approx(250.0)  # the 16th of 32 in [0, 500), no extremes known
 
 
 def test_reader_on_missing_store_says_so(tmp_path: Path) -> None:

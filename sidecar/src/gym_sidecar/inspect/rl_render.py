@@ -14,11 +14,11 @@ from gym_sidecar.inspect.render import MAX_ID_CHARS, untrusted
 from gym_sidecar.store.rl import (
     Environments,
     EnvSummary,
-    Histogram,
     ModelSummary,
     Summary,
     VerifierRewards,
 )
+from gym_sidecar.store.stats import Histogram
 
 
 def _fig(value: float | None) -> str:

@@ -22,8 +22,9 @@ Three sources, each what it can answer:
   server, the rewards of every verification (not only the stored ones).
 
 Percentiles of stored values are nearest-rank; of points, estimated within a bucket
-(``stats.bucket_quantile``). At most :data:`MAX_ROLLOUTS` rollouts (the most recent) are
-read for one answer; :attr:`Environments.truncated` says when the bound was reached.
+(``stats.bucket_quantile``, narrowed by the points' ``min`` and ``max``). At most
+:data:`MAX_ROLLOUTS` rollouts (the most recent) are read for one answer;
+:attr:`Environments.truncated` says when the bound was reached.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import gym_telemetry_semconv as semconv
 
 from gym_sidecar.store import queries
 from gym_sidecar.store.queries import RolloutSummary
-from gym_sidecar.store.stats import bucket_quantile, nearest_rank, window_points
+from gym_sidecar.store.stats import Histogram, nearest_rank, window_points
 
 MAX_ROLLOUTS: Final = 20_000
 """Most rollouts one :func:`environments` answer reads (the most recent)."""
@@ -172,43 +173,6 @@ def _verifier_services(conn: sqlite3.Connection, trace_ids: set[str]) -> dict[st
 
 
 # -- from the derived points ---------------------------------------------------------------
-
-
-@dataclass
-class Histogram:
-    """A window's merged explicit-bucket histogram."""
-
-    bounds: list[float] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-
-    def add(self, value: dict[str, Any]) -> None:
-        bounds = [float(b) for b in value.get("bounds", [])]
-        buckets = [int(n) for n in value.get("buckets", [])]
-        if not self.counts:
-            self.bounds, self.counts = bounds, [0] * len(buckets)
-        if bounds != self.bounds or len(buckets) != len(self.counts):
-            return  # other bounds (a restart with another config): the first set's only
-        self.counts = [a + b for a, b in zip(self.counts, buckets, strict=True)]
-        self.total += float(value.get("sum", 0.0))
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    def quantile(self, q: float) -> float | None:
-        return bucket_quantile(self.bounds, self.counts, q)
-
-    def at_most(self, bound: float) -> int | None:
-        """How many values are ``<= bound``, exactly: None unless ``bound`` is one of the
-        histogram's bounds (a bucket's count cannot be split)."""
-        if bound not in self.bounds:
-            return None
-        return sum(self.counts[: self.bounds.index(bound) + 1])
 
 
 @dataclass

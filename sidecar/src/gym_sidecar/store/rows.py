@@ -169,6 +169,12 @@ def _points(metric: Metric) -> tuple[str, list[tuple[int, int, dict[str, Any], A
                 "buckets": list(hp.bucket_counts),
                 "temporality": int(metric.histogram.aggregation_temporality),
             }
+            # The exact extremes, when the producer gave them: they bound the quantiles
+            # estimated from the buckets (stats.bucket_quantile).
+            if hp.HasField("min"):
+                value["min"] = hp.min
+            if hp.HasField("max"):
+                value["max"] = hp.max
             attrs = attributes(hp.attributes, trunc)
             out.append((hp.start_time_unix_nano, hp.time_unix_nano, attrs, value))
     elif kind in ("sum", "gauge"):

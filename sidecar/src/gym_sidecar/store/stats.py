@@ -20,7 +20,7 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
@@ -64,11 +64,21 @@ def nearest_rank(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
-def bucket_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
+def bucket_quantile(
+    bounds: list[float],
+    counts: list[int],
+    q: float,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> float | None:
     """The ``q`` quantile of an explicit-bucket histogram (linear within the bucket).
 
-    Values in the overflow bucket are reported as the last bound (the histogram does not
-    know more); None when the histogram is empty.
+    ``lo`` and ``hi``, the smallest and largest value when known (an OTLP point's ``min``
+    and ``max``), narrow the bucket the estimate is drawn in: without them a histogram
+    whose values all fall in its first bucket, ``[0, 500)`` ms, reads 250 ms at its
+    median whatever the values were. Values in the overflow bucket are reported as
+    ``hi``, or the last bound (the histogram does not know more); None when the histogram
+    is empty.
     """
     total = sum(counts)
     if total == 0:
@@ -78,11 +88,16 @@ def bucket_quantile(bounds: list[float], counts: list[int], q: float) -> float |
     for i, n in enumerate(counts):
         if n and seen + n >= target:
             if i >= len(bounds):
-                return bounds[-1] if bounds else None
+                return hi if hi is not None else (bounds[-1] if bounds else None)
             lower = bounds[i - 1] if i > 0 else 0.0
-            return lower + (bounds[i] - lower) * (target - seen) / n
+            upper = bounds[i]
+            if lo is not None and lo > lower:
+                lower = min(lo, upper)
+            if hi is not None and hi < upper:
+                upper = max(hi, lower)
+            return lower + (upper - lower) * (target - seen) / n
         seen += n
-    return bounds[-1] if bounds else None
+    return hi if hi is not None else (bounds[-1] if bounds else None)
 
 
 def _span_distribution(
@@ -140,6 +155,7 @@ def _minus(last: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
     if base is None:
         return last
     if "buckets" in last:
+        # min and max stay the cumulative ones: still bounds of the window's values
         return {
             **last,
             "count": last["count"] - base["count"],
@@ -150,16 +166,60 @@ def _minus(last: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _histogram(conn: sqlite3.Connection, name: str, since_ns: int | None) -> Distribution:
-    bounds: list[float] = []
-    merged: list[int] = []
+    merged = Histogram()
     for _attrs, value in _window_values(conn, name, since_ns):
-        if not bounds:
-            bounds = list(value["bounds"])
-            merged = [0] * len(value["buckets"])
-        if list(value["bounds"]) != bounds:
-            continue  # bounds changed between restarts: keep the first set's points only
-        merged = [a + b for a, b in zip(merged, value["buckets"], strict=False)]
-    return Distribution(sum(merged), tuple(bucket_quantile(bounds, merged, q) for q in QUANTILES))
+        merged.add(value)
+    return Distribution(merged.count, tuple(merged.quantile(q) for q in QUANTILES))
+
+
+@dataclass
+class Histogram:
+    """A window's merged explicit-bucket histogram, and its extremes while every merged
+    point gave them (a point without ``min``/``max`` makes them unknown)."""
+
+    bounds: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    lo: float | None = None
+    hi: float | None = None
+    _extremes_known: bool = True
+
+    def add(self, value: dict[str, Any]) -> None:
+        bounds = [float(b) for b in value.get("bounds", [])]
+        buckets = [int(n) for n in value.get("buckets", [])]
+        if not self.counts:
+            self.bounds, self.counts = bounds, [0] * len(buckets)
+        if bounds != self.bounds or len(buckets) != len(self.counts):
+            return  # other bounds (a restart with another config): the first set's only
+        self.counts = [a + b for a, b in zip(self.counts, buckets, strict=True)]
+        self.total += float(value.get("sum", 0.0))
+        if not sum(buckets):
+            return
+        lo, hi = value.get("min"), value.get("max")
+        if lo is None or hi is None or not self._extremes_known:
+            self._extremes_known = False
+            self.lo = self.hi = None
+            return
+        self.lo = float(lo) if self.lo is None else min(self.lo, float(lo))
+        self.hi = float(hi) if self.hi is None else max(self.hi, float(hi))
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        return bucket_quantile(self.bounds, self.counts, q, self.lo, self.hi)
+
+    def at_most(self, bound: float) -> int | None:
+        """How many values are ``<= bound``, exactly: None unless ``bound`` is one of the
+        histogram's bounds (a bucket's count cannot be split)."""
+        if bound not in self.bounds:
+            return None
+        return sum(self.counts[: self.bounds.index(bound) + 1])
 
 
 def compute(conn: sqlite3.Connection, window_s: float | None, now_ns: int | None = None) -> Stats:

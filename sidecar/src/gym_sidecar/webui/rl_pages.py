@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gym_sidecar.store.rl import Environments, EnvSummary, Histogram, ModelSummary, VerifierRewards
+from gym_sidecar.store.rl import Environments, EnvSummary, ModelSummary, VerifierRewards
 from gym_sidecar.store.rl import Summary as FigureSummary
-from gym_sidecar.store.stats import SpanSample
+from gym_sidecar.store.stats import Histogram, SpanSample
 from gym_sidecar.webui import svg
 from gym_sidecar.webui.html import clip, e, fmt_ms, page, table, url
 from gym_sidecar.webui.pages import when
