@@ -25,7 +25,8 @@ FAILING = 2
 
 
 def _rows(text: str, title: str) -> list[list[str]]:
-    """The cells of the table printed under ``title``."""
+    """The cells of the table printed under ``title``; a row that rich wrapped over
+    several lines (the first cell empty on the lines after its first) is one row."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(title))
     rows: list[list[str]] = []
@@ -33,7 +34,11 @@ def _rows(text: str, title: str) -> list[list[str]]:
         if line.startswith("└"):
             break
         if line.startswith("│"):
-            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            if rows and not cells[0]:
+                rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+            else:
+                rows.append(cells)
     return rows
 
 
@@ -100,6 +105,8 @@ def test_make_demo_prints_rollouts_a_failed_verification_a_waterfall_and_stats(
     # it ends by printing the web view's URL (and a failed rollout's page there)
     assert re.search(r"^  http://127\.0\.0\.1:\d+/$", out.split("Web view", 1)[1], re.M)
     assert re.search(r"^  http://127\.0\.0\.1:\d+/trace/[0-9a-f]{32}$", out, re.M)
+    assert re.search(r"^  http://127\.0\.0\.1:\d+/envs$", out, re.M)
+    assert re.search(r"^  http://127\.0\.0\.1:\d+/live$", out, re.M)
     assert "stopped cleanly" in out
     gym_logs = sorted((tmp_path / "work" / "gym").glob("*.log"))
     assert len(gym_logs) == 5

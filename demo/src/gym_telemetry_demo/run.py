@@ -288,6 +288,8 @@ def _webview_report(
     console.print(f"  {webview.url}/", soft_wrap=True, highlight=False)
     console.print("reward, turns and tokens per environment:")
     console.print(f"  {webview.url}/envs", soft_wrap=True, highlight=False)
+    console.print("rollouts in flight now, stalled ones first (the sidecar's live view):")
+    console.print(f"  {webview.url}/live", soft_wrap=True, highlight=False)
     if failed:
         console.print(f"a failed rollout, {failed[0].rollout_id}:")
         console.print(f"  {webview.trace_url(failed[0].trace_id)}", soft_wrap=True, highlight=False)
