@@ -68,6 +68,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-dir", metavar="DIR", help="the store's data directory")
 
 
+def _window(p: argparse.ArgumentParser) -> None:
+    """``--since``, the window of the commands that summarise (stats, envs)."""
+    p.add_argument(
+        "--since",
+        type=parse_duration,
+        metavar="DURATION",
+        help="the window, e.g. 1h (default: everything stored)",
+    )
+
+
 def _open(args: argparse.Namespace, console: Console) -> sqlite3.Connection | int:
     import sqlite3
 
@@ -179,12 +189,7 @@ def cmd_trace(args: argparse.Namespace, console: Console | None = None) -> int:
 def add_stats(subparsers: Any) -> None:
     p = subparsers.add_parser("stats", help="rollout and verify percentiles over a window")
     _common(p)
-    p.add_argument(
-        "--since",
-        type=parse_duration,
-        metavar="DURATION",
-        help="the window, e.g. 1h (default: everything stored)",
-    )
+    _window(p)
     p.set_defaults(func=cmd_stats)
 
 
@@ -213,12 +218,7 @@ def add_envs(subparsers: Any) -> None:
         help="reward, turns, tokens and latency per environment; model calls; verifier rewards",
     )
     _common(p)
-    p.add_argument(
-        "--since",
-        type=parse_duration,
-        metavar="DURATION",
-        help="the window, e.g. 1h (default: everything stored)",
-    )
+    _window(p)
     p.set_defaults(func=cmd_envs)
 
 

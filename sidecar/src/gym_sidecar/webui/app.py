@@ -91,6 +91,16 @@ def _is_api(path: str) -> bool:
     return path.startswith(("/api/", JAEGER_BASE + "/api/"))
 
 
+def _window(request: Request) -> tuple[str, float | None, str]:
+    """The ``since`` query parameter of a page that summarises a window: (as given,
+    seconds or None for everything, the error to show when it does not parse)."""
+    since = request.query_params.get("since", "").strip()
+    try:
+        return since, parse_duration_s(since, "since"), ""
+    except ValueError as exc:
+        return since, None, str(exc)
+
+
 def _html(body: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(body, status_code=status)
 
@@ -220,12 +230,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         return _html(body)
 
     def stats_view(request: Request) -> Response:
-        since = request.query_params.get("since", "").strip()
-        error = ""
-        try:
-            window_s = parse_duration_s(since, "since")
-        except ValueError as exc:
-            error, window_s = str(exc), None
+        since, window_s, error = _window(request)
         now = cfg.clock_ns()
         with snapshot() as conn:
             result = stats.compute(conn, window_s, now)
@@ -270,12 +275,7 @@ def build_app(cfg: ViewConfig) -> SecurityHeaders:
         return _html(body, 400 if error else 200)
 
     def envs(request: Request) -> Response:
-        since = request.query_params.get("since", "").strip()
-        error = ""
-        try:
-            window_s = parse_duration_s(since, "since")
-        except ValueError as exc:
-            error, window_s = str(exc), None
+        since, window_s, error = _window(request)
         now = cfg.clock_ns()
         with snapshot() as conn:
             found = rl.environments(conn, window_s, now)
