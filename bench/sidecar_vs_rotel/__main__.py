@@ -172,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gzip-level",
         type=int,
-        help="the sidecar's backend.compression_level (default: its own, 5)",
+        help="the sidecar's backend.compression_level (default: its own, 2)",
     )
     p.add_argument(
         "--sidecar-env",

@@ -1,5 +1,6 @@
-"""gzip of the OTLP/HTTP exporter: standard output at every level, zlib-ng in use, and a
-real export through the counting HTTP sink."""
+"""gzip of the OTLP/HTTP exporter: standard output at every level from pieces, and a real
+export through the counting HTTP sink (which library deflates:
+tests/sidecar/wire/test_deflate.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import itertools
 import pytest
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.export import body
-from gym_sidecar.export.body import gzip_body, gzip_library, gzip_parts
+from gym_sidecar.export.body import gzip_body, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
 from pydantic import ValidationError
@@ -22,11 +22,6 @@ from tests.sidecar.export.helpers import run, trace_request
 def many_spans(requests: int) -> bytes:
     """``requests`` x 200 spans as one body (serialized requests concatenate into one)."""
     return b"".join(trace_request(f"t{i}", 200).SerializeToString() for i in range(requests))
-
-
-def test_zlib_ng_is_the_deflate_in_use() -> None:
-    # zlib-ng is a dependency of the sidecar with wheels for 3.11-3.13 on this platform.
-    assert gzip_library() == "zlib-ng"
 
 
 @pytest.mark.parametrize("level", range(1, 10))
@@ -86,21 +81,3 @@ def test_small_and_large_bodies_arrive_gzipped_and_whole() -> None:
         assert sink.wait_spans(3003)
         assert (sink.span_count, sink.calls, sink.gzip_requests) == (3003, 2, 2)
         assert sink.bad_requests == 0
-
-
-def test_without_zlib_ng_gzip_falls_back_to_zlib_and_warns(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "zlib_ng", None)  # import fails
-    body._zlib.cache_clear()
-    try:
-        with caplog.at_level("WARNING", logger=body.__name__):
-            assert gzip_library() == "zlib"
-        assert "zlib-ng is not importable" in caplog.text
-        assert gzip.decompress(gzip_body(b"abc" * 100, 5)) == b"abc" * 100
-        pieces = [b"abc" * 100, memoryview(b"xyz" * 50)[10:], b""]
-        assert gzip.decompress(gzip_parts(pieces, 5)) == b"".join(pieces)
-    finally:
-        body._zlib.cache_clear()

@@ -22,13 +22,9 @@ worker thread.
 
 from __future__ import annotations
 
-import functools
-import logging
-import zlib
 from collections.abc import Iterator, Sequence
-from typing import Any
 
-logger = logging.getLogger(__name__)
+from gym_sidecar.wire import deflate
 
 Piece = bytes | memoryview
 """One piece of a serialized request (never modified)."""
@@ -37,38 +33,12 @@ CHUNK_BYTES = 256 * 1024
 """Pieces are coalesced into runs of about this size (one h2 ``send_data`` or one
 ``sendall`` each)."""
 
-GZIP_WBITS = 31
-"""wbits selecting the gzip container (RFC 1952) with a 32 KiB window."""
-
-MEM_LEVEL = 9
-"""deflate's memLevel: a larger hash table and symbol buffer than the default 8. On the
-benchmark's loads it costs 2.5 % fewer instructions at the same level for the same
-size (+0.07 %); docs/export.md has the figures."""
-
-
-@functools.cache
-def _zlib() -> tuple[str, Any]:
-    # Imported on first use, so a sidecar that never gzips does not load it.
-    try:
-        from zlib_ng import zlib_ng
-    except ImportError:  # no wheel for this platform: the standard library's zlib
-        # Loud on purpose: zlib costs about twice the CPU per byte (docs/benchmarks.md,
-        # "Why the two harnesses disagreed"), which is easy to miss otherwise.
-        logger.warning("zlib-ng is not importable: gzip export uses zlib at ~2x the CPU")
-        return "zlib", zlib
-    return "zlib-ng", zlib_ng
-
-
-def gzip_library() -> str:
-    """Which deflate implementation gzip bodies go through: ``zlib-ng`` or ``zlib``."""
-    return str(_zlib()[0])
-
 
 def gzip_parts(parts: Sequence[Piece], level: int) -> bytes:
     """The concatenation of ``parts`` as one standard gzip member at ``level`` (1
-    fastest .. 9 smallest), deflated piece by piece (nothing is joined first)."""
-    mod = _zlib()[1]
-    deflater = mod.compressobj(level, mod.DEFLATED, GZIP_WBITS, MEM_LEVEL)
+    fastest .. 9 smallest; ``wire.deflate`` says which library does which level),
+    deflated piece by piece (nothing is joined first)."""
+    deflater = deflate.gzip_compressor(level)
     out = [deflater.compress(part) for part in parts]
     out.append(deflater.flush())
     return b"".join(out)

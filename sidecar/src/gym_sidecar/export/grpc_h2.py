@@ -5,12 +5,12 @@ Why not ``grpc.aio`` (the :mod:`.otlp_grpc` exporter, still selectable with
 default level, on the event-loop thread, and grpc Python cannot send a message the
 caller compressed already. Profiled in the sidecar under load, that compression was
 ~43% of its samples, and it kept gRPC/gzip export at 0.65-0.86x rotel's spans per
-CPU-second (docs/benchmarks.md). This exporter compresses with zlib-ng at
-``backend.compression_level`` in a worker thread (the GIL is released while it
-deflates) and sends the result as a gRPC message with the compressed flag set and
-``grpc-encoding: gzip``, exactly what grpc core would put on the wire. Without
-compression it is the default too: then importing grpc at all (~13 MiB resident) is
-what it saves (docs/benchmarks.md, "Round 4").
+CPU-second (docs/benchmarks.md). This exporter compresses at
+``backend.compression_level`` (ISA-L or zlib-ng, :mod:`gym_sidecar.wire.deflate`) in a
+worker thread (the GIL is released while it deflates) and sends the result as a gRPC
+message with the compressed flag set and ``grpc-encoding: gzip``, exactly what grpc
+core would put on the wire. Without compression it is the default too: then importing
+grpc at all (~13 MiB resident) is what it saves (docs/benchmarks.md, "Round 4").
 
 The call itself (one HTTP/2 stream on one shared connection, the message sent as flow
 control allows and uncopied, the answer collected) is the wire layer's
@@ -46,9 +46,10 @@ from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.grpc_status import StatusCode, decode_bin, retry_delay_s
 from gym_sidecar.core.signals import SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.export.body import Piece, body_size, coalesced, gzip_library, gzip_parts
+from gym_sidecar.export.body import Piece, body_size, coalesced, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.grpc_outcome import classify
+from gym_sidecar.wire import deflate
 from gym_sidecar.wire.http2 import grpc_framing
 from gym_sidecar.wire.http2.connection import quiet_frame_reprs
 from gym_sidecar.wire.http2.grpc_client import (
@@ -161,7 +162,11 @@ class GrpcH2Exporter(Exporter):
         self._closing: set[asyncio.Future[None]] = set()
         quiet_frame_reprs()
         if self._gzip:
-            logger.info("OTLP/gRPC export: gzip with %s at level %d", gzip_library(), self._level)
+            logger.info(
+                "OTLP/gRPC export: gzip with %s at level %d",
+                deflate.deflate_library(self._level),
+                self._level,
+            )
 
     async def _connection(self) -> ClientConnection:
         conn = self._conn

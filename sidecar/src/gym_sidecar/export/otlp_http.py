@@ -6,12 +6,12 @@ Outcomes follow the OTLP/HTTP specification: 2xx is success (the body's
 are permanent. Connection errors and timeouts are retryable.
 
 With ``compression: gzip`` the exporter compresses the body itself (standard gzip,
-``Content-Encoding: gzip``) at ``compression_level``, with zlib-ng when the ``zlib-ng``
-package imports (the same format at about half the CPU of zlib for the same level),
-else with the standard library's zlib. Compression and the POST run in a worker thread
-(both deflate libraries release the GIL), so the event loop keeps receiving meanwhile.
-The body goes out from the batch's pieces (:mod:`.body`): deflated piece by piece with
-gzip, else written in coalesced chunks; the batch is never joined into one more copy.
+``Content-Encoding: gzip``) at ``compression_level``, with ISA-L (levels 1-3) or zlib-ng
+(4-9), the libraries :mod:`gym_sidecar.wire.deflate` chooses. Compression and the POST
+run in a worker thread (both deflate libraries release the GIL), so the event loop
+keeps receiving meanwhile. The body goes out from the batch's pieces (:mod:`.body`):
+deflated piece by piece with gzip, else written in coalesced chunks; the batch is never
+joined into one more copy.
 The transport is the standard library's ``http.client`` (:mod:`.http_post`).
 """
 
@@ -28,9 +28,10 @@ from urllib.parse import urlsplit, urlunsplit
 from gym_sidecar.core.exporter import Exporter, ExportResult
 from gym_sidecar.core.signals import PROTOBUF, SPECS, rejected_items
 from gym_sidecar.core.stage import Signal
-from gym_sidecar.export.body import Piece, gzip_library, gzip_parts
+from gym_sidecar.export.body import Piece, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.http_post import HttpPoster, PostResponse
+from gym_sidecar.wire import deflate
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,11 @@ class OtlpHttpExporter(Exporter):
         self._headers = {**config.headers, "Content-Type": PROTOBUF}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-            logger.info("OTLP/HTTP export: gzip with %s at level %d", gzip_library(), self._level)
+            logger.info(
+                "OTLP/HTTP export: gzip with %s at level %d",
+                deflate.deflate_library(self._level),
+                self._level,
+            )
         self._poster = HttpPoster(config.url, timeout_s=config.timeout_s)
 
     def _send(self, signal: Signal, parts: Sequence[Piece]) -> PostResponse:

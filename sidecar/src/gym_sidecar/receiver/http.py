@@ -9,8 +9,9 @@ Answers (the body is encoded like the request; protobuf when that is unknown):
   broken gzip) and for one nested deeper than ``limits.max_message_depth``;
 - 413 when the body exceeds ``limits.http_max_body_bytes`` as sent or
   ``limits.http_max_decompressed_bytes`` once inflated, or holds more than
-  ``limits.max_request_messages`` messages (counted before decoding); inflation stops at the limit
-  (``zlib`` ``max_length``), so a gzip bomb costs at most that much memory;
+  ``limits.max_request_messages`` messages (counted before decoding); inflation stops at
+  the limit (``max_length``; ``wire.deflate`` inflates), so a gzip bomb costs at most
+  that much memory;
 - 415 for another content type or content encoding; 404/405 for other paths/methods;
 - 408 when the body does not arrive within ``limits.http_body_timeout_s``;
 - 429 + ``Retry-After`` on backpressure (the OTel SDK exporters retry on it), and when
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -39,6 +39,7 @@ from gym_sidecar.core.signals import JSON, PROTOBUF, SPECS, SignalSpec
 from gym_sidecar.core.stage import Stage, pipeline_trace_scan
 from gym_sidecar.receiver.request import BadRequest, build_response, decode_batch, submit
 from gym_sidecar.selfmetrics import SelfMetrics
+from gym_sidecar.wire import deflate
 from gym_sidecar.wire.protobuf.bounds import TOO_MANY_MESSAGES
 
 logger = logging.getLogger(__name__)
@@ -218,11 +219,11 @@ class OtlpHttpApp:
     def _gunzip(self, data: bytes) -> bytes:
         """Inflate at most ``http_max_decompressed_bytes``; never more, whatever the input."""
         limit = self.limits.http_max_decompressed_bytes
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        inflater = deflate.inflater(deflate.GZIP_WBITS)
         try:
             # max_length=limit+1 distinguishes "exactly at the limit" from "over it".
             out = inflater.decompress(data, limit + 1)
-        except zlib.error as exc:
+        except deflate.inflate_errors() as exc:
             raise _Refusal(400, f"body is not valid gzip: {exc}", "bad_gzip") from None
         if len(out) > limit or inflater.unconsumed_tail:
             raise _Refusal(

@@ -15,12 +15,13 @@ Pure functions; no I/O, no counters (each end counts in its own terms).
 from __future__ import annotations
 
 import struct
-import zlib
+
+from gym_sidecar.wire import deflate
 
 PREFIX_BYTES = 5
 """The length prefix of every gRPC message: a flag byte and a 4-byte length."""
 CONTENT_TYPE = b"application/grpc"
-ENCODINGS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+ENCODINGS = {b"gzip": deflate.GZIP_WBITS, b"deflate": deflate.DEFLATE_WBITS}
 """``grpc-encoding`` values either end inflates, and their zlib window bits."""
 
 _PREFIX = struct.Struct(">BI")
@@ -64,14 +65,14 @@ def inflate(chunks: list[bytes | memoryview], encoding: bytes, max_bytes: int) -
     """
     name = encoding.decode("latin-1")
     room = max_bytes + 1
-    inflater = zlib.decompressobj(ENCODINGS[encoding])
+    inflater = deflate.inflater(ENCODINGS[encoding])
     out: list[bytes] = []
     for index in range(len(chunks)):
         data = memoryview(chunks[index])[PREFIX_BYTES:] if index == 0 else chunks[index]
         chunks[index] = b""
         try:
             piece = inflater.decompress(data, room)
-        except zlib.error as exc:
+        except deflate.inflate_errors() as exc:
             raise InflateError("bad_gzip", f"message is not valid {name}: {exc}") from None
         room -= len(piece)
         if room <= 0:
