@@ -4,7 +4,8 @@ nothing).
 
     uv run --frozen python -m bench.gym_rollout_callgrind [--variants bare,default,all]
         [--rollouts 50] [--warmup 10] [--before AGENT_SRC] [--agent AGENT_SRC] [--cpu-rounds 0]
-        [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--json FILE]
+        [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--keep-dumps DIR]
+        [--json FILE]
 
 What runs: the stub model (``examples/gym_stack``), the shipped
 ``example_single_tool_call`` resources server and the shipped ``simple_agent``, each its
@@ -114,6 +115,10 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         if flush is not None:
             flush(60000)
 
+    def _live_requests():
+        live = sys.modules.get("gym_telemetry._live")
+        return live.stats()["requests_sent"] if live is not None else 0
+
     def _write(suffix, text):
         tmp = os.path.join(_out, f"{_name}.{suffix}.tmp")
         with open(tmp, "w") as f:
@@ -128,6 +133,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         _state["cpu"] = time.process_time()
         _state["rusage"] = rusage()
         _state["thread"] = time.thread_time()
+        _state["live"] = _live_requests()
         os.getpgrp()  # callgrind: --zero-before=getpgrp
         if _profile is not None:
             _profile.start()
@@ -155,6 +161,9 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
                     **kernel,
                     "gc_collections": [b - a for a, b in zip(_state["gc"], gcs)],
                     "agent": getattr(agent, "__file__", None),
+                    # live-event requests sent in the window (one per interval: their
+                    # cost follows the window's wall time, not the rollouts)
+                    "live_requests": _live_requests() - _state["live"],
                     "profile": _profile.result(1) if _profile is not None else None,
                 }
             ),
@@ -302,6 +311,7 @@ def run_variant(
             )
             / rollouts,
             "gc_collections": probe_out["gc_collections"],
+            "live_requests": probe_out.get("live_requests", 0),
             "agent": probe_out["agent"],
         }
         if probe_out.get("profile"):
@@ -314,6 +324,11 @@ def run_variant(
             server["threads"] = [t / rollouts for t in threads]
             server["instructions"] = sum(threads) / rollouts
         result["servers"][name] = server
+    if under_callgrind and args.keep_dumps is not None:
+        # for callgrind_annotate: per server, the main thread's window is
+        # cg.<server>.<pid>.1-01, the other threads' cg.<server>.<pid>.2-NN
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(out), args.keep_dumps / variant.replace("@", "-"))
     shutil.rmtree(work, ignore_errors=True)
     return result
 
@@ -357,6 +372,13 @@ def print_callgrind(results: list[dict[str, Any]]) -> None:
     for r in results:
         gcs = {LABELS[n]: r["servers"][n]["gc_collections"] for n in SERVERS}
         print(f"  {r['variant']:>16}: gc collections in the window {gcs}")
+    for r in results:
+        live = {LABELS[n]: r["servers"][n].get("live_requests", 0) for n in SERVERS}
+        if any(live.values()):
+            print(
+                f"  {r['variant']:>16}: live-event requests in the window {live} "
+                f"({r['window_s']:.1f} s: one per interval, whatever the rollouts)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="bytecodes per function, natively")
     p.add_argument("--profile-rollouts", type=int, default=10)
     p.add_argument("--profile-top", type=int, default=40)
+    p.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="keep each variant's callgrind files in DIR/<variant> (callgrind_annotate)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     python = str(gym_env_python())
