@@ -5,7 +5,7 @@ nothing).
     uv run --frozen python -m bench.gym_rollout_callgrind [--variants bare,default,all]
         [--rollouts 50] [--warmup 10] [--before AGENT_SRC] [--agent AGENT_SRC] [--cpu-rounds 0]
         [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--keep-dumps DIR]
-        [--json FILE]
+        [--live-clock-x K] [--json FILE]
 
 What runs: the stub model (``examples/gym_stack``), the shipped
 ``example_single_tool_call`` resources server and the shipped ``simple_agent``, each its
@@ -36,6 +36,18 @@ dump the main thread (``os.getsid(0)``; ``--dump-before=getsid``), then dump eve
 (``callgrind_control -d``: the batch worker's and gRPC's threads, counted from the moment
 instrumentation was switched on). Per server the probe also writes the window's process
 CPU, main-thread CPU and cyclic-GC collections.
+
+**The live events are paced by the wall clock, not by the rollouts** (issue 41: one
+OTLP-logs request per process every ``GYM_TELEMETRY_LIVE_INTERVAL_S``, default 2 s, and
+an event-loop lag probe tick every 0.5 s). Under callgrind a rollout takes ~50x its
+native wall time, so as shipped the window holds ~50x more heartbeats per rollout than a
+native run does, and their instructions are charged to the rollouts ~50x over (the
+window's count of live requests is printed; it also grows with the machine's load,
+which slows callgrind further). ``--live-clock-x K`` multiplies both intervals by ``K``
+for the agent variants under callgrind only (``K`` = the callgrind window per rollout ÷
+the native one, both printed: the callgrind table and ``--cpu-rounds``), so that the
+live events cost per rollout what they cost natively; the default ``1`` runs them as
+shipped. Natively (``--cpu-rounds``, ``--profile``) they always run as shipped.
 
 Reported: instructions per rollout per server and summed over the three, the ratio to
 bare, and with ``--cpu-rounds N`` the same window's process CPU per rollout natively
@@ -85,6 +97,9 @@ from testkit.gym_stack import (  # noqa: E402
 )
 
 SERVERS = (MODEL, RESOURCES, AGENT)
+#: The agent's default live-event and lag-probe intervals (``gym_telemetry_semconv.live``).
+LIVE_INTERVAL_S = 2.0
+LAG_PROBE_S = 0.5
 #: Column labels of the servers (their config names share a long prefix).
 LABELS = {MODEL: "model", RESOURCES: "resources", AGENT: "agent"}
 
@@ -260,6 +275,12 @@ def run_variant(
             # more often per rollout.
             "OTEL_BSP_SCHEDULE_DELAY": "100000000",
         }
+        if under_callgrind and args.live_clock_x != 1.0:
+            # the live events at the rate per rollout a native run pays (module doc)
+            env |= {
+                "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
+                "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
+            }
     stack = GymStack(
         python=_launcher(work, python, prefix),
         config=load_configs("stack.yaml"),
@@ -374,11 +395,11 @@ def print_callgrind(results: list[dict[str, Any]]) -> None:
         print(f"  {r['variant']:>16}: gc collections in the window {gcs}")
     for r in results:
         live = {LABELS[n]: r["servers"][n].get("live_requests", 0) for n in SERVERS}
-        if any(live.values()):
-            print(
-                f"  {r['variant']:>16}: live-event requests in the window {live} "
-                f"({r['window_s']:.1f} s: one per interval, whatever the rollouts)"
-            )
+        print(
+            f"  {r['variant']:>16}: window {r['window_s']:.1f} s, "
+            f"{1e3 * r['window_s'] / r['rollouts']:.0f} ms per rollout; live-event requests "
+            f"in it {live} (one per interval, whatever the rollouts)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-dumps",
         type=Path,
         help="keep each variant's callgrind files in DIR/<variant> (callgrind_annotate)",
+    )
+    p.add_argument(
+        "--live-clock-x",
+        type=float,
+        default=1.0,
+        help="under callgrind, the live-event and lag-probe intervals times K (module doc)",
     )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -460,13 +487,14 @@ def main(argv: list[str] | None = None) -> int:
             doc["callgrind"] = cg
             print(
                 f"{args.rollouts} rollouts after {args.warmup} warm-up; load now "
-                f"{os.getloadavg()[0]:.1f}"
+                f"{os.getloadavg()[0]:.1f}; live-event intervals x{args.live_clock_x:g}"
             )
             print_callgrind(cg)
         if args.cpu_rounds:
             runs: dict[str, list[float]] = {v[0]: [] for v in variants}
             # user and system µs and context switches per rollout, three servers summed
             detail: dict[str, list[dict[str, float]]] = {v[0]: [] for v in variants}
+            walls: dict[str, list[float]] = {v[0]: [] for v in variants}  # ms per rollout
             for rnd in range(args.cpu_rounds):
                 order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
                 for name, src in order:
@@ -480,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                         rollouts=args.cpu_rollouts,
                     )
                     runs[name].append(sum(s["process_cpu_us"] for s in r["servers"].values()))
+                    walls[name].append(1e3 * r["window_s"] / r["rollouts"])
                     detail[name].append(
                         {
                             k: sum(s[k] for s in r["servers"].values())
@@ -488,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             doc["cpu"] = runs
             doc["cpu_detail"] = detail
+            doc["cpu_wall_ms_per_rollout"] = walls
             print(
                 f"process CPU per rollout, three servers summed, {args.cpu_rounds} rounds x "
                 f"{args.cpu_rollouts} rollouts, pinned to core {args.core}, interleaved; load "
@@ -508,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {'':>16}  user {parts['user_us']:.1f} us, system "
                     f"{parts['system_us']:.1f} us, {parts['switches_per_rollout']:.1f} "
-                    "context switches per rollout (medians)",
+                    "context switches per rollout (medians); wall "
+                    f"{statistics.median(walls[name]):.1f} ms per rollout",
                     flush=True,
                 )
     finally:
