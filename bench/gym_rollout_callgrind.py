@@ -4,7 +4,8 @@ nothing).
 
     uv run --frozen python -m bench.gym_rollout_callgrind [--variants bare,default,all]
         [--rollouts 50] [--warmup 10] [--before AGENT_SRC] [--agent AGENT_SRC] [--cpu-rounds 0]
-        [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--json FILE]
+        [--cpu-rollouts 200] [--core 1] [--no-callgrind] [--profile] [--keep-dumps DIR]
+        [--live-clock-x K] [--json FILE]
 
 What runs: the stub model (``examples/gym_stack``), the shipped
 ``example_single_tool_call`` resources server and the shipped ``simple_agent``, each its
@@ -35,6 +36,18 @@ dump the main thread (``os.getsid(0)``; ``--dump-before=getsid``), then dump eve
 (``callgrind_control -d``: the batch worker's and gRPC's threads, counted from the moment
 instrumentation was switched on). Per server the probe also writes the window's process
 CPU, main-thread CPU and cyclic-GC collections.
+
+**The live events are paced by the wall clock, not by the rollouts** (issue 41: one
+OTLP-logs request per process every ``GYM_TELEMETRY_LIVE_INTERVAL_S``, default 2 s, and
+an event-loop lag probe tick every 0.5 s). Under callgrind a rollout takes ~50x its
+native wall time, so as shipped the window holds ~50x more heartbeats per rollout than a
+native run does, and their instructions are charged to the rollouts ~50x over (the
+window's count of live requests is printed; it also grows with the machine's load,
+which slows callgrind further). ``--live-clock-x K`` multiplies both intervals by ``K``
+for the agent variants under callgrind only (``K`` = the callgrind window per rollout ÷
+the native one, both printed: the callgrind table and ``--cpu-rounds``), so that the
+live events cost per rollout what they cost natively; the default ``1`` runs them as
+shipped. Natively (``--cpu-rounds``, ``--profile``) they always run as shipped.
 
 Reported: instructions per rollout per server and summed over the three, the ratio to
 bare, and with ``--cpu-rounds N`` the same window's process CPU per rollout natively
@@ -84,6 +97,9 @@ from testkit.gym_stack import (  # noqa: E402
 )
 
 SERVERS = (MODEL, RESOURCES, AGENT)
+#: The agent's default live-event and lag-probe intervals (``gym_telemetry_semconv.live``).
+LIVE_INTERVAL_S = 2.0
+LAG_PROBE_S = 0.5
 #: Column labels of the servers (their config names share a long prefix).
 LABELS = {MODEL: "model", RESOURCES: "resources", AGENT: "agent"}
 
@@ -114,6 +130,10 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         if flush is not None:
             flush(60000)
 
+    def _live_requests():
+        live = sys.modules.get("gym_telemetry._live")
+        return live.stats()["requests_sent"] if live is not None else 0
+
     def _write(suffix, text):
         tmp = os.path.join(_out, f"{_name}.{suffix}.tmp")
         with open(tmp, "w") as f:
@@ -128,6 +148,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         _state["cpu"] = time.process_time()
         _state["rusage"] = rusage()
         _state["thread"] = time.thread_time()
+        _state["live"] = _live_requests()
         os.getpgrp()  # callgrind: --zero-before=getpgrp
         if _profile is not None:
             _profile.start()
@@ -155,6 +176,9 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
                     **kernel,
                     "gc_collections": [b - a for a, b in zip(_state["gc"], gcs)],
                     "agent": getattr(agent, "__file__", None),
+                    # live-event requests sent in the window (one per interval: their
+                    # cost follows the window's wall time, not the rollouts)
+                    "live_requests": _live_requests() - _state["live"],
                     "profile": _profile.result(1) if _profile is not None else None,
                 }
             ),
@@ -251,6 +275,12 @@ def run_variant(
             # more often per rollout.
             "OTEL_BSP_SCHEDULE_DELAY": "100000000",
         }
+        if under_callgrind and args.live_clock_x != 1.0:
+            # the live events at the rate per rollout a native run pays (module doc)
+            env |= {
+                "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
+                "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
+            }
     stack = GymStack(
         python=_launcher(work, python, prefix),
         config=load_configs("stack.yaml"),
@@ -302,6 +332,7 @@ def run_variant(
             )
             / rollouts,
             "gc_collections": probe_out["gc_collections"],
+            "live_requests": probe_out.get("live_requests", 0),
             "agent": probe_out["agent"],
         }
         if probe_out.get("profile"):
@@ -314,6 +345,11 @@ def run_variant(
             server["threads"] = [t / rollouts for t in threads]
             server["instructions"] = sum(threads) / rollouts
         result["servers"][name] = server
+    if under_callgrind and args.keep_dumps is not None:
+        # for callgrind_annotate: per server, the main thread's window is
+        # cg.<server>.<pid>.1-01, the other threads' cg.<server>.<pid>.2-NN
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(out), args.keep_dumps / variant.replace("@", "-"))
     shutil.rmtree(work, ignore_errors=True)
     return result
 
@@ -357,6 +393,13 @@ def print_callgrind(results: list[dict[str, Any]]) -> None:
     for r in results:
         gcs = {LABELS[n]: r["servers"][n]["gc_collections"] for n in SERVERS}
         print(f"  {r['variant']:>16}: gc collections in the window {gcs}")
+    for r in results:
+        live = {LABELS[n]: r["servers"][n].get("live_requests", 0) for n in SERVERS}
+        print(
+            f"  {r['variant']:>16}: window {r['window_s']:.1f} s, "
+            f"{1e3 * r['window_s'] / r['rollouts']:.0f} ms per rollout; live-event requests "
+            f"in it {live} (one per interval, whatever the rollouts)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="bytecodes per function, natively")
     p.add_argument("--profile-rollouts", type=int, default=10)
     p.add_argument("--profile-top", type=int, default=40)
+    p.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="keep each variant's callgrind files in DIR/<variant> (callgrind_annotate)",
+    )
+    p.add_argument(
+        "--live-clock-x",
+        type=float,
+        default=1.0,
+        help="under callgrind, the live-event and lag-probe intervals times K (module doc)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     python = str(gym_env_python())
@@ -433,13 +487,14 @@ def main(argv: list[str] | None = None) -> int:
             doc["callgrind"] = cg
             print(
                 f"{args.rollouts} rollouts after {args.warmup} warm-up; load now "
-                f"{os.getloadavg()[0]:.1f}"
+                f"{os.getloadavg()[0]:.1f}; live-event intervals x{args.live_clock_x:g}"
             )
             print_callgrind(cg)
         if args.cpu_rounds:
             runs: dict[str, list[float]] = {v[0]: [] for v in variants}
             # user and system µs and context switches per rollout, three servers summed
             detail: dict[str, list[dict[str, float]]] = {v[0]: [] for v in variants}
+            walls: dict[str, list[float]] = {v[0]: [] for v in variants}  # ms per rollout
             for rnd in range(args.cpu_rounds):
                 order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
                 for name, src in order:
@@ -453,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                         rollouts=args.cpu_rollouts,
                     )
                     runs[name].append(sum(s["process_cpu_us"] for s in r["servers"].values()))
+                    walls[name].append(1e3 * r["window_s"] / r["rollouts"])
                     detail[name].append(
                         {
                             k: sum(s[k] for s in r["servers"].values())
@@ -461,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             doc["cpu"] = runs
             doc["cpu_detail"] = detail
+            doc["cpu_wall_ms_per_rollout"] = walls
             print(
                 f"process CPU per rollout, three servers summed, {args.cpu_rounds} rounds x "
                 f"{args.cpu_rollouts} rollouts, pinned to core {args.core}, interleaved; load "
@@ -481,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {'':>16}  user {parts['user_us']:.1f} us, system "
                     f"{parts['system_us']:.1f} us, {parts['switches_per_rollout']:.1f} "
-                    "context switches per rollout (medians)",
+                    "context switches per rollout (medians); wall "
+                    f"{statistics.median(walls[name]):.1f} ms per rollout",
                     flush=True,
                 )
     finally:

@@ -5,7 +5,7 @@
         [--requests 200] [--warmup 200] [--gc on|pending|off|freeze] [--cpu-rounds 5]
         [--cpu-requests 1500] [--core 1] [--no-callgrind] [--no-cpu]
         [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--cache-sim]
-        [--keep-dumps DIR] [--fixed-ids] [--agent AGENT_SRC] [--json FILE]
+        [--keep-dumps DIR] [--fixed-ids] [--agent AGENT_SRC] [--live-clock-x K] [--json FILE]
 
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
 serves the real ``example_single_tool_call`` ``/verify`` in process through ASGI, bare or
@@ -38,6 +38,14 @@ can change while a run is under way).
   spans *inside* the measured window (the batch thread's encoding and the gRPC export
   are counted, on their own threads): what the agent costs the process. ``both`` runs
   every agent variant both ways (``V`` and ``V+export``).
+- **Live events** (issue 41): the activated agent sends one OTLP-logs request (the
+  heartbeat) every ``GYM_TELEMETRY_LIVE_INTERVAL_S`` (2 s) of wall clock, whatever the
+  requests; the child reports how many it sent in the window. Under callgrind a request
+  takes ~50x its native wall time, so as shipped the window holds ~50x the heartbeats
+  per request that a native run does. ``--live-clock-x K`` multiplies the live-event and
+  lag-probe intervals by ``K`` under callgrind only (``K`` = the callgrind wall time per
+  request ÷ the native one, both printed), so the heartbeats cost per request what they
+  cost natively; the default ``1`` runs them as shipped.
 - **Caches** (``--cache-sim``): the same runs with callgrind's cache simulation: L1 and
   last-level misses per request and cycles estimated from them
   (``callgrind_support.estimated_cycles``): what a larger heap, the cyclic GC's
@@ -71,6 +79,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "bench" / "gym_verify_callgrind_child.py"
+#: The agent's default live-event and lag-probe intervals (``gym_telemetry_semconv.live``).
+LIVE_INTERVAL_S = 2.0
+LAG_PROBE_S = 0.5
 sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import wait_listening  # noqa: E402
@@ -144,9 +155,15 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         _opts(args, v, args.requests),
     ]
     t0 = time.monotonic()
+    live_env = {}
+    if args.live_clock_x != 1.0:  # the heartbeats at the native rate per request (module doc)
+        live_env = {
+            "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
+            "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
+        }
     done = subprocess.run(
         cmd,
-        env=_env(v) | {"BENCH_CALLGRIND": "1"},
+        env=_env(v) | {"BENCH_CALLGRIND": "1"} | live_env,
         cwd="/",
         capture_output=True,
         text=True,
@@ -177,6 +194,8 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         "threads": [t / args.requests for t in threads],
         "gc_collections": child["gc_collections"],
         "lean": child.get("lean"),
+        "live_requests": child.get("live_requests", 0),
+        "wall_us": child.get("wall_us"),
         "seconds": time.monotonic() - t0,
     }
 
@@ -263,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep each variant's callgrind files in DIR/<variant> (the function view: "
         "callgrind_annotate DIR/<variant>/cg.<pid>.1-01)",
     )
+    p.add_argument(
+        "--live-clock-x",
+        type=float,
+        default=1.0,
+        help="under callgrind, the live-event and lag-probe intervals times K (module doc)",
+    )
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     python = str(gym_env_python())
@@ -310,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['main_thread_per_request'] / 1e6:8.3f}M "
                     f"(x{r['main_thread_per_request'] / base_main:.3f}), other threads "
                     f"{other / 1e6:.3f}M, gc collections {r['gc_collections']}, lean {r['lean']}",
+                    flush=True,
+                )
+                print(
+                    f"  {'':>16}  wall {r['wall_us'] / 1e3:.1f} ms per request under callgrind; "
+                    f"live-event requests in the window {r['live_requests']} (intervals "
+                    f"x{args.live_clock_x:g})",
                     flush=True,
                 )
             if args.cache_sim:
