@@ -214,7 +214,8 @@ fn utf8(bytes: &[u8]) -> &str {
 /// keys in the values), of its spans with a value for one of those keys only.
 ///
 /// Spans of a block mostly repeat their name and their values tuple (`(None, True,
-/// None)`): equal ones share one object, as interned strings would.
+/// None)`): equal ones share one object, as interned strings would; so do a value's
+/// equal strings from one span to the next.
 fn derive_block<'py>(
     py: Python<'py>,
     data: &[u8],
@@ -234,6 +235,10 @@ fn derive_block<'py>(
     let mut read = vec![Value::None; keys.len()];
     let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
     let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
+    // Per value: the last string made for it. A model server's calls repeat their model
+    // and operation while their token counts differ (the values tuples are not shared):
+    // one object per repeated string, hashed once where the derive stage keys on it.
+    let mut last_strings: Vec<Option<(Range, Bound<'py, PyAny>)>> = vec![None; keys.len()];
     let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len().max(7));
     let mut records = index.records[index.records.partition_point(|r| r.span < first_span)..]
         .iter()
@@ -274,8 +279,21 @@ fn derive_block<'py>(
                 object.clone()
             }
             _ => {
-                for &v in values {
-                    items.push(value_object(py, data, v)?);
+                for (slot, &v) in values.iter().enumerate() {
+                    let object = match v {
+                        Value::Str((s, e)) => match &last_strings[slot] {
+                            Some((range, object)) if data[range.0..range.1] == data[s..e] => {
+                                object.clone()
+                            }
+                            _ => {
+                                let object = PyString::new(py, utf8(&data[s..e])).into_any();
+                                last_strings[slot] = Some(((s, e), object.clone()));
+                                object
+                            }
+                        },
+                        _ => value_object(py, data, v)?,
+                    };
+                    items.push(object);
                 }
                 let object = tuple(py, &mut items)?;
                 last_values = Some((values.to_vec(), object.clone()));
