@@ -35,10 +35,21 @@ exemplars carry the point's value. :class:`RlExtractor` only reads; recording is
 ``metrics.rl_tables``.
 
 Cost: each loop runs once per derived span, and a model server sends one model call in
-every few spans, so the loops are written as the duration metrics' are (locals, one
+every few spans, so every loop is written as the duration metrics' are (locals, one
 run lookup per span, the bucket, count, value and exemplar updated inline): measured
 under callgrind, that is cheaper than batching a block's values through ``map`` and
-``Counter`` (10k against 17k instructions per model call of three points).
+``Counter`` (10k against 17k instructions per model call of three points). Issue 42
+measured it again (docs/benchmarks.md, "Performance round 4"): the rollout loop, once
+a generic loop over (metric, attributes, index) triples, is inlined too (turns and
+tokens: 7.8k against 10.4k instructions per rollout span of three points), the reward
+loop keeps its last run in locals instead of a tuple key and a dict lookup per span
+(3.5k against 4.8k per verification), and the model-call loop takes the last call's
+run when its model and operation are the same objects (the native scanner makes a
+block's repeated strings once; 10.4k against 10.6k per call). A column-wise
+model-call read (``zip(*spans)``, ``map(bisect_left, ...)``, bucket counts by
+``bytes.count``, exemplars by ``dict(zip(buckets, spans))``) was tried again and
+measured 18k against 10.6k instructions per call: each ``map`` step is a C call per
+element, and a block of interleaved models needs a pass per model.
 """
 
 from __future__ import annotations
