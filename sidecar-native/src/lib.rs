@@ -77,12 +77,13 @@ fn validate<'a>(
     max_messages: i64,
     derive_scopes: &'a [&'a [u8]],
     keys: &'a Keys<'a>,
+    sparse: (&'a [&'a [u8]], &'a [&'a [u8]]),
 ) -> Result<Index, Refusal> {
     // decode_protobuf counts only bodies of more than 2 x the limit (a smaller one holds
     // at most limit + 1 messages: the index of such a body is bounded anyway).
     let counted = data.len() as i128 > 2 * i128::from(max_messages);
     let record_limit = if counted { max_messages } else { i64::MAX };
-    let mut scan = Scan::new(data, record_limit, derive_scopes, keys);
+    let mut scan = Scan::new(data, record_limit, derive_scopes, keys, sparse);
     match scan.request() {
         Ok(deepest) => {
             // Accepted by upb: the pass counted what count_messages counts.
@@ -211,10 +212,14 @@ fn utf8(bytes: &[u8]) -> &str {
 }
 
 /// The derive tuples of one block's spans; with `sparse` (the indexes of the sparse
-/// keys in the values), of its spans with a value for one of those keys only.
+/// keys in the values, and how many of the block's spans the pass read as a sparse
+/// scope's), of its spans with a value for one of those keys only: looked for among the
+/// spans the pass marked (`Index::marked`) when it read every span of the block so,
+/// else among all.
 ///
 /// Spans of a block mostly repeat their name and their values tuple (`(None, True,
-/// None)`): equal ones share one object, as interned strings would.
+/// None)`): equal ones share one object, as interned strings would; so do a value's
+/// equal strings from one span to the next.
 fn derive_block<'py>(
     py: Python<'py>,
     data: &[u8],
@@ -222,8 +227,12 @@ fn derive_block<'py>(
     first_span: usize,
     count: usize,
     keys: &Keys<'_>,
-    sparse: Option<&[usize]>,
+    sparse: Option<(&[usize], usize)>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (sparse, sparse_read) = match sparse {
+        Some((marks, read)) => (Some(marks), read),
+        None => (None, 0),
+    };
     // SAFETY: PyList_New returns a new reference (or null with an error); PyList_SetItem
     // steals the item's reference and fills each slot of the fresh list exactly once. A
     // sparse block's list grows by appending (its length is not known in advance).
@@ -234,12 +243,25 @@ fn derive_block<'py>(
     let mut read = vec![Value::None; keys.len()];
     let mut last_values: Option<(Vec<Value>, Bound<'py, PyAny>)> = None;
     let mut last_name: Option<(Range, Bound<'py, PyAny>)> = None;
+    // Per value: the last string made for it. A model server's calls repeat their model
+    // and operation while their token counts differ (the values tuples are not shared):
+    // one object per repeated string, hashed once where the derive stage keys on it.
+    let mut last_strings: Vec<Option<(Range, Bound<'py, PyAny>)>> = vec![None; keys.len()];
     let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len().max(7));
     let mut records = index.records[index.records.partition_point(|r| r.span < first_span)..]
         .iter()
         .peekable();
-    for i in 0..count {
-        let span = first_span + i;
+    // The spans to read: the marked ones of a block read sparsely throughout, else all.
+    let marked = if sparse.is_some() && sparse_read == count {
+        let from = index.marked.partition_point(|&m| m < first_span);
+        let to = index.marked.partition_point(|&m| m < first_span + count);
+        Some(&index.marked[from..to])
+    } else {
+        None
+    };
+    let reads = marked.map_or(count, <[usize]>::len);
+    for i in 0..reads {
+        let span = marked.map_or(first_span + i, |m| m[i]);
         let record = records.next_if(|r| r.span == span);
         // The pass's record when it has a complete one, else read the span again.
         let fields_read;
@@ -274,8 +296,21 @@ fn derive_block<'py>(
                 object.clone()
             }
             _ => {
-                for &v in values {
-                    items.push(value_object(py, data, v)?);
+                for (slot, &v) in values.iter().enumerate() {
+                    let object = match v {
+                        Value::Str((s, e)) => match &last_strings[slot] {
+                            Some((range, object)) if data[range.0..range.1] == data[s..e] => {
+                                object.clone()
+                            }
+                            _ => {
+                                let object = PyString::new(py, utf8(&data[s..e])).into_any();
+                                last_strings[slot] = Some(((s, e), object.clone()));
+                                object
+                            }
+                        },
+                        _ => value_object(py, data, v)?,
+                    };
+                    items.push(object);
                 }
                 let object = tuple(py, &mut items)?;
                 last_values = Some((values.to_vec(), object.clone()));
@@ -398,7 +433,22 @@ fn scan_traces<'py>(
         .filter_map(|name| name.to_str().ok().map(str::as_bytes))
         .collect();
 
-    let index = validate(bytes, max_depth, max_messages, &scope_bytes, &keys)
+    // The sparse scopes' names and keys, for the pass to mark the spans it may report.
+    let sparse_owned: Vec<Bound<'py, PyString>> = match sparse_scopes {
+        Some(set) => set
+            .iter()
+            .filter_map(|name| name.cast_into::<PyString>().ok())
+            .collect(),
+        None => Vec::new(),
+    };
+    let sparse_scope_bytes: Vec<&[u8]> = sparse_owned
+        .iter()
+        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
+        .collect();
+    let sparse_key_bytes: Vec<&[u8]> = marks.iter().map(|&m| key_bytes[m]).collect();
+    let sparse = (&sparse_scope_bytes[..], &sparse_key_bytes[..]);
+
+    let index = validate(bytes, max_depth, max_messages, &scope_bytes, &keys, sparse)
         .map_err(|r| refusal_error(py, r, max_depth, max_messages))?;
 
     let blocks = PyList::empty(py);
@@ -424,7 +474,7 @@ fn scan_traces<'py>(
             };
             let derived = if derive_scopes.contains(&name)? {
                 let sparse = match sparse_scopes {
-                    Some(set) if set.contains(&name)? => Some(&marks[..]),
+                    Some(set) if set.contains(&name)? => Some((&marks[..], scope.sparse_read)),
                     _ => None,
                 };
                 Some(derive_block(

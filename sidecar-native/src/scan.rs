@@ -83,6 +83,9 @@ pub struct ScopeRec {
     pub spans: usize,
     /// Where the block's spans start in [`Index::spans`].
     pub first_span: usize,
+    /// How many of its spans the pass read as a sparse scope's: when all of them, the
+    /// spans it may report are those in [`Index::marked`].
+    pub sparse_read: usize,
 }
 
 /// One ResourceSpans field of the request.
@@ -126,6 +129,11 @@ pub struct Index {
     /// Spans read with their derive fields, in order.
     pub records: Vec<SpanRecord>,
     pub values: Vec<Value>,
+    /// The spans of sparse scopes (their positions in [`Index::spans`], in order) that
+    /// may carry a sparse key: every one that has one as a key the pass read, and every
+    /// one with a field the pass did not read in place. Their derive fields are read
+    /// again; the other spans of such a scope have no sparse key and no record.
+    pub marked: Vec<usize>,
 }
 
 /// The state of one `AnyValue` (merged over every `KeyValue.value` occurrence): which
@@ -196,6 +204,13 @@ pub struct Scan<'a> {
     /// The scope names to derive from and the attribute keys to read.
     derive_scopes: &'a [&'a [u8]],
     keys: &'a Keys<'a>,
+    /// Whether `scope_name` is a sparse scope's (one of `sparse_scopes`, derived).
+    scope_sparse: bool,
+    /// Spans of the current ScopeSpans read as a sparse scope's.
+    sparse_read: usize,
+    /// The derive scopes read sparsely, and the keys that select their spans.
+    sparse_scopes: &'a [&'a [u8]],
+    sparse_keys: &'a [&'a [u8]],
 }
 
 impl<'a> Scan<'a> {
@@ -204,6 +219,7 @@ impl<'a> Scan<'a> {
         max_messages: i64,
         derive_scopes: &'a [&'a [u8]],
         keys: &'a Keys<'a>,
+        sparse: (&'a [&'a [u8]], &'a [&'a [u8]]),
     ) -> Self {
         // Room for the spans up front (a span takes 100-400 bytes on this wire): growing
         // the vectors by copying cost more than the index itself.
@@ -225,7 +241,18 @@ impl<'a> Scan<'a> {
             scope_derives: false,
             derive_scopes,
             keys,
+            scope_sparse: false,
+            sparse_read: 0,
+            sparse_scopes: sparse.0,
+            sparse_keys: sparse.1,
         }
+    }
+
+    /// Whether the scope name read so far is one to derive from sparsely (with
+    /// `scope_derives` just set from it).
+    fn sparse(&self) -> bool {
+        let name = self.scope_name.map_or(&[][..], |(s, e)| &self.data[s..e]);
+        self.scope_derives && self.sparse_scopes.contains(&name)
     }
 
     /// Whether the scope name read so far is one to derive from.
@@ -307,7 +334,7 @@ impl<'a> Scan<'a> {
     /// Reads the message `msg` whose body is `start..stop` into `frame`.
     fn message(&mut self, msg: Msg, start: usize, stop: usize, frame: &mut Frame) -> Step<()> {
         match msg {
-            Msg::Span => self.span::<false>(start, stop, frame),
+            Msg::Span => self.span::<false, false>(start, stop, frame),
             Msg::KeyValue => self.key_value(start, stop, frame),
             Msg::AnyValue => self.any_value(start, stop, frame),
             Msg::ScopeSpans => self.scope_spans(start, stop, frame),
@@ -374,6 +401,7 @@ impl<'a> Scan<'a> {
                 } else if msg == Msg::Scope && number == 1 {
                     self.scope_name = Some((start, stop));
                     self.scope_derives = self.deriving();
+                    self.scope_sparse = self.sparse();
                 }
                 return Ok(stop);
             }
@@ -426,7 +454,9 @@ impl<'a> Scan<'a> {
             (Msg::ResourceSpans, _) => {
                 self.scope_name = None;
                 self.scope_derives = self.deriving();
+                self.scope_sparse = self.sparse();
                 self.scope_spans = 0;
+                self.sparse_read = 0;
                 let first_span = self.index.spans.len();
                 self.scope_spans(start, stop, &mut sub)?;
                 if self.recording() {
@@ -435,6 +465,7 @@ impl<'a> Scan<'a> {
                         name: self.scope_name,
                         spans: self.scope_spans,
                         first_span,
+                        sparse_read: self.sparse_read,
                     });
                 }
             }
@@ -444,7 +475,7 @@ impl<'a> Scan<'a> {
                     self.index.spans.push((start, stop));
                 }
                 // (a span read here has no one-byte tag: not recorded)
-                self.span::<false>(start, stop, &mut sub)?;
+                self.span::<false, false>(start, stop, &mut sub)?;
             }
             _ => self.message(child, start, stop, &mut sub)?,
         }
@@ -484,9 +515,14 @@ impl<'a> Scan<'a> {
                     }
                     let mut sub = Frame::new(level);
                     if self.scope_derives && self.recording() {
-                        self.span::<true>(s, e, &mut sub)?;
+                        if self.scope_sparse {
+                            self.sparse_read += 1;
+                            self.span::<false, true>(s, e, &mut sub)?;
+                        } else {
+                            self.span::<true, false>(s, e, &mut sub)?;
+                        }
                     } else {
-                        self.span::<false>(s, e, &mut sub)?;
+                        self.span::<false, false>(s, e, &mut sub)?;
                     }
                     frame.deepest = frame.deepest.max(sub.deepest);
                     pos = e;
@@ -499,7 +535,9 @@ impl<'a> Scan<'a> {
     }
 
     /// A Span body. `DERIVE`: also record its derive fields (a [`SpanRecord`]).
-    fn span<const DERIVE: bool>(
+    /// `SPARSE` (a sparse scope's span): no record; listed in [`Index::marked`] when it
+    /// may carry a sparse key.
+    fn span<const DERIVE: bool, const SPARSE: bool>(
         &mut self,
         start: usize,
         stop: usize,
@@ -508,6 +546,7 @@ impl<'a> Scan<'a> {
         let buf = &self.data[..stop];
         let mut rec = SpanFields::default();
         let mut complete = true;
+        let mut marked = false;
         let values_at = self.index.values.len();
         if DERIVE {
             let n = self.keys.len();
@@ -532,6 +571,10 @@ impl<'a> Scan<'a> {
                                 let value = member_value(buf, member);
                                 let slots = &mut self.index.values[values_at..];
                                 self.keys.set(name, value, slots);
+                            }
+                            if SPARSE && !marked {
+                                let name = &buf[key.0..key.1];
+                                marked = self.sparse_keys.contains(&name);
                             }
                         } else {
                             complete = false;
@@ -623,6 +666,10 @@ impl<'a> Scan<'a> {
                     self.field(Msg::Span, buf, pos, frame)?
                 }
             };
+        }
+        if SPARSE && (marked || !complete) {
+            // (not complete: a field read elsewhere, maybe a sparse key's attribute)
+            self.index.marked.push(self.index.spans.len() - 1);
         }
         if DERIVE {
             let span = self.index.spans.len() - 1;

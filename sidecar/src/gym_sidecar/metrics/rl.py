@@ -35,10 +35,21 @@ exemplars carry the point's value. :class:`RlExtractor` only reads; recording is
 ``metrics.rl_tables``.
 
 Cost: each loop runs once per derived span, and a model server sends one model call in
-every few spans, so the loops are written as the duration metrics' are (locals, one
+every few spans, so every loop is written as the duration metrics' are (locals, one
 run lookup per span, the bucket, count, value and exemplar updated inline): measured
 under callgrind, that is cheaper than batching a block's values through ``map`` and
-``Counter`` (10k against 17k instructions per model call of three points).
+``Counter`` (10k against 17k instructions per model call of three points). Issue 42
+measured it again (docs/benchmarks.md, "Performance round 4"): the rollout loop, once
+a generic loop over (metric, attributes, index) triples, is inlined too (turns and
+tokens: 7.8k against 10.4k instructions per rollout span of three points), the reward
+loop keeps its last run in locals instead of a tuple key and a dict lookup per span
+(3.5k against 4.8k per verification), and the model-call loop takes the last call's
+run when its model and operation are the same objects (the native scanner makes a
+block's repeated strings once; 10.4k against 10.6k per call). A column-wise
+model-call read (``zip(*spans)``, ``map(bisect_left, ...)``, bucket counts by
+``bytes.count``, exemplars by ``dict(zip(buckets, spans))``) was tried again and
+measured 18k against 10.6k instructions per call: each ``map`` step is a C call per
+element, and a block of interleaved models needs a pass per model.
 """
 
 from __future__ import annotations
@@ -93,6 +104,9 @@ _OK: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, True),)
 _FAILED: Final[Attrs] = ((semconv.VERIFY_SUCCEEDED, False),)
 _INPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_INPUT),)
 _OUTPUT: Final[Attrs] = ((semconv.GEN_AI_TOKEN_TYPE, semconv.GEN_AI_TOKEN_TYPE_OUTPUT),)
+_NONE: Final[Attrs] = ()
+_UNSET: Final = object()
+"""No value yet (a model-call loop's last model and operation)."""
 _isfinite = math.isfinite
 
 ValueOf = Callable[[DerivedSpan], float]
@@ -176,84 +190,139 @@ class RlExtractor:
             found = self._values[index] = _value_at(index)
         return found
 
-    def _add_counts(
-        self,
-        out: RlPending,
-        key: bytes,
-        spans: Sequence[DerivedSpan],
-        names: frozenset[str],
-        series: Sequence[tuple[int, Attrs, int]],
-    ) -> None:
-        """For each span named in ``names``, a point per (histogram, attributes, value
-        index) of ``series`` whose value is a count (a non-negative int)."""
-        runs: list[SeriesPoints | None] = [None] * len(series)
+    def rollouts(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
+        """Turns and tokens of the ``gym.rollout`` spans that carry them: per span, a
+        point per value that is a count (a non-negative int), in the order turns, input
+        tokens, output tokens (each series' run made at its first point)."""
+        rollout = semconv.SPAN_ROLLOUT
+        i_turns, i_in, i_out = (
+            fields.TURNS,
+            fields.ROLLOUT_INPUT_TOKENS,
+            fields.ROLLOUT_OUTPUT_TOKENS,
+        )
+        search = bisect_left
+        # Each run and its bucket counts, values' append and exemplars (a scratch dict
+        # when exemplars are off), bound at its first point.
+        turns: SeriesPoints | None = None
+        tokens_in: SeriesPoints | None = None
+        tokens_out: SeriesPoints | None = None
+        t_counts: list[int]
+        t_append: Callable[[float], None]
+        t_exemplars: dict[int, DerivedSpan]
+        i_counts: list[int]
+        i_append: Callable[[float], None]
+        i_exemplars: dict[int, DerivedSpan]
+        o_counts: list[int]
+        o_append: Callable[[float], None]
+        o_exemplars: dict[int, DerivedSpan]
         for span in spans:
-            if span[0] not in names:
+            if span[0] != rollout:
                 continue
             values = span[6]
-            for i, (metric, attrs, index) in enumerate(series):
-                raw = values[index]
-                if raw is None:
-                    continue
-                if type(raw) is not int or raw < 0:
+            raw = values[i_turns]
+            if raw is not None:
+                if type(raw) is int and raw >= 0:
+                    if turns is None:
+                        turns = self._points(out, TURNS, key, (), spans, self._value_of(i_turns))
+                        t_counts, t_append = turns.counts, turns.values.append
+                        t_exemplars = turns.exemplars if turns.exemplars is not None else {}
+                    value = float(raw)
+                    bucket = search(turns.bounds, value)
+                    t_counts[bucket] += 1
+                    t_append(value)
+                    t_exemplars[bucket] = span  # the block's last span wins
+                else:
                     out.invalid += 1
-                    continue
-                points = runs[i]
-                if points is None:
-                    value_of = self._value_of(index)
-                    points = runs[i] = self._points(out, metric, key, attrs, spans, value_of)
-                value = float(raw)
-                bucket = bisect_left(points.bounds, value)
-                points.counts[bucket] += 1
-                points.values.append(value)
-                if points.exemplars is not None:
-                    points.exemplars[bucket] = span  # the block's last span wins
-
-    def rollouts(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
-        """Turns and tokens of the ``gym.rollout`` spans that carry them."""
-        self._add_counts(
-            out,
-            key,
-            spans,
-            _ROLLOUT_NAMES,
-            (
-                (TURNS, (), fields.TURNS),
-                (ROLLOUT_TOKENS, _INPUT, fields.ROLLOUT_INPUT_TOKENS),
-                (ROLLOUT_TOKENS, _OUTPUT, fields.ROLLOUT_OUTPUT_TOKENS),
-            ),
-        )
+            raw = values[i_in]
+            if raw is not None:
+                if type(raw) is int and raw >= 0:
+                    if tokens_in is None:
+                        tokens_in = self._points(
+                            out, ROLLOUT_TOKENS, key, _INPUT, spans, self._value_of(i_in)
+                        )
+                        i_counts, i_append = tokens_in.counts, tokens_in.values.append
+                        i_exemplars = tokens_in.exemplars if tokens_in.exemplars is not None else {}
+                    value = float(raw)
+                    bucket = search(tokens_in.bounds, value)
+                    i_counts[bucket] += 1
+                    i_append(value)
+                    i_exemplars[bucket] = span
+                else:
+                    out.invalid += 1
+            raw = values[i_out]
+            if raw is not None:
+                if type(raw) is int and raw >= 0:
+                    if tokens_out is None:
+                        tokens_out = self._points(
+                            out, ROLLOUT_TOKENS, key, _OUTPUT, spans, self._value_of(i_out)
+                        )
+                        o_counts, o_append = tokens_out.counts, tokens_out.values.append
+                        o_exemplars = (
+                            tokens_out.exemplars if tokens_out.exemplars is not None else {}
+                        )
+                    value = float(raw)
+                    bucket = search(tokens_out.bounds, value)
+                    o_counts[bucket] += 1
+                    o_append(value)
+                    o_exemplars[bucket] = span
+                else:
+                    out.invalid += 1
 
     def verifications(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
         """The rewards of ``gym.verify`` and ``gym.env.step`` spans."""
         verify, step = semconv.SPAN_VERIFY, semconv.SPAN_ENV_STEP
         i_reward, i_succeeded = fields.REWARD, fields.SUCCEEDED
+        isfinite, error = _isfinite, _STATUS_ERROR
+        search = bisect_left
         runs: dict[tuple[int, Attrs], SeriesPoints] = {}
+        # The run the last point went to (the next one usually goes there too), and its
+        # bounds, counts, values' append and exemplars (a scratch dict when off).
+        last_metric = -1
+        last_attrs: Attrs | None = None
+        bounds: list[float]
+        counts: list[int]
+        append: Callable[[float], None]
+        exemplars: dict[int, DerivedSpan]
         for span in spans:
             name = span[0]
             if name != verify and name != step:  # noqa: PLR1714 (two str compares: cheapest)
                 continue
-            raw = span[6][i_reward]
+            values = span[6]
+            raw = values[i_reward]
             if raw is None:
                 continue
-            reward = _number(raw)
-            if reward is None:
+            # _number, inlined: a finite int or float, not a bool
+            kind = type(raw)
+            if kind is float:
+                if not isfinite(raw):  # type: ignore[arg-type]
+                    out.invalid += 1
+                    continue
+                reward: float = raw  # type: ignore[assignment]
+            elif kind is int:
+                reward = float(raw)
+            else:
                 out.invalid += 1
                 continue
             if name == step:
-                run: tuple[int, Attrs] = (STEP_REWARD, ())
+                metric, attrs = STEP_REWARD, _NONE
             else:
-                succeeded = span[6][i_succeeded]
-                ok = succeeded is True or (succeeded is not False and span[5] != _STATUS_ERROR)
-                run = (VERIFY_REWARD, _OK if ok else _FAILED)
-            points = runs.get(run)
-            if points is None:
-                value_of = self._value_of(i_reward)
-                points = runs[run] = self._points(out, run[0], key, run[1], spans, value_of)
-            bucket = bisect_left(points.bounds, reward)
-            points.counts[bucket] += 1
-            points.values.append(reward)
-            if points.exemplars is not None:
-                points.exemplars[bucket] = span
+                succeeded = values[i_succeeded]
+                ok = succeeded is True or (succeeded is not False and span[5] != error)
+                metric, attrs = VERIFY_REWARD, _OK if ok else _FAILED
+            if attrs is not last_attrs or metric != last_metric:
+                points = runs.get((metric, attrs))
+                if points is None:
+                    value_of = self._value_of(i_reward)
+                    points = runs[(metric, attrs)] = self._points(
+                        out, metric, key, attrs, spans, value_of
+                    )
+                bounds, counts, append = points.bounds, points.counts, points.values.append
+                exemplars = points.exemplars if points.exemplars is not None else {}
+                last_metric, last_attrs = metric, attrs
+            bucket = search(bounds, reward)
+            counts[bucket] += 1
+            append(reward)
+            exemplars[bucket] = span
 
     def model_calls(self, key: bytes, spans: Sequence[DerivedSpan], out: RlPending) -> None:
         """Duration, tokens and time to first token of the model-call spans (the derive
@@ -270,6 +339,9 @@ class RlExtractor:
         # (model, operation) -> [its three attribute sets, then its duration, input and
         # output token runs, made when their first point comes]
         runs: dict[tuple[AttrValue, AttrValue], list[Any]] = {}
+        run: list[Any] = []
+        last_model: object = _UNSET
+        last_operation: object = _UNSET
         calls = 0
         for span in spans:
             name, start, end, _, _, status, values = span
@@ -283,18 +355,23 @@ class RlExtractor:
                 self._failed_call(out, key, spans, span)
                 continue
             calls += 1
-            run_key = (values[i_model], values[i_op])
-            run = runs.get(run_key)
-            if run is None:
-                base, base_in, base_out = self._attrs(values)
-                run = runs[run_key] = [
-                    base,
-                    self._points(out, OPERATION_DURATION, key, base, spans, _seconds),
-                    base_in,
-                    None,
-                    base_out,
-                    None,
-                ]
+            model, operation = values[i_model], values[i_op]
+            # The native scanner hands a block's equal strings over as one object: the
+            # same model and operation as the last call's are its run, without a lookup.
+            if model is not last_model or operation is not last_operation:
+                run_key = (model, operation)
+                found = runs.get(run_key)
+                if found is None:
+                    base, base_in, base_out = self._attrs(values)
+                    found = runs[run_key] = [
+                        base,
+                        self._points(out, OPERATION_DURATION, key, base, spans, _seconds),
+                        base_in,
+                        None,
+                        base_out,
+                        None,
+                    ]
+                run, last_model, last_operation = found, model, operation
             points = run[1]
             value = duration / NS_PER_S
             bucket = search(points.bounds, value)
@@ -450,8 +527,6 @@ class RlExtractor:
                 sums[(TIMEOUTS, attrs)] = sums.get((TIMEOUTS, attrs), 0) + 1
         out.sums.extend((metric, key, attrs, n) for (metric, attrs), n in sums.items())
 
-
-_ROLLOUT_NAMES: Final = frozenset({semconv.SPAN_ROLLOUT})
 
 _MAX_CACHED: Final = 4096
 """Model-call attribute sets remembered by an extractor (past it, built each time)."""

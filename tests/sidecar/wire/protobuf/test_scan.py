@@ -30,9 +30,9 @@ from gym_sidecar.wire.protobuf.decode import BadRequest, decode_protobuf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
 from testkit.otlp_samples import deep_json_text, trace_request
 from tests.sidecar.wire.protobuf.wire_requests import (
@@ -413,6 +413,46 @@ def test_a_sparse_scope_lists_its_marked_spans_only(scan: Scan) -> None:
         [("x", 0, 0, b"", b"", 0, (None, None, None))],
     ]
     assert [scope.spans for scope in view.blocks[0].scopes] == [3, 2, 2, 1]  # counts: all
+
+
+def test_a_sparse_scope_reads_alike_whatever_its_fields_order(scan: Scan) -> None:
+    """The native pass keeps no record of a sparse block's spans and reports from the
+    ones it marked only when it read every span of the block as sparse: a scope name
+    after or among the spans, a scope named twice and an attribute under a non-minimal
+    tag (read elsewhere than in place) report the same hops as the name first."""
+    hops = semconv.scope_name(semconv.GROUP_HTTP_CLIENT)
+    plain = Span(name="GET", start_time_unix_nano=1)
+    plain.attributes.add(key="target").value.string_value = "model"
+    retried = Span(name="POST", start_time_unix_nano=2)
+    retried.attributes.add(key="resends").value.int_value = 3
+    kv = KeyValue(key="error")
+    kv.value.string_value = "timeout"
+    # Span.attributes (field 9) under a two-byte tag: the pass reads it through `field`
+    failed = Span(name="PUT").SerializeToString() + b"\xca\x00" + ld(9, kv.SerializeToString())[1:]
+    bodies = [ld(2, s) for s in (plain.SerializeToString(), retried.SerializeToString(), failed)]
+    name = ld(1, InstrumentationScope(name=hops).SerializeToString())
+    other = ld(1, InstrumentationScope(name="elsewhere").SerializeToString())
+    expected = [
+        ("POST", 2, 0, b"", b"", 0, (None, 3, None)),
+        ("PUT", 0, 0, b"", b"", 0, (None, None, "timeout")),
+    ]
+    for scope_spans in (
+        name + b"".join(bodies),
+        b"".join(bodies) + name,
+        bodies[0] + name + b"".join(bodies[1:]),
+        other + bodies[0] + name + b"".join(bodies[1:]),
+    ):
+        data = ld(1, ld(2, scope_spans))
+        view = scan(
+            data,
+            max_depth=100,
+            max_messages=1000,
+            derive_scopes=frozenset({hops}),
+            attr_keys=("target", "resends", "error"),
+            sparse_scopes=frozenset({hops}),
+            sparse_keys=("resends", "error"),
+        )
+        assert [scope.derived for scope in view.blocks[0].scopes] == [expected]
 
 
 def test_otlp_json_traces_are_scanned_like_protobuf() -> None:
