@@ -1,4 +1,5 @@
-"""What a real ``gym-sidecar run`` process imports: never uvicorn nor click.
+"""What a real ``gym-sidecar run`` process imports: never uvicorn nor click, and not
+the modules of features the run does not use (``LAZY``).
 
 Its HTTP listeners are :mod:`gym_sidecar.wire.http1` on httptools; uvicorn (whose
 protocol module alone cost 4.8 MiB resident, with click) must not come back through an
@@ -21,6 +22,15 @@ from testkit.sink import RecordingSink
 from tests.support.sidecar_proc import SidecarProcess
 
 FORBIDDEN = ("uvicorn", "click")
+#: Imported only where their feature is used (issue 42, resident memory): OTLP/JSON
+#: bodies, OTLP/HTTP export, the on-disk queue. The run below uses none of them.
+LAZY = (
+    "google.protobuf.json_format",
+    "gym_sidecar.export.otlp_http",
+    "gym_sidecar.export.http_post",
+    "gym_sidecar.export.disk_queue",
+    "gym_sidecar.export.segments",
+)
 _IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
 
 
@@ -48,3 +58,6 @@ def test_gym_sidecar_run_never_imports_uvicorn_or_click() -> None:
     assert {"httptools", "gym_sidecar.wire.http1.protocol", "gym_sidecar.receiver.http"} <= modules
     found = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
     assert found == [], f"gym-sidecar run imported {found}"
+    # gRPC export, the in-memory queue and protobuf bodies only: none of these.
+    unused = sorted(m for m in LAZY if m in modules)
+    assert unused == [], f"gym-sidecar run imported {unused} without using them"

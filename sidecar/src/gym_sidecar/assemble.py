@@ -37,10 +37,9 @@ from gym_sidecar.core.exporter import Exporter
 from gym_sidecar.core.stage import Stage
 from gym_sidecar.enrich.stage import build_enrich_stage
 from gym_sidecar.export.config import BackendConfig, QueueConfig
-from gym_sidecar.export.disk_queue import build_queue
 from gym_sidecar.export.fanout import FanOutExporter
 from gym_sidecar.export.grpc_h2 import GrpcH2Exporter
-from gym_sidecar.export.otlp_http import OtlpHttpExporter
+from gym_sidecar.export.queue import ExportQueue, MemoryQueue
 from gym_sidecar.export.sender import Sender
 from gym_sidecar.export.stage import NoBackendStage, QueueStage
 from gym_sidecar.gating.stage import build_gate_stage, live_reconfiguration
@@ -116,7 +115,22 @@ def build_exporter(backend: BackendConfig) -> Exporter:
 
             return OtlpGrpcExporter(backend)
         return GrpcH2Exporter(backend)
+    # Imported only for OTLP/HTTP export (http_post's worker thread, ssl contexts).
+    from gym_sidecar.export.otlp_http import OtlpHttpExporter
+
     return OtlpHttpExporter(backend)
+
+
+def build_queue(queue: QueueConfig, metrics: SelfMetrics) -> ExportQueue:
+    """The export queue ``queue`` asks for: in memory, or on disk when ``persistent``
+    (:func:`gym_sidecar.export.disk_queue.build_queue`, which may raise OSError)."""
+    if not queue.persistent:
+        return MemoryQueue(queue.max_bytes)
+    # Imported only when asked for: the on-disk queue's modules (segments, replay) are
+    # resident memory a sidecar with the in-memory default never uses.
+    from gym_sidecar.export import disk_queue
+
+    return disk_queue.build_queue(queue, metrics)
 
 
 def build_export_stage(

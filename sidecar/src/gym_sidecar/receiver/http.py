@@ -30,7 +30,6 @@ import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 
@@ -84,6 +83,8 @@ def _content_type(scope: Scope) -> str:
 
 def _encode(message: Message, content_type: str) -> bytes:
     if content_type == JSON:
+        from google.protobuf import json_format  # OTLP/JSON only (see decode_json)
+
         return json_format.MessageToJson(message, indent=None).encode()
     return message.SerializeToString()
 
