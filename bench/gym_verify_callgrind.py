@@ -4,7 +4,7 @@
     uv run --frozen python -m bench.gym_verify_callgrind [--variants bare,default,all]
         [--requests 200] [--warmup 200] [--gc on|pending|off|freeze] [--cpu-rounds 5]
         [--cpu-requests 1500] [--core 1] [--no-callgrind] [--no-cpu]
-        [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--cache-sim]
+        [--export queue|sink|both] [--before AGENT_SRC] [--profile] [--garbage] [--cache-sim]
         [--keep-dumps DIR] [--fixed-ids] [--agent AGENT_SRC] [--live-clock-x K] [--json FILE]
 
 The child (``bench/gym_verify_callgrind_child.py``, run by the cached Gym env's python)
@@ -55,6 +55,11 @@ can change while a run is under way).
   process pinned to ``--core`` with ``taskset`` (order rotated per round), process CPU
   (all threads) and main-thread CPU per request over ``--cpu-requests`` after the
   warm-up; medians, ranges, and the median of the per-round ratios to bare.
+- **Garbage** (``--garbage``): natively, the objects ``--requests`` requests leave to
+  the cyclic GC (unreachable but for reference cycles: ``gc.DEBUG_SAVEALL`` with the
+  collector off, then one collection), per request and type, the differences from bare,
+  the names of the tasks among them, and the growth of the generation-0 count
+  that paces the collections.
 - **Profile** (``--profile``): natively, the bytecodes executed and calls made per
   Python function on the loop's main thread, per request
   (``callgrind_support.OpcodeProfile``), and the functions whose counts differ most from
@@ -114,7 +119,13 @@ class Variant:
     export: str
 
 
-def _opts(args: argparse.Namespace, v: Variant, requests: int, profile: bool = False) -> str:
+def _opts(
+    args: argparse.Namespace,
+    v: Variant,
+    requests: int,
+    profile: bool = False,
+    garbage: bool = False,
+) -> str:
     return json.dumps(
         {
             "variant": v.spec,
@@ -126,6 +137,7 @@ def _opts(args: argparse.Namespace, v: Variant, requests: int, profile: bool = F
             "traceparent": TRACEPARENT,
             "baggage": BAGGAGE,
             "profile": profile,
+            "garbage": garbage,
             "vary_ids": not args.fixed_ids,
         }
     )
@@ -222,6 +234,33 @@ def profile_run(python: str, v: Variant, args: argparse.Namespace) -> dict[str, 
     return profile
 
 
+def garbage_run(python: str, v: Variant, args: argparse.Namespace) -> dict[str, Any]:
+    """What the requests leave to the cyclic GC, natively (the child's ``garbage``)."""
+    cmd = [python, str(CHILD), _opts(args, v, args.requests, garbage=True)]
+    done = subprocess.run(
+        cmd, env=_env(v), cwd="/", capture_output=True, text=True, timeout=1800, check=False
+    )
+    if done.returncode:
+        raise SystemExit(f"garbage {v.name}: {done.stderr.strip()[-1500:]}")
+    return _last_json(done.stdout)
+
+
+def print_garbage(census: dict[str, dict[str, Any]]) -> None:
+    """Each variant's per-request garbage and its types' differences from bare."""
+    bare = census["bare"]["by_type"]
+    for name, c in census.items():
+        print(
+            f"  {name:>16}: unreachable {c['unreachable_per_request']:.2f} per request, "
+            f"generation-0 count +{c['gen0_growth_per_request']:.2f}; tasks {c['tasks']}"
+        )
+        if name == "bare":
+            continue
+        for kind in sorted(set(bare) | set(c["by_type"])):
+            diff = c["by_type"].get(kind, 0.0) - bare.get(kind, 0.0)
+            if abs(diff) >= 0.005:
+                print(f"{'':20}{diff:+6.2f} {kind}")
+
+
 def _range(values: list[float]) -> str:
     return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -271,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="bytecodes per function (module doc)")
     p.add_argument("--profile-top", type=int, default=40)
     p.add_argument(
+        "--garbage",
+        action="store_true",
+        help="what the requests leave to the cyclic GC, per type (module doc)",
+    )
+    p.add_argument(
         "--cache-sim",
         action="store_true",
         help="simulate the caches too (--cache-sim=yes): L1 and last-level misses and "
@@ -317,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
                 if name != "bare":
                     print(f"  {name}:")
                     print_profile_diff(profiles["bare"], prof, args.profile_top, "request")
+        if args.garbage:
+            census = {v.name: garbage_run(python, v, args) for v in variants}
+            doc["garbage"] = census
+            print(f"left to the cyclic GC, {args.requests} requests (natively, GC off):")
+            print_garbage(census)
         if not args.no_callgrind:
             with ThreadPoolExecutor(len(variants)) as pool:
                 cg = list(pool.map(lambda v: callgrind(python, v, args), variants))

@@ -29,7 +29,8 @@ window: the warm-up's spans are flushed before the counters are zeroed, the loop
 spans after the loop and before the dump, so the window holds their encoding and
 export on the batch thread too), ``profile`` (true: count the bytecodes and calls of
 the loop's main thread per Python function, ``callgrind_support.OpcodeProfile``;
-reported per request).
+reported per request), ``garbage`` (true: natively, instead of the measured loop, what
+the requests leave to the cyclic GC, ``_garbage_census``; reported per request).
 """
 
 from __future__ import annotations
@@ -163,6 +164,9 @@ def main() -> None:
     flush = variant != "bare" and export != "queue"
     if flush:
         _flush()  # the warm-up's spans leave before the window opens
+    if opts.get("garbage"):
+        print(json.dumps(_garbage_census(loop, run(loop_headers), n)), flush=True)
+        os._exit(0)
     mode = opts.get("gc", "on")
     if mode != "pending":
         gc.collect()  # the window starts with no collection pending ("pending": it may)
@@ -209,6 +213,36 @@ def main() -> None:
         out["profile"] = profile.result(n)
     print(json.dumps(out), flush=True)
     os._exit(0)  # skip the exporter's shutdown (nothing may listen on the endpoint)
+
+
+def _garbage_census(loop: asyncio.AbstractEventLoop, requests: Any, n: int) -> dict[str, Any]:
+    """Run ``requests`` (a coroutine serving ``n`` requests) with the cyclic GC off and
+    ``gc.DEBUG_SAVEALL``, then collect once: what the requests left only a reference
+    cycle would free. Per request: the generation-0 allocation count's growth (what
+    paces the collections), the unreachable objects by type, and the names of the tasks
+    among them (anyio names a task after its function; a task's context copy is what
+    holds a context variable's value in such a cycle)."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    count0 = gc.get_count()[0]
+    loop.run_until_complete(requests)
+    grown = gc.get_count()[0] - count0
+    gc.collect()
+    garbage = list(gc.garbage)
+    gc.garbage.clear()
+    gc.set_debug(0)
+    by_type = collections.Counter(
+        f"{getattr(type(o), '__module__', '?')}.{type(o).__qualname__}" for o in garbage
+    )
+    tasks = collections.Counter(o.get_name() for o in garbage if isinstance(o, asyncio.Task))
+    del garbage
+    return {
+        "gen0_growth_per_request": grown / n,
+        "unreachable_per_request": sum(by_type.values()) / n,
+        "by_type": {k: v / n for k, v in by_type.most_common()},
+        "tasks": {k: v / n for k, v in tasks.most_common()},
+    }
 
 
 def _lean_paths() -> dict[str, Any] | None:
