@@ -143,11 +143,17 @@ def throughput(out: Summary, doc: dict[str, Any] | None) -> None:
                             doc["machine_end"]["loadavg_1_5_15"][0],
                         ],
                         "verdict": _verdict(r["median"] >= goal) if goal is not None else "-",
+                        "scanners": ours.get("scanners"),
                     }
+                    # Which trace scanner the sidecar ran (recorded since round 4's second
+                    # run; a result file from before has none): the pure-Python one costs
+                    # about twice the CPU per span, so a ratio without it is not comparable.
+                    scanners = ours.get("scanners")
+                    scanner_text = f"; scanner {'+'.join(scanners)}" if scanners else ""
                     out.add(
                         record,
                         f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f}, {rounds} rounds); "
-                        f"{bytes_text}",
+                        f"{bytes_text}{scanner_text}",
                         load_text,
                     )
     for f in doc.get("fixed_rate") or []:

@@ -162,11 +162,18 @@ class Sidecar:
         self.grpc_target = self.proc.grpc_endpoint
         self.http_target: str | None = self.proc.http_url
         self.pid: int | None = None
+        self.scanner: str | None = None
+        """The trace scanner the sidecar reported at start (``native`` or ``python``):
+        recorded with every run, since the two differ ~2x in CPU per span and an
+        environment that lost the native module runs the other without a word."""
 
     def start(self) -> None:
         self.proc.start()
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
+        for scanner in ("native", "python"):
+            if self.proc.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
+                self.scanner = scanner
 
     def stop(self) -> None:
         code = self.proc.stop()

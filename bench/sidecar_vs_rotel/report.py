@@ -85,6 +85,8 @@ def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
         row["loadavg_at_start"] = _stats([r.extra.get("loadavg_at_start", 0.0) for r in runs])
         row["lost_spans"] = sum(max(0, r.spans_sent - r.spans_delivered) for r in runs)
         row["retries"] = sum(r.retries for r in runs)
+        # The sidecar's trace scanner in its runs (none for the peers).
+        row["scanners"] = sorted({s for r in runs if (s := r.extra.get("scanner"))})
         out.append(row)
     return out
 

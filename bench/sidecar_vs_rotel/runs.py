@@ -238,6 +238,7 @@ def run(
                 "rate": load.rate,
                 "loadavg_at_start": loadavg,
                 "spread": gen.start_event.get("spread"),
+                "scanner": getattr(collector, "scanner", None),
             },
         )
     finally:
