@@ -27,8 +27,9 @@ class BackendConfig(BaseModel):
     compression_level: int = Field(default=2, ge=1, le=9)
     """gzip level, 1 (fastest) to 9 (smallest): 1-3 through ISA-L, 4-9 through zlib-ng
     (``wire.deflate``). The default 2 sends ~4 % more bytes than 5 (the size zlib's level
-    6 gives) at about a quarter of its CPU (docs/export.md has the measured trade-off). Ignored by ``grpc_client: grpcio`` (grpc core always compresses
-    with zlib at its default level)."""
+    6 gives) at about a quarter of its CPU (docs/export.md has the measured trade-off).
+    Ignored by ``grpc_client: grpcio`` (grpc core always compresses with zlib at its
+    default level)."""
     grpc_client: Literal["auto", "h2", "grpcio"] = "auto"
     """gRPC export only: ``h2`` frames gRPC over HTTP/2 itself and gzips with zlib-ng in
     a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (the
