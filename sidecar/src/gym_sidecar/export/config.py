@@ -31,8 +31,8 @@ class BackendConfig(BaseModel):
     Ignored by ``grpc_client: grpcio`` (grpc core always compresses with zlib at its
     default level)."""
     grpc_client: Literal["auto", "h2", "grpcio"] = "auto"
-    """gRPC export only: ``h2`` frames gRPC over HTTP/2 itself and gzips with zlib-ng in
-    a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (the
+    """gRPC export only: ``h2`` frames gRPC over HTTP/2 itself and gzips (``wire.deflate``)
+    in a worker thread (``export/grpc_h2.py``); ``grpcio`` uses ``grpc.aio`` (the
     ``grpcio`` extra; grpc core compresses on the event loop with zlib at level 6, and
     importing it costs ~13 MiB resident). ``auto`` is ``h2`` (docs/export.md)."""
     timeout_s: float = Field(default=10.0, gt=0)
