@@ -61,39 +61,27 @@ class Inflater(Protocol):
     def decompress(self, data: bytes | memoryview, max_length: int = ..., /) -> bytes: ...
 
 
-def _import(name: str) -> Any:
-    """The module ``name`` (``isal.isal_zlib`` or ``zlib_ng.zlib_ng``), or None."""
-    try:
-        if name == "isal":
-            from isal import isal_zlib
-
-            return isal_zlib
-        from zlib_ng import zlib_ng
-
-        return zlib_ng
-    except ImportError:
-        return None
-
-
 @functools.cache
 def _zlib_ng() -> tuple[str, Any]:
-    mod = _import("zlib-ng")
-    if mod is None:
+    try:
+        from zlib_ng import zlib_ng
+    except ImportError:
         logger.warning("zlib-ng is not importable: gzip uses zlib at ~2x the CPU")
         return "zlib", zlib
-    return "zlib-ng", mod
+    return "zlib-ng", zlib_ng
 
 
 @functools.cache
 def _isal() -> tuple[str, Any]:
-    mod = _import("isal")
-    if mod is None:
+    try:
+        from isal import isal_zlib
+    except ImportError:
         fallback = _zlib_ng()
         logger.warning(
             "isal is not importable: gzip levels 1-3 use %s at ~2.5x the CPU", fallback[0]
         )
         return fallback
-    return "isal", mod
+    return "isal", isal_zlib
 
 
 def _deflate_library(level: int) -> tuple[str, Any]:
