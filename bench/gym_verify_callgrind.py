@@ -173,18 +173,7 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
             "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
             "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
         }
-    done = subprocess.run(
-        cmd,
-        env=_env(v) | {"BENCH_CALLGRIND": "1"} | live_env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=7200,
-        check=False,
-    )
-    if done.returncode:
-        raise SystemExit(f"callgrind {v.name}: {done.stderr.strip()[-1500:]}")
-    child = _last_json(done.stdout)
+    child = _child_json("callgrind", cmd, v, {"BENCH_CALLGRIND": "1", **live_env}, timeout_s=7200)
     events = window_events(out_dir)
     threads = [e.get("Ir", 0) for e in events]
     if args.keep_dumps is not None:  # for callgrind_annotate: the window is cg.<pid>.1-01
@@ -212,37 +201,46 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
     }
 
 
+def _child_json(
+    what: str,
+    cmd: list[str],
+    v: Variant,
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float = 1800,
+) -> dict[str, Any]:
+    """Run the child ``cmd`` for variant ``v`` (its environment plus ``extra_env``) and
+    return the last JSON line it printed; exit naming ``what`` and the end of its stderr
+    when it fails."""
+    done = subprocess.run(
+        cmd,
+        env=_env(v) | (extra_env or {}),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode:
+        raise SystemExit(f"{what} {v.name}: {done.stderr.strip()[-1500:]}")
+    return _last_json(done.stdout)
+
+
 def cpu_run(python: str, v: Variant, args: argparse.Namespace) -> dict[str, Any]:
     cmd = ["taskset", "-c", str(args.core), python, str(CHILD)]
     cmd.append(_opts(args, v, args.cpu_requests))
-    done = subprocess.run(
-        cmd, env=_env(v), cwd="/", capture_output=True, text=True, timeout=1800, check=False
-    )
-    if done.returncode:
-        raise SystemExit(f"cpu {v.name}: {done.stderr.strip()[-1500:]}")
-    return _last_json(done.stdout)
+    return _child_json("cpu", cmd, v)
 
 
 def profile_run(python: str, v: Variant, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, str(CHILD), _opts(args, v, args.requests, profile=True)]
-    done = subprocess.run(
-        cmd, env=_env(v), cwd="/", capture_output=True, text=True, timeout=1800, check=False
-    )
-    if done.returncode:
-        raise SystemExit(f"profile {v.name}: {done.stderr.strip()[-1500:]}")
-    profile: dict[str, Any] = _last_json(done.stdout)["profile"]
+    profile: dict[str, Any] = _child_json("profile", cmd, v)["profile"]
     return profile
 
 
 def garbage_run(python: str, v: Variant, args: argparse.Namespace) -> dict[str, Any]:
     """What the requests leave to the cyclic GC, natively (the child's ``garbage``)."""
     cmd = [python, str(CHILD), _opts(args, v, args.requests, garbage=True)]
-    done = subprocess.run(
-        cmd, env=_env(v), cwd="/", capture_output=True, text=True, timeout=1800, check=False
-    )
-    if done.returncode:
-        raise SystemExit(f"garbage {v.name}: {done.stderr.strip()[-1500:]}")
-    return _last_json(done.stdout)
+    return _child_json("garbage", cmd, v)
 
 
 def print_garbage(census: dict[str, dict[str, Any]]) -> None:
