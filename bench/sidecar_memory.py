@@ -107,9 +107,7 @@ class DefaultSidecar:
         self.proc.start()
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
-        for scanner in ("native", "python"):
-            if self.proc.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
-                self.scanner = scanner
+        self.scanner = self.proc.trace_scanner()
         time.sleep(2.0)
         self.idle_mib = status_mib(self.pid, "VmRSS")
         self.startup_mib = status_mib(self.pid, "VmHWM")

@@ -171,9 +171,7 @@ class Sidecar:
         self.proc.start()
         assert self.proc.proc is not None
         self.pid = self.proc.proc.pid
-        for scanner in ("native", "python"):
-            if self.proc.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
-                self.scanner = scanner
+        self.scanner = self.proc.trace_scanner()
 
     def stop(self) -> None:
         code = self.proc.stop()

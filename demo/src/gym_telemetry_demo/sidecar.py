@@ -152,6 +152,14 @@ class SidecarProcess:
                     total += sample.value
         return total
 
+    def trace_scanner(self) -> str | None:
+        """The trace scanner the running sidecar reports (``native`` or ``python``, from
+        ``gym_sidecar_trace_scanner_info``), or None when it reports neither."""
+        for scanner in ("native", "python"):
+            if self.metric("gym_sidecar_trace_scanner_info", scanner=scanner) == 1.0:
+                return scanner
+        return None
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace")
