@@ -37,6 +37,9 @@ RUN for wheel in /wheels/gym_telemetry_sidecar_native-*.whl; do \
     done \
     && /opt/gym-sidecar/bin/python -c \
         "import gym_sidecar.wire.protobuf.scan as s; print('trace scanner:', s.active_scanner())"
+# The runtime stage runs at PYTHONOPTIMIZE=2: its bytecode, compiled here at that level
+# beside uv's (which a container run with PYTHONOPTIMIZE= still uses).
+RUN /opt/gym-sidecar/bin/python -OO -m compileall -q -j 0 /opt/gym-sidecar/lib
 
 # --- runtime: slim, non-root, no build tools ------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -48,8 +51,15 @@ LABEL org.opencontainers.image.title="gym-telemetry-sidecar" \
 RUN groupadd --system --gid 10001 gym \
     && useradd --system --uid 10001 --gid gym --no-create-home --shell /usr/sbin/nologin gym \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/gym-sidecar
+# PYTHONOPTIMIZE=2 drops docstrings and assert statements: ~2 MiB less resident memory
+# (docs/benchmarks.md); the sidecar reads no docstring and its asserts only narrow types.
+# The standard library's bytecode at that level is compiled here, as root: the non-root
+# user could not write it, and the interpreter would compile it again at every start.
+RUN python -OO -m compileall -q -j 0 -x '/(test|tests|idle_test|idlelib|tkinter|turtledemo|ensurepip)/' \
+        "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"
 COPY --from=build /opt/gym-sidecar /opt/gym-sidecar
 ENV PATH=/opt/gym-sidecar/bin:$PATH \
+    PYTHONOPTIMIZE=2 \
     PYTHONUNBUFFERED=1 \
     XDG_DATA_HOME=/var/lib \
     HEALTHCHECK_URL=http://127.0.0.1:13133/healthz

@@ -124,6 +124,31 @@ def test_sidecar_image_holds_no_agent_and_no_sdk(
     assert json.loads(webhook.stdout)["aiohttp"] is True, webhook
 
 
+# Run in the sidecar image as its user: the optimisation level, and every module that
+# `gym-sidecar run` imports whose bytecode at that level was not compiled at build.
+OPTIMIZED_PROBE = """
+import json, os, sys
+import gym_sidecar.cli, gym_sidecar.server
+missing = sorted(
+    name for name, m in list(sys.modules.items())
+    if getattr(m, "__cached__", None) and not os.path.exists(m.__cached__)
+)
+print(json.dumps({"optimize": sys.flags.optimize, "docstring": gym_sidecar.server.__doc__,
+                  "modules": len(sys.modules), "missing": missing}))
+"""
+
+
+def test_sidecar_image_runs_optimized_on_precompiled_bytecode(
+    docker_engine: Engine, images: dict[str, dict[str, Any]]
+) -> None:
+    found = _run(docker_engine, "--entrypoint", "python", SIDECAR, "-c", OPTIMIZED_PROBE)
+    assert found.returncode == 0, found
+    probe = json.loads(found.stdout)
+    assert (probe["optimize"], probe["docstring"]) == (2, None), probe
+    assert probe["modules"] > 100, probe  # the probe did import the sidecar
+    assert probe["missing"] == [], probe  # none compiled again at each start
+
+
 def test_sidecar_image_healthcheck_turns_healthy(
     docker_engine: Engine, images: dict[str, dict[str, Any]]
 ) -> None:
