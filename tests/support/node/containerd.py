@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from gym_telemetry_demo.procs import stop_process
+
 from tests.support.docker_daemon import Engine
 
 APT_TIMEOUT_S = 1800
@@ -279,15 +281,8 @@ class Containerd:
 
     def stop(self) -> None:
         """Stop containerd, then its leftover shims; unmount what stays under its paths."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=STOP_TIMEOUT_S)
-            self.proc = None
+        stop_process(self.proc, STOP_TIMEOUT_S)  # its session's group: it leads one
+        self.proc = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import IO
+
+from gym_telemetry_demo.procs import stop_process
 
 from tests.support.control_plane import ControlPlane, log_tail
 from tests.support.ports import free_port
@@ -212,15 +213,8 @@ class Kubelet:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=STOP_TIMEOUT_S)
-            self.proc = None
+        stop_process(self.proc, STOP_TIMEOUT_S)  # its session's group: it leads one
+        self.proc = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
