@@ -21,8 +21,12 @@ every agent variant ``V``, a variant ``V@before`` running the agent source tree 
 variants from the source tree ``SRC`` instead of this tree's (a snapshot, so that the tree
 can change while a run is under way).
 
+- **Hash seed** (``--hash-seed N``, default 0): every child's ``PYTHONHASHSEED``. Dict
+  layouts and the order of allocations move with it, and with them the collisions in
+  CPython's method cache, so a figure moves by a few thousand instructions per request
+  from seed to seed (docs/benchmarks.md): run several seeds to see the spread.
 - **Instructions**: each variant once under ``valgrind --tool=callgrind`` with
-  ``PYTHONHASHSEED=0``, start-up and warm-up uninstrumented (``--instr-atstart=no``; the
+  ``PYTHONHASHSEED`` fixed, start-up and warm-up uninstrumented (``--instr-atstart=no``; the
   child switches instrumentation on with ``callgrind_control -i on`` and waits for its
   OK), counters zeroed right before the measured loop and dumped right
   after it (``--zero-before=getpgrp --dump-before=getsid``; the child calls those two
@@ -117,6 +121,7 @@ class Variant:
     spec: str
     agent_src: str | None
     export: str
+    hash_seed: int = 0
 
 
 def _opts(
@@ -146,7 +151,7 @@ def _opts(
 def _env(v: Variant) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = agent_path(v.agent_src)
-    env["PYTHONHASHSEED"] = "0"
+    env["PYTHONHASHSEED"] = str(v.hash_seed)
     return env
 
 
@@ -269,16 +274,17 @@ def build_variants(args: argparse.Namespace, sink: str | None) -> list[Variant]:
     trees: list[tuple[str, str | None]] = [("", str(args.agent.resolve()) if args.agent else None)]
     if args.before:
         trees.append(("@before", str(args.before.resolve())))
-    out = [Variant("bare", "bare", None, "queue")]
+    seed = args.hash_seed
+    out = [Variant("bare", "bare", None, "queue", seed)]
     if "fastapi-builtin" in specs:  # no agent: one variant, whatever the trees and exports
         specs.remove("fastapi-builtin")
-        out.append(Variant("fastapi-builtin", "fastapi-builtin", None, "queue"))
+        out.append(Variant("fastapi-builtin", "fastapi-builtin", None, "queue", seed))
     for spec in specs:
         for suffix, src in trees:
             for export in exports:
                 tag = "+export" if export == "sink" and args.export == "both" else ""
                 target = export if export == "queue" else str(sink)
-                out.append(Variant(f"{spec}{tag}{suffix}", spec, src, target))
+                out.append(Variant(f"{spec}{tag}{suffix}", spec, src, target, seed))
     return out
 
 
@@ -329,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="under callgrind, the live-event and lag-probe intervals times K (module doc)",
+    )
+    p.add_argument(
+        "--hash-seed",
+        type=int,
+        default=0,
+        help="PYTHONHASHSEED of every child (module doc: the figures move with it)",
     )
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
