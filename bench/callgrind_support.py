@@ -141,6 +141,27 @@ def rusage() -> Any:
     return resource.getrusage(resource.RUSAGE_SELF)
 
 
+def live_requests_sent() -> int:
+    """Live-event requests the agent has sent so far in this process (0 without the
+    agent): one per interval of wall clock, whatever the requests."""
+    live = sys.modules.get("gym_telemetry._live")
+    return int(live.stats()["requests_sent"]) if live is not None else 0
+
+
+def live_clock_env(factor: float) -> dict[str, str]:
+    """The agent's environment that multiplies its live-event and lag-probe intervals by
+    ``factor`` (the benches' ``--live-clock-x``: under callgrind a request takes ~50x its
+    native wall time, so the heartbeats per request are as many times more); empty at 1."""
+    if factor == 1.0:
+        return {}
+    from gym_telemetry_semconv import live  # the harness's env only, not the child's
+
+    return {
+        "GYM_TELEMETRY_LIVE_INTERVAL_S": str(live.DEFAULT_INTERVAL_S * factor),
+        "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(live.DEFAULT_LAG_PROBE_INTERVAL_S * factor),
+    }
+
+
 def gym_env_python() -> Path:
     """The cached Gym environment's python (built by ``scripts/gym_env.py`` when absent).
 

@@ -82,6 +82,7 @@ from bench.callgrind_support import (  # noqa: E402
     TOTALS,
     agent_path,
     gym_env_python,
+    live_clock_env,
     print_profile_diff,
     valgrind_command,
 )
@@ -97,9 +98,6 @@ from testkit.gym_stack import (  # noqa: E402
 )
 
 SERVERS = (MODEL, RESOURCES, AGENT)
-#: The agent's default live-event and lag-probe intervals (``gym_telemetry_semconv.live``).
-LIVE_INTERVAL_S = 2.0
-LAG_PROBE_S = 0.5
 #: Column labels of the servers (their config names share a long prefix).
 LABELS = {MODEL: "model", RESOURCES: "resources", AGENT: "agent"}
 
@@ -115,7 +113,13 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
     import sys
     import time
 
-    from callgrind_support import OpcodeProfile, instrument_on, kernel_counters, rusage
+    from callgrind_support import (
+        OpcodeProfile,
+        instrument_on,
+        kernel_counters,
+        live_requests_sent,
+        rusage,
+    )
 
     _out = os.environ["BENCH_ROLLOUT_PROBE"]
     _profile = OpcodeProfile() if os.environ.get("BENCH_PROBE_PROFILE") == "1" else None
@@ -129,10 +133,6 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         flush = getattr(trace.get_tracer_provider(), "force_flush", None)
         if flush is not None:
             flush(60000)
-
-    def _live_requests():
-        live = sys.modules.get("gym_telemetry._live")
-        return live.stats()["requests_sent"] if live is not None else 0
 
     def _write(suffix, text):
         tmp = os.path.join(_out, f"{_name}.{suffix}.tmp")
@@ -148,7 +148,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
         _state["cpu"] = time.process_time()
         _state["rusage"] = rusage()
         _state["thread"] = time.thread_time()
-        _state["live"] = _live_requests()
+        _state["live"] = live_requests_sent()
         os.getpgrp()  # callgrind: --zero-before=getpgrp
         if _profile is not None:
             _profile.start()
@@ -178,7 +178,7 @@ if os.environ.get("BENCH_ROLLOUT_PROBE"):
                     "agent": getattr(agent, "__file__", None),
                     # live-event requests sent in the window (one per interval: their
                     # cost follows the window's wall time, not the rollouts)
-                    "live_requests": _live_requests() - _state["live"],
+                    "live_requests": live_requests_sent() - _state["live"],
                     "profile": _profile.result(1) if _profile is not None else None,
                 }
             ),
@@ -275,12 +275,9 @@ def run_variant(
             # more often per rollout.
             "OTEL_BSP_SCHEDULE_DELAY": "100000000",
         }
-        if under_callgrind and args.live_clock_x != 1.0:
+        if under_callgrind:
             # the live events at the rate per rollout a native run pays (module doc)
-            env |= {
-                "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
-                "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
-            }
+            env |= live_clock_env(args.live_clock_x)
     stack = GymStack(
         python=_launcher(work, python, prefix),
         config=load_configs("stack.yaml"),

@@ -88,9 +88,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "bench" / "gym_verify_callgrind_child.py"
-#: The agent's default live-event and lag-probe intervals (``gym_telemetry_semconv.live``).
-LIVE_INTERVAL_S = 2.0
-LAG_PROBE_S = 0.5
 sys.path.insert(0, str(REPO))
 
 from gym_telemetry_demo.ports import wait_listening  # noqa: E402
@@ -100,6 +97,7 @@ from bench.callgrind_support import (  # noqa: E402
     agent_path,
     estimated_cycles,
     gym_env_python,
+    live_clock_env,
     print_profile_diff,
     valgrind_command,
     window_events,
@@ -172,12 +170,7 @@ def callgrind(python: str, v: Variant, args: argparse.Namespace) -> dict[str, An
         _opts(args, v, args.requests),
     ]
     t0 = time.monotonic()
-    live_env = {}
-    if args.live_clock_x != 1.0:  # the heartbeats at the native rate per request (module doc)
-        live_env = {
-            "GYM_TELEMETRY_LIVE_INTERVAL_S": str(LIVE_INTERVAL_S * args.live_clock_x),
-            "GYM_TELEMETRY_LAG_PROBE_INTERVAL_S": str(LAG_PROBE_S * args.live_clock_x),
-        }
+    live_env = live_clock_env(args.live_clock_x)  # heartbeats per request as natively
     child = _child_json("callgrind", cmd, v, {"BENCH_CALLGRIND": "1", **live_env}, timeout_s=7200)
     events = window_events(out_dir)
     threads = [e.get("Ir", 0) for e in events]

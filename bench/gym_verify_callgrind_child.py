@@ -50,6 +50,7 @@ from callgrind_support import (  # a sibling file (bench/)
     OpcodeProfile,
     instrument_on,
     kernel_counters,
+    live_requests_sent,
     rusage,
 )
 
@@ -175,7 +176,7 @@ def main() -> None:
     if mode == "off":
         gc.disable()
     stats0 = [s["collections"] for s in gc.get_stats()]
-    live0 = _live_requests()
+    live0 = live_requests_sent()
     ru0 = rusage()
     cpu0, thr0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
     profile = OpcodeProfile() if opts.get("profile") else None
@@ -204,7 +205,7 @@ def main() -> None:
         **kernel,  # minor faults and context switches per run
         "gc_collections": [b - a for a, b in zip(stats0, stats1, strict=True)],
         # the live events' heartbeats sent in the window: one per interval of wall clock
-        "live_requests": _live_requests() - live0,
+        "live_requests": live_requests_sent() - live0,
         "threads": len(sys._current_frames()),
         "agent": _agent_file(),
         "lean": _lean_paths(),
@@ -261,12 +262,6 @@ def _lean_paths() -> dict[str, Any] | None:
         "records": getattr(processor, "records", None),
         "record_failures": getattr(processor, "record_failures", None),
     }
-
-
-def _live_requests() -> int:
-    """Live-event requests the agent has sent so far (0 without the agent)."""
-    live = sys.modules.get("gym_telemetry._live")
-    return int(live.stats()["requests_sent"]) if live is not None else 0
 
 
 def _agent_file() -> str | None:
