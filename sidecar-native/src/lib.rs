@@ -341,6 +341,24 @@ fn ranges<'py>(py: Python<'py>, ranges: &[Range]) -> PyResult<Bound<'py, PyList>
     PyList::new(py, ranges.iter().map(|&(s, e)| (s, e)))
 }
 
+/// The str members of a frozenset of scope names (only those can equal a scope's name;
+/// the final test stays `name in the set`); none for no set.
+fn name_strings<'py>(names: Option<&Bound<'py, PyFrozenSet>>) -> Vec<Bound<'py, PyString>> {
+    names.map_or_else(Vec::new, |set| {
+        set.iter()
+            .filter_map(|name| name.cast_into::<PyString>().ok())
+            .collect()
+    })
+}
+
+/// The UTF-8 bytes of `names` ([`name_strings`]), skipping any that has none.
+fn name_bytes<'a>(names: &'a [Bound<'_, PyString>]) -> Vec<&'a [u8]> {
+    names
+        .iter()
+        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
+        .collect()
+}
+
 /// The `(event name, attribute key)` pairs of `event_keys` (a tuple of 2-tuples of str).
 fn event_key_strings<'py>(
     event_keys: Option<&Bound<'py, PyTuple>>,
@@ -424,27 +442,12 @@ fn scan_traces<'py>(
     }
     // The names to derive from, for the pass to record derive fields as it reads (only str
     // members can equal a scope name; the final test is `name in derive_scopes`).
-    let scopes_owned: Vec<Bound<'py, PyString>> = derive_scopes
-        .iter()
-        .filter_map(|name| name.cast_into::<PyString>().ok())
-        .collect();
-    let scope_bytes: Vec<&[u8]> = scopes_owned
-        .iter()
-        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
-        .collect();
+    let scopes_owned = name_strings(Some(derive_scopes));
+    let scope_bytes = name_bytes(&scopes_owned);
 
     // The sparse scopes' names and keys, for the pass to mark the spans it may report.
-    let sparse_owned: Vec<Bound<'py, PyString>> = match sparse_scopes {
-        Some(set) => set
-            .iter()
-            .filter_map(|name| name.cast_into::<PyString>().ok())
-            .collect(),
-        None => Vec::new(),
-    };
-    let sparse_scope_bytes: Vec<&[u8]> = sparse_owned
-        .iter()
-        .filter_map(|name| name.to_str().ok().map(str::as_bytes))
-        .collect();
+    let sparse_owned = name_strings(sparse_scopes);
+    let sparse_scope_bytes = name_bytes(&sparse_owned);
     let sparse_key_bytes: Vec<&[u8]> = marks.iter().map(|&m| key_bytes[m]).collect();
     let sparse = (&sparse_scope_bytes[..], &sparse_key_bytes[..]);
 
