@@ -73,16 +73,20 @@ def libc() -> ctypes.CDLL | None:
     return lib
 
 
+def _mallopt(param: int, value: int) -> bool:
+    """``mallopt(param, value)``; True if glibc took it (False off glibc)."""
+    lib = libc()
+    return bool(lib is not None and lib.mallopt(param, value) == 1)
+
+
 def set_arena_max(n: int) -> bool:
     """``mallopt(M_ARENA_MAX, n)``; True if glibc took it. Call before threads start."""
-    lib = libc()
-    return bool(lib is not None and lib.mallopt(_M_ARENA_MAX, n) == 1)
+    return _mallopt(_M_ARENA_MAX, n)
 
 
 def set_mmap_threshold(n: int) -> bool:
     """``mallopt(M_MMAP_THRESHOLD, n)``; True if glibc took it."""
-    lib = libc()
-    return bool(lib is not None and lib.mallopt(_M_MMAP_THRESHOLD, n) == 1)
+    return _mallopt(_M_MMAP_THRESHOLD, n)
 
 
 def trim() -> None:
