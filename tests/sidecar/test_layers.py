@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gym_sidecar.malloc",
             "gym_sidecar.hostport",
             "gym_sidecar.hangup",
+            "gym_sidecar.configmodel",
         ),
     ),
     ("core", ("gym_sidecar.core",)),

@@ -8,7 +8,8 @@ tracker, which the derive stage tells where rollouts end.
 Layers (lowest first; a module imports only from its own layer or below, and no cycle;
 ``tests/sidecar/test_layers.py`` checks every import, function-local ones included):
 
-1. leaves: ``gym_sidecar`` (the version), :mod:`gym_sidecar.selfmetrics`;
+1. leaves: ``gym_sidecar`` (the version), :mod:`gym_sidecar.selfmetrics`,
+   :mod:`gym_sidecar.configmodel` (typed configuration sections);
 2. core: :mod:`gym_sidecar.core` (stage, exporter and OTLP contracts);
 3. configuration: :mod:`gym_sidecar.configload` (the loader shared with the webhook),
    :mod:`gym_sidecar.config` and each area's ``config`` module;

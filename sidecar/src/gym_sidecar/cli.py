@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import logging
 import os
 import sys
@@ -176,17 +175,38 @@ def setup_logging(level: str) -> None:
 
 def version() -> str:
     """The installed ``gym-telemetry-sidecar`` distribution's version."""
+    # Imported here: importlib.metadata (with zipfile, csv and email's parser) is ~1 MiB
+    # resident that a running sidecar has no other use for (docs/benchmarks.md).
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("gym-telemetry-sidecar")
     except importlib.metadata.PackageNotFoundError:  # run from a bare source tree
         return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: looks the version up only when asked (see :func:`version`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        sys.stdout.write(f"{parser.prog} {version()}\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gym-sidecar", description="OTLP sidecar for NeMo Gym fleets"
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)

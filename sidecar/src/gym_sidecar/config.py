@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gym_telemetry_semconv as semconv
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from gym_sidecar.configload import (
     ENV_NESTED_DELIMITER,
@@ -39,6 +38,7 @@ from gym_sidecar.configload import (
     load_layers,
     read_yaml_file,
 )
+from gym_sidecar.configmodel import Field, Section, model_validator
 from gym_sidecar.core import downward_api, traces
 from gym_sidecar.enrich.config import EnrichConfig
 from gym_sidecar.export.config import BackendConfig, QueueConfig
@@ -63,11 +63,9 @@ _NOT_CONFIG_ENV = frozenset(
 MiB = 1024 * 1024
 
 
-class LimitsConfig(BaseModel):
+class LimitsConfig(Section):
     """Limits on what clients send and how much at once. Each refusal is counted in
     ``limit_hits{limit=<key>}``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     http_max_body_bytes: int = Field(default=16 * MiB, gt=0)
     """Largest OTLP/HTTP request body as sent (compressed or not); larger: 413."""
@@ -147,10 +145,8 @@ class LimitsConfig(BaseModel):
         return self
 
 
-class SidecarConfig(BaseModel):
+class SidecarConfig(Section):
     """Everything the sidecar needs to run. Sections belong to their areas."""
-
-    model_config = ConfigDict(extra="forbid")
 
     grpc_listen: ListenAddress = "127.0.0.1:4317"
     http_listen: ListenAddress = "127.0.0.1:4318"
@@ -167,7 +163,7 @@ class SidecarConfig(BaseModel):
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline for draining the pipeline and the export queue on SIGTERM/SIGINT."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    _source: ConfigSource | None = PrivateAttr(default=None)
+    _source: ConfigSource | None = None
 
     @property
     def source(self) -> ConfigSource | None:

@@ -1,7 +1,8 @@
 """The one configuration loader of ``gym-sidecar`` (``run``, ``check-config``, the inspect
 commands) and of the injection webhook (``gym-sidecar webhook``).
 
-A program describes its configuration as a pydantic model and calls :func:`load_layers`
+A program describes its configuration as a :class:`~gym_sidecar.configmodel.Section`
+tree and calls :func:`load_layers`
 with its environment prefix. Sources, highest precedence first:
 
 1. arguments (``overrides``: the nested dict spelled by the command-line flags);
@@ -28,17 +29,14 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from gym_telemetry_semconv.safetext import escape_controls
-from pydantic import AfterValidator, BaseModel, PlainSerializer, ValidationError
 
+from gym_sidecar.configmodel import Opaque, Section, ValidationError, after
 from gym_sidecar.hostport import split_host_port
 
 ENV_NESTED_DELIMITER = "__"
 """Separator of nested keys in environment variable names."""
 
-REDACTED = "[REDACTED]"
-"""What an opaque value (a secret) shows in dumps, reprs and logs."""
-
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=Section)
 
 
 class ConfigError(Exception):
@@ -56,22 +54,7 @@ class ConfigError(Exception):
 
 
 # -- opaque values ---------------------------------------------------------------------------
-class Opaque(str):
-    """A secret configuration value, like the Collector's ``configopaque.String``: it is
-    the real text wherever it is used (it *is* a ``str``: headers, metadata), but its
-    ``repr`` -- what a dict, a model or a log line shows -- is ``'[REDACTED]'``."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return repr(REDACTED)
-
-
-def _redact(_value: str) -> str:
-    return REDACTED
-
-
-OpaqueStr = Annotated[str, AfterValidator(Opaque), PlainSerializer(_redact, when_used="json")]
+OpaqueStr = Annotated[str, after(Opaque)]
 """A config field holding a secret: validated as text, kept as :class:`Opaque`, dumped
 as ``[REDACTED]`` in JSON mode (``check-config`` prints that dump)."""
 
@@ -82,7 +65,7 @@ def _check_listen(value: str) -> str:
     return value
 
 
-ListenAddress = Annotated[str, AfterValidator(_check_listen)]
+ListenAddress = Annotated[str, after(_check_listen)]
 """A validated ``HOST:PORT`` (:func:`split_host_port`)."""
 
 
@@ -241,7 +224,7 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 
 
 def format_validation_error(exc: ValidationError) -> list[str]:
-    """One ``dotted.key.path: message`` line per pydantic error."""
+    """One ``dotted.key.path: message`` line per problem."""
     out = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "<root>"

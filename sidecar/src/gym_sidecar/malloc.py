@@ -33,7 +33,7 @@ import functools
 import logging
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from gym_sidecar.configmodel import Field, Section
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,8 @@ MAX_MMAP_THRESHOLD: Final = 32 * 1024 * 1024
 """glibc's upper bound for M_MMAP_THRESHOLD on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
 
 
-class MemoryConfig(BaseModel):
+class MemoryConfig(Section):
     """How the sidecar asks glibc's allocator to give memory back (module doc)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     malloc_arena_max: int = Field(default=2, ge=0)
     """Set glibc's M_ARENA_MAX at start; 0 leaves glibc's default (8 x cores), or what

@@ -287,7 +287,7 @@ def test_grpc_client_grpcio_without_the_grpcio_package_is_a_config_error(
     refused at load, with the pip command, not at the first export."""
     import importlib.util
 
-    from pydantic import ValidationError
+    from gym_sidecar.configmodel import ValidationError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -8,12 +8,12 @@ import gzip
 import itertools
 
 import pytest
+from gym_sidecar.configmodel import ValidationError
 from gym_sidecar.core.exporter import Outcome
 from gym_sidecar.core.stage import Signal
 from gym_sidecar.export.body import gzip_body, gzip_parts
 from gym_sidecar.export.config import BackendConfig
 from gym_sidecar.export.otlp_http import OtlpHttpExporter
-from pydantic import ValidationError
 
 from testkit.http_sink import HttpSink
 from tests.sidecar.export.helpers import run, trace_request

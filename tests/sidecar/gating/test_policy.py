@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import gym_telemetry_semconv as semconv
-import pydantic
 import pytest
 from gym_sidecar.config import ConfigError, load_config
+from gym_sidecar.configmodel import ValidationError
 from gym_sidecar.gating.config import Mode, SpanGroupsConfig
 from gym_sidecar.gating.policy import Policy, joining_warnings
 
 
 def test_unknown_names_are_reported_with_their_paths() -> None:
-    with pytest.raises(pydantic.ValidationError) as info:
+    with pytest.raises(ValidationError) as info:
         SpanGroupsConfig.model_validate(
             {
                 "spec": "default,verfy",

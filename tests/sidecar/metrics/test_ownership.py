@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from gym_sidecar.configmodel import ValidationError
 from gym_sidecar.core.signals import count_data_points
 from gym_sidecar.core.stage import Batch, Signal
 from gym_sidecar.metrics.config import MetricsConfig
@@ -17,7 +18,6 @@ from gym_telemetry_semconv import gym_dialect
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
-from pydantic import ValidationError
 
 from tests.support.collect_stage import CollectStage
 

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from gym_sidecar.configmodel import Field, Section
 from gym_sidecar.core.downward_api import SERVER_NAME_LABEL
 
 SourceName = Literal["attributes", "environment", "gym", "kubernetes", "docker", "host"]
 """Names of the enrichment sources, as used by ``overwrite.sources``."""
 
 
-class OverwriteConfig(BaseModel):
+class OverwriteConfig(Section):
     """Which enrichment values may replace a key the agent already set (default: none)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     keys: list[str] = Field(default_factory=list)
     """Resource keys whose enrichment value replaces the agent's value."""
@@ -27,10 +24,8 @@ class OverwriteConfig(BaseModel):
     """Sources all of whose keys replace the agent's values."""
 
 
-class KubernetesConfig(BaseModel):
+class KubernetesConfig(Section):
     """The Kubernetes source: downward-API environment variables and podinfo files."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     podinfo_dir: str | None = None
@@ -46,10 +41,8 @@ class KubernetesConfig(BaseModel):
     """Podinfo files larger than this are ignored (and counted)."""
 
 
-class DockerConfig(BaseModel):
+class DockerConfig(Section):
     """The Docker source: container metadata from the Docker Engine API."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     """Look containers up when the socket exists; without a socket it is skipped."""
@@ -74,9 +67,7 @@ class DockerConfig(BaseModel):
     """Container labels copied as ``container.label.<key>``."""
 
 
-class EnrichConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EnrichConfig(Section):
     attributes: dict[str, str] = Field(default_factory=dict)
     """Static resource attributes added to every resource."""
     server_name: str | None = None

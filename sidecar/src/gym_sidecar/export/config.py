@@ -5,15 +5,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
 from gym_sidecar.configload import OpaqueStr
+from gym_sidecar.configmodel import Field, Section, field_validator, model_validator
 
 
-class BackendConfig(BaseModel):
+class BackendConfig(Section):
     """Where and how the sidecar forwards data."""
-
-    model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
     """Backend endpoint, e.g. ``http://127.0.0.1:4317``. None: no OTLP backend.
@@ -63,10 +60,8 @@ class BackendConfig(BaseModel):
         return url
 
 
-class QueueConfig(BaseModel):
+class QueueConfig(Section):
     """The export queue: bounded in bytes, batching by size and time, retry policy."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Serialized bytes held (queued plus in flight). Past it, clients get backpressure."""

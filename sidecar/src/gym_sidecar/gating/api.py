@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import gym_telemetry_semconv as semconv
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, Router
 
+from gym_sidecar.configmodel import ValidationError
 from gym_sidecar.gating.config import ServiceOverride, SpanGroupsPolicyConfig
 from gym_sidecar.gating.policy import Policy
 from gym_sidecar.gating.state import SpanGroupState

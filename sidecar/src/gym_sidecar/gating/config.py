@@ -26,7 +26,8 @@ from typing import Annotated
 
 import gym_telemetry_semconv as semconv
 from gym_telemetry_semconv.span_groups import Mode
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+
+from gym_sidecar.configmodel import Field, Secret, Section, after, before
 
 
 def unknown_names(spec: str) -> list[str]:
@@ -56,18 +57,16 @@ def _check_group(name: str) -> str:
 
 def _as_text(value: object) -> object:
     # Environment values arrive YAML-parsed: a numeric token must stay its text.
-    return value if value is None or isinstance(value, str | SecretStr) else str(value)
+    return value if value is None or isinstance(value, str | Secret) else str(value)
 
 
-Spec = Annotated[str, AfterValidator(_check_spec)]
-GroupName = Annotated[str, AfterValidator(_check_group)]
+Spec = Annotated[str, after(_check_spec)]
+GroupName = Annotated[str, after(_check_group)]
 Modes = dict[GroupName, Mode]
 
 
-class ServiceOverride(BaseModel):
+class ServiceOverride(Section):
     """Span groups for one ``service.name``; unset fields fall back to the global ones."""
-
-    model_config = ConfigDict(extra="forbid")
 
     spec: Spec | None = None
     """Replaces the global spec for this service."""
@@ -75,10 +74,8 @@ class ServiceOverride(BaseModel):
     """Applied on top of the global ``modes`` for this service."""
 
 
-class SpanGroupsPolicyConfig(BaseModel):
+class SpanGroupsPolicyConfig(Section):
     """The part of the section that ``PUT /v1/span-groups`` may replace at run time."""
-
-    model_config = ConfigDict(extra="forbid")
 
     spec: Spec = semconv.DEFAULT_SPEC
     """A preset (default, per_rollout, all) or a comma list of groups and presets."""
@@ -91,7 +88,7 @@ class SpanGroupsPolicyConfig(BaseModel):
 class SpanGroupsConfig(SpanGroupsPolicyConfig):
     """The whole ``span_groups`` section."""
 
-    token: Annotated[SecretStr | None, BeforeValidator(_as_text)] = None
+    token: Annotated[Secret | None, before(_as_text)] = None
     """Bearer token required by ``PUT /v1/span-groups`` (else from
     ``GYM_SIDECAR_SPAN_GROUPS__TOKEN``). Without either, PUT is disabled (403)."""
     scope_groups: dict[str, GroupName] = Field(default_factory=dict)

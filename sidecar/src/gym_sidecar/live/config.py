@@ -8,7 +8,7 @@ Every bound here is explicit and counted when it engages: a start or a step refu
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from gym_sidecar.configmodel import Field, Section
 
 DEFAULT_STALL_AFTER_S = 300.0
 """A model call generating a long answer on a busy inference engine, or a sandboxed tool
@@ -18,11 +18,9 @@ DEFAULT_LOST_AFTER_S = 30.0
 """Fifteen heartbeats at the agent's default interval (2 s) missed in a row."""
 
 
-class RolloutsConfig(BaseModel):
+class RolloutsConfig(Section):
     """The ``rollouts`` section: how live events become rollouts in flight, stalled and
     lost (docs/sidecar.md, "Rollouts live")."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     """False: no tracking, no live gauges, no ``/v1/rollouts/live`` data. The live events

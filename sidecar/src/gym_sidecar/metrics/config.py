@@ -12,7 +12,8 @@ import math
 from typing import Literal
 
 import gym_telemetry_semconv as semconv
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gym_sidecar.configmodel import Field, Section, field_validator
 
 MAX_BUCKETS = 64
 """Most explicit bucket boundaries a histogram may have (keeps points small)."""
@@ -159,11 +160,9 @@ OWNED_PREFIXES: tuple[str, ...] = ("gym.rollout.", "gym.verify.", "gym.env.step.
 """The metric names the sidecar owns: the namespaces of what it derives."""
 
 
-class OwnedMetricsConfig(BaseModel):
+class OwnedMetricsConfig(Section):
     """The ``metrics.owned`` section: what happens to another producer's metrics named
     like the ones the sidecar derives (``metrics/ownership.py``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     action: Literal["rename", "drop", "keep"] = "rename"
     """``rename``: to ``rename_prefix`` + the name without ``gym.``; ``drop``: removed;
@@ -182,10 +181,8 @@ class OwnedMetricsConfig(BaseModel):
         return value
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(Section):
     """The ``metrics`` section: how spans become ``gym.rollout.*`` / ``gym.verify.*``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     """False: the derive stage passes everything on and records nothing."""

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from gym_sidecar.configmodel import Field, Section
 
 DB_FILE_NAME = "traces.db"
 """The SQLite file inside the data directory."""
@@ -19,14 +19,12 @@ def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "gym-sidecar"
 
 
-class LocalStoreConfig(BaseModel):
+class LocalStoreConfig(Section):
     """The ``local_store`` section: an embedded SQLite store of spans and gym.* points.
 
     Every bound here is counted when it engages (``gym_sidecar_store_pruned_items`` by
     reason ``max_age`` / ``max_bytes``).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool | None = None
     """None (default): on when no ``backend.url`` is set, off otherwise. True: also with a

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gym_telemetry_semconv as semconv
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym_sidecar.configload import ConfigError, ListenAddress, load_layers
+from gym_sidecar.configmodel import Field, Section, field_validator, model_validator
 from gym_sidecar.hostport import split_host_port
 from gym_sidecar.webhook.otlp_env import DERIVED_VARIABLES, OtlpProtocol
 
@@ -43,44 +43,34 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(parts[0]), int(minor)
 
 
-class ResourceAmounts(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ResourceAmounts(Section):
     cpu: str
     memory: str
 
 
-class SecretKey(BaseModel):
+class SecretKey(Section):
     """A key of a Secret in the pod's namespace."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str
     key: str
 
 
-class SidecarResources(BaseModel):
+class SidecarResources(Section):
     """Requests and limits of the injected sidecar container."""
-
-    model_config = ConfigDict(extra="forbid")
 
     requests: ResourceAmounts = ResourceAmounts(cpu="50m", memory="64Mi")
     limits: ResourceAmounts = ResourceAmounts(cpu="1", memory="256Mi")
 
 
-class Capabilities(BaseModel):
+class Capabilities(Section):
     """Linux capabilities added to and dropped from the sidecar container."""
-
-    model_config = ConfigDict(extra="forbid")
 
     add: list[str] | None = None
     drop: list[str] | None = Field(default_factory=lambda: ["ALL"])
 
 
-class SeccompProfile(BaseModel):
+class SeccompProfile(Section):
     """The sidecar container's seccomp profile (Kubernetes ``SeccompProfile``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = "RuntimeDefault"
     localhost_profile: str | None = None
@@ -93,7 +83,7 @@ class SeccompProfile(BaseModel):
         return self
 
 
-class SidecarSecurityContext(BaseModel):
+class SidecarSecurityContext(Section):
     """The injected container's ``securityContext``, in snake_case (each key is the
     Kubernetes field of the same name: ``run_as_non_root`` is ``runAsNonRoot``).
 
@@ -102,8 +92,6 @@ class SidecarSecurityContext(BaseModel):
     profile) plus a read-only root filesystem, so injection never makes a pod
     inadmissible in a ``restricted`` namespace. A key set to null is left out.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     run_as_non_root: bool | None = True
     run_as_user: int | None = Field(default=None, ge=0)
@@ -132,10 +120,8 @@ def _camel(value: Any) -> Any:
     return value
 
 
-class InjectorConfig(BaseModel):
+class InjectorConfig(Section):
     """What the injector adds to a pod, and how it serves."""
-
-    model_config = ConfigDict(extra="forbid")
 
     listen: ListenAddress = "0.0.0.0:8443"
     """HTTPS listen address of the webhook (``HOST:PORT``)."""
