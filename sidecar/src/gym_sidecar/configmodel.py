@@ -16,15 +16,16 @@ quote (``queue.max_bytes: Input should be greater than 0``)::
 
 Why not pydantic, which the sidecar used until 2026-12: imported on the serving path,
 pydantic, pydantic-core and the modules they load (email, importlib.metadata, decimal,
-zoneinfo, uuid, ...) held ~8 MiB resident in every sidecar, about a sixth of its memory,
-to check ~150 settings once at start (docs/benchmarks.md, "Configuration without
-pydantic"). This module covers what the configuration uses, lax as pydantic is for
-values that arrive as text (environment variables): ``bool``, ``int``, ``float``,
-``str``, ``Path``, ``Literal``, string enums, ``X | None``, ``list``, ``dict``, nested sections,
-:class:`Secret`, and ``Annotated[T, after(check)]`` / ``before(check)``. Anything else is
-a TypeError when the class is first used, not a silent pass. The injection webhook's
-Kubernetes AdmissionReview models stay pydantic (``webhook/admission.py``): that process
-parses foreign JSON with aliases, and its memory is not the sidecar's.
+zoneinfo, uuid, ...) held ~10 MiB resident in every sidecar (idle 46.1 -> 36.1 MiB, peak
+at 10k spans/s 52.2 -> 42.1), to check ~150 settings once at start (docs/benchmarks.md,
+the sidecar's RSS, "The fifth session"). This module covers what the configuration
+uses, lax as pydantic is for values that arrive as text (environment variables):
+``bool``, ``int``, ``float``, ``str``, ``Path``, ``Literal``, string enums, ``X | None``,
+``list``, ``dict``, nested sections, :class:`Secret`, and ``Annotated[T, after(check)]``
+or ``before(check)``. Anything else is a TypeError when the class is first used, not a
+silent pass. The injection webhook's Kubernetes AdmissionReview models stay pydantic
+(``webhook/admission.py``): that process parses foreign JSON with aliases, and its memory
+is not the sidecar's.
 """
 
 from __future__ import annotations
