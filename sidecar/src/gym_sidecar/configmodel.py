@@ -33,6 +33,8 @@ from __future__ import annotations
 import copy
 import enum
 import inspect
+import math
+import re
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -184,7 +186,8 @@ class Opaque(str):
 
 class Secret:
     """A secret that is not text to pass on (the span-group API token): ``str`` and
-    ``repr`` show ``**********``; :meth:`get_secret_value` gives it."""
+    ``repr`` show ``**********`` (or that it is empty); :meth:`get_secret_value` gives
+    it."""
 
     __slots__ = ("_value",)
 
@@ -201,10 +204,10 @@ class Secret:
         return hash(self._value)
 
     def __str__(self) -> str:
-        return _MASK
+        return _MASK if self._value else ""  # an empty one shows it is empty
 
     def __repr__(self) -> str:
-        return f"Secret({_MASK!r})"
+        return f"Secret({str(self)!r})"
 
 
 def _not_a_mapping(cls: type) -> str:
@@ -230,42 +233,62 @@ def _check_bool(value: Any) -> Any:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        text = value.strip().lower()
+        text = value.lower()  # not stripped: " true" is not a boolean (as in pydantic)
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
     return ValueError("Input should be a valid boolean, unable to interpret input")
+
+
+# Integer text as pydantic reads it: ASCII digits (``_`` between them), a sign, and a
+# zero fraction allowed ("4.0", "1_000.00"); int() alone would also take other scripts'
+# digits and refuse "4.0".
+_INT_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")
 
 
 def _check_int(value: Any) -> Any:
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return ValueError("Input should be a finite number")
         if value.is_integer():
             return int(value)
         return ValueError("Input should be a valid integer, got a number with a fractional part")
     if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return ValueError(
-                "Input should be a valid integer, unable to parse string as an integer"
-            )
+        text = value.strip()
+        if _INT_TEXT.fullmatch(text):
+            return int(text.partition(".")[0])
+        return ValueError("Input should be a valid integer, unable to parse string as an integer")
     return ValueError("Input should be a valid integer")
 
 
 def _check_float(value: Any) -> Any:
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond the float range
+            return ValueError("Input should be a valid number")
+    if isinstance(value, str) and value.isascii():
         try:
             return float(value.strip())
         except ValueError:
-            return ValueError("Input should be a valid number, unable to parse string as a number")
+            pass
+    if isinstance(value, str):
+        return ValueError("Input should be a valid number, unable to parse string as a number")
     return ValueError("Input should be a valid number")
 
 
 def _check_str(value: Any) -> Any:
-    return value if isinstance(value, str) else ValueError("Input should be a valid string")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):  # YAML's !!binary
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return ValueError(
+                "Input should be a valid string, unable to parse raw data as a unicode string"
+            )
+    return ValueError("Input should be a valid string")
 
 
 def _check_path(value: Any) -> Any:
@@ -277,7 +300,8 @@ def _check_path(value: Any) -> Any:
 def _check_secret(value: Any) -> Any:
     if isinstance(value, Secret):
         return value
-    return Secret(value) if isinstance(value, str) else ValueError("Input should be a valid string")
+    text = _check_str(value)
+    return text if isinstance(text, ValueError) else Secret(text)
 
 
 _SCALARS: dict[Any, Callable[[Any], Any]] = {
@@ -309,6 +333,8 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
         problems.append((loc, _not_a_mapping(tp)))
         return _INVALID
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, bytes) and issubclass(tp, str):
+            value = _check_str(value)
         try:
             return tp(value)
         except ValueError:
@@ -319,17 +345,12 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
     if origin is Annotated:
         for meta in tp.__metadata__:
             if isinstance(meta, Check) and meta.when == "before":
-                value = meta.func(value)
-        value = _validate(args[0], value, loc, problems)
-        if value is _INVALID:
-            return _INVALID
+                value = _run_check(meta.func, value, loc, problems)
+        if value is not _INVALID:
+            value = _validate(args[0], value, loc, problems)
         for meta in tp.__metadata__:
-            if isinstance(meta, Check) and meta.when == "after":
-                try:
-                    value = meta.func(value)
-                except ValueError as exc:
-                    problems.append((loc, f"Value error, {exc}"))
-                    return _INVALID
+            if isinstance(meta, Check) and meta.when == "after" and value is not _INVALID:
+                value = _run_check(meta.func, value, loc, problems)
         return value
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
@@ -344,7 +365,7 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
             raise TypeError(f"unsupported union {tp!r}: only X | None")
         return _validate(members[0], value, loc, problems)
     if origin is list:
-        if not isinstance(value, list | tuple):
+        if not isinstance(value, list | tuple | set | frozenset):  # YAML's !!set too
             problems.append((loc, "Input should be a valid list"))
             return _INVALID
         items = [_validate(args[0], v, (*loc, i), problems) for i, v in enumerate(value)]
@@ -364,6 +385,16 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
                 out[key] = item
         return out if ok else _INVALID
     raise TypeError(f"unsupported configuration type {tp!r}")
+
+
+def _run_check(
+    func: Callable[[Any], Any], value: Any, loc: Loc, problems: list[tuple[Loc, str]]
+) -> Any:
+    try:
+        return func(value)
+    except ValueError as exc:
+        problems.append((loc, f"Value error, {exc}"))
+        return _INVALID
 
 
 def _check_supported(tp: Any) -> None:
@@ -481,10 +512,6 @@ class Section:
         specs = cls._fields()
         obj = cls.__new__(cls)
         ok = True
-        for key in data:
-            if key not in specs:
-                problems.append(((*loc, key), "Extra inputs are not permitted"))
-                ok = False
         for name, spec in specs.items():
             where = (*loc, name)
             if name in data:
@@ -502,6 +529,14 @@ class Section:
                 ok = False
             else:
                 obj.__dict__[name] = value
+        # After the fields' problems, as pydantic lists them.
+        for key in data:
+            if not isinstance(key, str):
+                problems.append(((*loc, key), "Keys should be strings"))
+                ok = False
+            elif key not in specs:
+                problems.append(((*loc, key), "Extra inputs are not permitted"))
+                ok = False
         if not ok:
             return _INVALID  # type: ignore[no-any-return]
         for check in cls._section_checks:
@@ -558,6 +593,13 @@ class Section:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A typo in code (cfg.queue.max_byte = ...) is an error, as it was with pydantic;
+        # private attributes (``_source``) are the class's own business.
+        if not name.startswith("_") and name not in self._fields():
+            raise ValueError(f'"{type(self).__name__}" object has no field "{name}"')
+        super().__setattr__(name, value)
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}={self.__dict__[n]!r}" for n in self._fields())
         return f"{type(self).__name__}({fields})"
@@ -569,11 +611,9 @@ def _check_field(spec: _Spec, value: Any, loc: Loc, problems: list[tuple[Loc, st
         problems.append((loc, bad))
         return _INVALID
     for check in spec.checks:
-        try:
-            value = check(value)
-        except ValueError as exc:
-            problems.append((loc, f"Value error, {exc}"))
-            return _INVALID
+        value = _run_check(check, value, loc, problems)
+        if value is _INVALID:
+            break
     return value
 
 
@@ -591,7 +631,7 @@ def _dump(value: Any, as_json: bool, exclude_none: bool) -> Any:
         if isinstance(value, Opaque):
             return REDACTED
         if isinstance(value, Secret):
-            return _MASK
+            return str(value)
         if isinstance(value, enum.Enum):
             return value.value
         if isinstance(value, PurePath):

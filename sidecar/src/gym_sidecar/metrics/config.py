@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import gym_telemetry_semconv as semconv
@@ -160,6 +161,12 @@ OWNED_PREFIXES: tuple[str, ...] = ("gym.rollout.", "gym.verify.", "gym.env.step.
 """The metric names the sidecar owns: the namespaces of what it derives."""
 
 
+def _floats(bounds: tuple[float, ...]) -> Callable[[], list[float]]:
+    """A default factory: the bounds as floats, as a configured list is validated (and as
+    ``check-config`` shows them: ``500.0``, not ``500``)."""
+    return lambda: [float(b) for b in bounds]
+
+
 class OwnedMetricsConfig(Section):
     """The ``metrics.owned`` section: what happens to another producer's metrics named
     like the ones the sidecar derives (``metrics/ownership.py``)."""
@@ -194,23 +201,21 @@ class MetricsConfig(Section):
     cardinality_limit: int = Field(default=2000, ge=2, le=1_000_000)
     """Most series per metric, the overflow series included: past ``limit - 1`` distinct
     (resource, attributes) sets, new sets go to one series ``otel.metric.overflow=true``."""
-    rollout_buckets_ms: list[float] = Field(
-        default_factory=lambda: list(DEFAULT_ROLLOUT_BUCKETS_MS)
-    )
+    rollout_buckets_ms: list[float] = Field(default_factory=_floats(DEFAULT_ROLLOUT_BUCKETS_MS))
     """Explicit bucket upper bounds (inclusive) of ``gym.rollout.duration_ms``."""
-    verify_buckets_ms: list[float] = Field(default_factory=lambda: list(DEFAULT_VERIFY_BUCKETS_MS))
+    verify_buckets_ms: list[float] = Field(default_factory=_floats(DEFAULT_VERIFY_BUCKETS_MS))
     """Explicit bucket upper bounds (inclusive) of ``gym.verify.duration_ms``."""
-    reward_buckets: list[float] = Field(default_factory=lambda: list(DEFAULT_REWARD_BUCKETS))
+    reward_buckets: list[float] = Field(default_factory=_floats(DEFAULT_REWARD_BUCKETS))
     """Bucket upper bounds (inclusive) of ``gym.verify.reward`` and ``gym.env.step.reward``."""
-    turns_buckets: list[float] = Field(default_factory=lambda: list(DEFAULT_TURNS_BUCKETS))
+    turns_buckets: list[float] = Field(default_factory=_floats(DEFAULT_TURNS_BUCKETS))
     """Bucket upper bounds of ``gym.rollout.turns``."""
-    token_buckets: list[float] = Field(default_factory=lambda: list(DEFAULT_TOKEN_BUCKETS))
+    token_buckets: list[float] = Field(default_factory=_floats(DEFAULT_TOKEN_BUCKETS))
     """Bucket upper bounds of ``gen_ai.client.token.usage`` and ``gym.rollout.tokens``."""
     model_duration_buckets_s: list[float] = Field(
-        default_factory=lambda: list(DEFAULT_MODEL_DURATION_BUCKETS_S)
+        default_factory=_floats(DEFAULT_MODEL_DURATION_BUCKETS_S)
     )
     """Bucket upper bounds of ``gen_ai.client.operation.duration`` (s)."""
-    ttft_buckets_s: list[float] = Field(default_factory=lambda: list(DEFAULT_TTFT_BUCKETS_S))
+    ttft_buckets_s: list[float] = Field(default_factory=_floats(DEFAULT_TTFT_BUCKETS_S))
     """Bucket upper bounds of ``gen_ai.server.time_to_first_token`` (s)."""
     max_label_sets: int = Field(default=DEFAULT_MAX_LABEL_SETS, ge=1, le=100_000)
     """Distinct point-attribute sets an RL metric (``RL_METRICS``) keeps, across resources:
