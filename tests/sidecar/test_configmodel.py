@@ -11,6 +11,8 @@ import pydantic
 import pytest
 from gym_sidecar import configmodel as cm
 from gym_sidecar.configmodel import Field, Opaque, Secret, Section, ValidationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 class Colour(enum.StrEnum):
@@ -272,3 +274,55 @@ def test_the_serving_path_does_not_import_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+_TEXT = st.sampled_from(
+    [
+        "",
+        "x",
+        "1",
+        " 2 ",
+        "4.0",
+        "4.",
+        "-0.0",
+        "1_0",
+        "1e3",
+        "inf",
+        "nan",
+        "0.5",
+        "true",
+        "off",
+        "YES",
+        " on",
+        "red",
+        "blue",
+        "p",
+        "q",
+        "z",
+        "a/b",
+        "\u0663",
+        "1.5",
+    ]
+)
+_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _TEXT,
+    st.text(max_size=4),
+)
+_VALUE = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_TEXT, inner, max_size=3)),
+    max_leaves=6,
+)
+_KEYS = st.sampled_from([*Outer._fields(), "bogus", "n", "tags"])
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(st.dictionaries(_KEYS, _VALUE, max_size=6))
+def test_random_inputs_validate_as_pydantic_validates_them(data: dict[str, Any]) -> None:
+    ours, theirs = _ours(data), _theirs(data)
+    assert ours[1] == theirs[1]
+    assert repr(ours[0]) == repr(theirs[0])  # repr: nan equals itself there

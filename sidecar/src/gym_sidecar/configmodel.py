@@ -230,13 +230,20 @@ _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 def _check_bool(value: Any) -> Any:
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
+    if isinstance(value, bytes):
+        value = _check_str(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # 1.0 is 1 here, 1.5 no number at all (as in pydantic)
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        if value in (0, 1):
+            return bool(value)
+        return ValueError("Input should be a valid boolean, unable to interpret input")
     if isinstance(value, str):
         text = value.lower()  # not stripped: " true" is not a boolean (as in pydantic)
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
-    return ValueError("Input should be a valid boolean, unable to interpret input")
+        return ValueError("Input should be a valid boolean, unable to interpret input")
+    return ValueError("Input should be a valid boolean")
 
 
 # Integer text as pydantic reads it: ASCII digits (``_`` between them), a sign, and a
@@ -251,6 +258,8 @@ def _check_int(value: Any) -> Any:
     if isinstance(value, float):
         if not math.isfinite(value):
             return ValueError("Input should be a finite number")
+        if not -(2**63) <= value < 2**63:  # pydantic converts floats within int64 only
+            return ValueError("Unable to parse input string as an integer, exceeded maximum size")
         if value.is_integer():
             return int(value)
         return ValueError("Input should be a valid integer, got a number with a fractional part")
