@@ -5,7 +5,7 @@
   real sidecar's ``/healthz`` (and fails against a closed port);
 - the sidecar and webhook images' build step (``uv sync --frozen --no-dev --no-editable``)
   runs on a copy of the tree and yields a working ``gym-sidecar`` without dev tools; the
-  sidecar's without the webhook's extra (aiohttp, jsonpatch) and without the demo, the
+  sidecar's without the webhook's extra (aiohttp, jsonpatch, pydantic) and without the demo, the
   webhook's with it;
 - the gym-server image's launcher finds servers and reports bad input.
 """
@@ -211,9 +211,10 @@ def test_build_step_yields_a_working_install(tmp_path: Path, image: str) -> None
     )
     if image == "sidecar":
         assert "aiohttp" not in installed and "jsonpatch" not in installed
+        assert "pydantic" not in installed  # the config is validated without it
         assert webhook.returncode == 1 and "gym-telemetry-sidecar[webhook]" in webhook.stderr
     else:
-        assert "aiohttp" in installed and "jsonpatch" in installed
+        assert "aiohttp" in installed and "jsonpatch" in installed and "pydantic" in installed
         # past the extra check: the config error (a cert without its key) is reported
         assert webhook.returncode == 2 and "cert_file and key_file" in webhook.stderr
     # issue 17.1: the sidecar no longer carries the agent, the OpenTelemetry SDK, the OTLP

@@ -426,11 +426,12 @@ def test_the_deriver_records_what_the_per_point_model_records(
     assert store_state(store, metrics) == model_state(model)
 
 
-def test_the_default_bounds_are_integers_and_compare_as_the_model_does() -> None:
-    """The config's default bounds are the integers it lists (no validator runs on a
-    default): a duration of exactly a bound, and a nanosecond either side, land where
-    ``value <= bound`` with the float value puts them."""
-    assert all(type(b) is int for b in MetricsConfig().rollout_buckets_ms)
+def test_the_default_bounds_are_floats_and_compare_as_the_model_does() -> None:
+    """The config's default bounds are the integers it lists, as floats (as a configured
+    list is validated): a duration of exactly a bound, and a nanosecond either side, land
+    where ``value <= bound`` with the float value puts them."""
+    assert all(type(b) is float for b in MetricsConfig().rollout_buckets_ms)
+    assert MetricsConfig().rollout_buckets_ms == list(DEFAULT_ROLLOUT_BUCKETS_MS)
     bound = DEFAULT_ROLLOUT_BUCKETS_MS[0]
     derived: list[DerivedSpan] = [
         (semconv.SPAN_ROLLOUT, T0, T0 + int(bound * 1_000_000) + delta, b"t", b"s", 0, NOTHING)

@@ -32,7 +32,7 @@ _FLAGS: dict[str, str] = {
 }
 
 
-WEBHOOK_EXTRA_MODULES: tuple[str, ...] = ("aiohttp", "jsonpatch")
+WEBHOOK_EXTRA_MODULES: tuple[str, ...] = ("aiohttp", "jsonpatch", "pydantic")
 """What ``gym-telemetry-sidecar[webhook]`` adds; the server needs every one."""
 INSTALL_HINT = "pip install 'gym-telemetry-sidecar[webhook]' (or the gym-telemetry-webhook image)"
 
