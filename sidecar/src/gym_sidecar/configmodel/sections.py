@@ -94,10 +94,8 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
     if origin is Union or origin is types.UnionType:
         if value is None and type(None) in args:
             return None
-        members = [a for a in args if a is not type(None)]
-        if len(members) != 1:
-            raise TypeError(f"unsupported union {tp!r}: only X | None")
-        return _validate(members[0], value, loc, problems)
+        [member] = _non_none(args)  # X | None only (_check_supported)
+        return _validate(member, value, loc, problems)
     if origin is list:
         if not isinstance(value, list | tuple | set | frozenset):  # YAML's !!set too
             problems.append((loc, "Input should be a valid list"))
@@ -118,7 +116,11 @@ def _validate(tp: Any, value: Any, loc: Loc, problems: list[tuple[Loc, str]]) ->
             else:
                 out[key] = item
         return out if ok else INVALID
-    raise TypeError(f"unsupported configuration type {tp!r}")
+    raise TypeError(f"unsupported configuration type {tp!r}")  # _check_supported refused it
+
+
+def _non_none(args: tuple[Any, ...]) -> list[Any]:
+    return [a for a in args if a is not type(None)]
 
 
 def _run_check(
@@ -143,7 +145,7 @@ def _check_supported(tp: Any) -> None:
     elif origin is Literal:
         pass
     elif origin is Union or origin is types.UnionType:
-        members = [a for a in args if a is not type(None)]
+        members = _non_none(args)
         if len(members) != 1:
             raise TypeError(f"unsupported union {tp!r}: only X | None")
         _check_supported(members[0])
@@ -219,7 +221,7 @@ class Section:
             for name in check.names:
                 field_checks.setdefault(name, []).append(check.func)
         for klass in reversed(cls.__mro__):
-            if not (isinstance(klass, type) and issubclass(klass, Section)) or klass is Section:
+            if not issubclass(klass, Section) or klass is Section:
                 continue
             module = sys.modules[klass.__module__].__dict__
             for name, ann in inspect.get_annotations(klass).items():

@@ -68,6 +68,11 @@ def choices(values: list[Any]) -> str:
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
+def _int64(value: float) -> bool:
+    """Whether pydantic holds ``value`` as a 64-bit integer (it reads larger ones apart)."""
+    return -(2**63) <= value < 2**63
+
+
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
@@ -79,7 +84,7 @@ def _check_bool(value: Any) -> Any:
         value = check_str(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)  # 1.0 is 1 here, 1.5 no number at all (as in pydantic)
-    if isinstance(value, int) and -(2**63) <= value < 2**63:
+    if isinstance(value, int) and _int64(value):
         if value in (0, 1):
             return bool(value)
         return ValueError("Input should be a valid boolean, unable to interpret input")
@@ -103,7 +108,7 @@ def _check_int(value: Any) -> Any:
     if isinstance(value, float):
         if not math.isfinite(value):
             return ValueError("Input should be a finite number")
-        if not -(2**63) <= value < 2**63:  # pydantic converts floats within int64 only
+        if not _int64(value):  # pydantic converts floats within int64 only
             return ValueError("Unable to parse input string as an integer, exceeded maximum size")
         if value.is_integer():
             return int(value)
