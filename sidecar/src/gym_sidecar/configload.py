@@ -2,8 +2,8 @@
 commands) and of the injection webhook (``gym-sidecar webhook``).
 
 A program describes its configuration as a :class:`~gym_sidecar.configmodel.Section`
-tree and calls :func:`load_layers`
-with its environment prefix. Sources, highest precedence first:
+tree and calls :func:`load_layers` with its environment prefix. Sources, highest
+precedence first:
 
 1. arguments (``overrides``: the nested dict spelled by the command-line flags);
 2. environment variables ``<PREFIX><KEY>``, nested keys joined with ``__``
