@@ -56,7 +56,7 @@ from gym_telemetry._lean.context import attach as _attach
 from gym_telemetry._lean.context import get_current as _get_current
 from gym_telemetry._lean.context import with_span as _with_span
 from gym_telemetry._lean.sdk_hooks import SPAN_KEY
-from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan
+from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan, new_span
 
 _log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class LeanRecorder:
                     True,
                 ),
             )
-        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        lean = new_span(name, span_context, parent, self, attributes, kind)
         if self.processor._span_processors is not self.seen_processors:
             self._processors_quiet()
         if not self._quiet:
@@ -290,7 +290,7 @@ class LeanRecorder:
                     True,
                 ),
             )
-        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        lean = new_span(name, span_context, parent, self, attributes, kind)
         if self.processor._span_processors is not self.seen_processors:
             self._processors_quiet()
         if not self._quiet:
@@ -341,7 +341,7 @@ class LeanRecorder:
         span_context = SpanContext(
             trace_id, self.id_generator.generate_span_id(), False, flags, trace_state
         )
-        lean = LeanSpan(name, span_context, parent, self, attributes, kind=kind)
+        lean = new_span(name, span_context, parent, self, attributes, kind)
         if not self._processors_quiet():
             self.processor.on_start(lean, parent_context=ctx)  # type: ignore[arg-type]
         return lean, _attach(_with_span(lean, ctx))
@@ -399,8 +399,9 @@ def _layout_ok(recorder: LeanRecorder) -> bool:
         reference = set(vars(ReadableSpan("probe", resource=recorder.resource)))
         parent = SpanContext(3, 4, True, _FLAGS_SAMPLED, _EMPTY_STATE)
         probe_context = SpanContext(3, 5, False, _FLAGS_SAMPLED, _EMPTY_STATE)
-        probe = LeanSpan(
-            "probe", probe_context, parent, recorder, {"k": "v", "n": 1}, kind=SpanKind.SERVER
+        # Made as the recorder makes its spans (``new_span``), so this checks that path.
+        probe = new_span(
+            "probe", probe_context, parent, recorder, {"k": "v", "n": 1}, SpanKind.SERVER
         )
         missing = {field for field in reference if not hasattr(probe, field)}
         if missing:
@@ -418,13 +419,13 @@ def _layout_ok(recorder: LeanRecorder) -> bool:
         tracer = provider.get_tracer("gym_telemetry.self_check")
         if not isinstance(tracer, sdk_trace.Tracer):
             return False
-        probe = LeanSpan(
+        probe = new_span(
             "probe",
             probe_context,
             parent,
             LeanRecorder(tracer),
             {"k": "v", "n": 1},
-            kind=SpanKind.SERVER,
+            SpanKind.SERVER,
         )
         stock = tracer.start_span(
             "probe",

@@ -28,6 +28,7 @@ import gym_telemetry_semconv as semconv
 from opentelemetry import trace
 
 from gym_telemetry import span_groups
+from gym_telemetry._lean.span import LeanSpan
 from gym_telemetry.genai import MODEL_SPANS, response_attributes
 from gym_telemetry.streaming import STREAM_SPAN
 
@@ -56,7 +57,10 @@ def note_answer(answer: Any) -> None:
             return
         attributes = response_attributes(answer)
         if attributes:
-            span.set_attributes(attributes)
+            if type(span) is LeanSpan:
+                span.add_clean(attributes)  # response_attributes' values are clean
+            else:
+                span.set_attributes(attributes)
     except Exception:  # best effort: the answer goes out either way
         _log.debug("gym_telemetry: could not read a model answer", exc_info=True)
 
