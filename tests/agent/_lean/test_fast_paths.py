@@ -9,16 +9,18 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import pytest
 from gym_telemetry._export.processor import GymSpanProcessor, TrackingExporter
 from gym_telemetry._lean import context as lean_context
-from gym_telemetry._lean import grpc_exporter, sdk_hooks, span_encoding
-from gym_telemetry._lean.otlp_wire import key_value, len_prefixed
+from gym_telemetry._lean import grpc_exporter, otlp_wire, sdk_hooks, span_encoding
+from gym_telemetry._lean.otlp_wire import UnsupportedValue, key_value, len_prefixed
 from gym_telemetry._lean.recorder import LeanRecorder, _parent_context, recorder_for
-from gym_telemetry._lean.span import LeanSpan
+from gym_telemetry._lean.span import MAX_ATTRIBUTES, LeanSpan, clean_value
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -381,6 +383,61 @@ def test_values_that_are_not_memoized_still_encode() -> None:
     assert span_encoding._fields[(key, 1.0, float)] != span_encoding._fields[(key, 1, int)]
 
 
+_KEYS = st.sampled_from(
+    ["fast-paths.p.str", "fast-paths.p.int", "fast-paths.p.float", "k" * 120, "ключ"]
+)
+_SCALARS = st.one_of(
+    st.text(max_size=50),
+    st.text(alphabet="abc-_.0123456789", min_size=30, max_size=45),  # near the length bound
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=0, max_value=20_000),  # one-, two- and three-byte varints
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
+_VALUES = st.one_of(
+    _SCALARS,
+    st.tuples(st.text(max_size=12)),
+    st.lists(st.text(max_size=12), max_size=10).map(tuple),
+    st.lists(st.integers(min_value=-5, max_value=5), max_size=3).map(tuple),
+    st.tuples(st.booleans(), st.booleans()),
+)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(key=_KEYS, value=_VALUES, known=st.booleans())
+def test_every_attribute_field_is_the_general_encoders(key: str, value: Any, known: bool) -> None:
+    """The scalar shortcuts (a known key's str, int and float), the memo (tuples of
+    strings included) and the last-value slot write what ``key_value`` writes, whether
+    the key's prefix is known yet or not, cold and warm."""
+    if not known:
+        otlp_wire.KEY_PREFIXES.pop(key, None)
+    expected = None
+    for _ in range(2):  # cold, then from the memo or the last-value slot
+        field = span_encoding._attribute_field(key, value)
+        expected = expected or _field(key, value)
+        assert field == expected
+    assert span_encoding._encode_attribute(key, value, value.__class__) == expected
+
+
+def test_ints_outside_int64_are_refused_by_the_shortcut_too() -> None:
+    key = "fast-paths.p.int"
+    _field(key, 1)  # the key's prefix is known: the shortcut is taken for ints in range
+    for value in (2**63, -(2**63) - 1):
+        with pytest.raises(UnsupportedValue):
+            span_encoding._encode_attribute(key, value, int)
+
+
+def test_tuples_of_strings_are_memoized_and_other_tuples_keep_their_types() -> None:
+    key = "fast-paths.tuples"
+    for value in (("1",), (1,), (True,), (1.0,), ("stop", "length"), ("x" * 300,)):
+        assert span_encoding._attribute_field(key, value) == _field(key, value), value
+    memoized = {k[1] for k in span_encoding._fields if k[0] == key}
+    assert memoized == {("1",), ("stop", "length")}  # equal keys (1,) (True,) (1.0,): never
+    items = tuple(str(i) for i in range(span_encoding.MAX_MEMO_ITEMS + 1))
+    span_encoding._attribute_field(key, items)
+    assert (key, items, tuple) not in span_encoding._fields
+
+
 # --- the recorder's fast start against its general one ----------------------------------
 
 
@@ -618,6 +675,71 @@ def test_end_with_set_if_absent_and_scalar_writes(
     span.set_attributes({"late": 1})
     span.set_if_absent("late", lambda: "x", SpanKind.SERVER)
     assert span.end_time == end and "late" not in span.attributes and span.name == "GET /x"
+
+
+def _clean_the_long_way(value: Any) -> Any:
+    """``clean_value``'s contract, written out: scalars as they are, a homogeneous
+    sequence of one scalar type (not bytes) as a tuple, anything else dropped."""
+    if isinstance(value, bool | str | int | float):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        items = tuple(value)
+        kinds = {type(v) for v in items}
+        if not kinds or (len(kinds) == 1 and kinds <= {bool, str, int, float}):
+            return items
+    return None
+
+
+class _Text(str):
+    pass
+
+
+class _Pair(NamedTuple):
+    a: int
+    b: int
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    value=st.one_of(
+        _SCALARS,
+        st.lists(st.one_of(st.integers(), st.booleans(), st.text(max_size=3), st.floats())),
+        st.lists(st.integers(), max_size=4).map(tuple),
+        st.lists(st.text(max_size=3), max_size=4).map(tuple),
+        st.sampled_from(
+            [b"x", bytearray(b"x"), range(3), _Text("t"), _Pair(1, 2), {"a": 1}, {1}, None]
+        ),
+    )
+)
+def test_clean_value_keeps_its_contract(value: Any) -> None:
+    assert clean_value(value) == _clean_the_long_way(value)
+
+
+def test_plain_writes_skip_the_checks_and_keep_the_bound(
+    lean: tuple[TracerProvider, GymSpanProcessor],
+) -> None:
+    provider, _switch = lean
+    span, token = _recorder(provider, "server").start("GET", {"a": 1}, SpanKind.SERVER)
+    lean_context.detach(token)
+    assert isinstance(span, LeanSpan)
+    span.set_attributes({"s": "x", "n": 2, "f": 1.5, "b": False})  # plain: one update
+    span.add_clean({"reasons": ("stop",), "tokens": 7})
+    assert dict(span.attributes) == {
+        "a": 1,
+        "s": "x",
+        "n": 2,
+        "f": 1.5,
+        "b": False,
+        "reasons": ("stop",),
+        "tokens": 7,
+    }
+    many = {f"k{i}": i for i in range(MAX_ATTRIBUTES)}
+    span.set_attributes(many)  # past the bound: new keys dropped, present ones updated
+    span.add_clean({"a": 3, **{f"c{i}": i for i in range(5)}})
+    assert len(span.attributes) == MAX_ATTRIBUTES and span.attributes["a"] == 3
+    span.end()
+    span.add_clean({"late": 1})
+    assert "late" not in span.attributes
 
 
 def test_end_with_keeps_an_ok_status_as_set_status_does(

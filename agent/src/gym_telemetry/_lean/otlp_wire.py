@@ -45,6 +45,8 @@ class UnsupportedValue(ValueError):
 def varint(value: int) -> bytes:
     if value < 128:
         return VARINT_1[value]
+    if value < 16384:  # two bytes (a token count)
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 128:
         out.append((value & 0x7F) | 0x80)

@@ -49,6 +49,8 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_telemetry._lean.otlp_wire import (
     KEY_PREFIXES,
+    T_AV_DOUBLE,
+    T_AV_INT,
     T_AV_STRING,
     T_KV_VALUE,
     VARINT_1,
@@ -141,50 +143,96 @@ _last: dict[str, tuple[Any, type, bytes]] = {}
 def _encode_attribute(key: str, value: Any, kind: type) -> bytes:
     """The ``Span.attributes`` field (tag, length, ``KeyValue``) of one attribute."""
     prefix = KEY_PREFIXES.get(key)
-    if kind is str and prefix is not None and len(value) < 40 and value.isascii():
-        # A short ASCII string (a rollout id) under a known key: one join, every length
-        # one varint byte.
-        data = value.encode()
-        size = len(data)
-        kv_size = len(prefix) + size + 4
-        if kv_size < 128:
+    if prefix is not None and len(prefix) < 100:
+        # A scalar under a known key: one join, every length one varint byte.
+        if kind is str:
+            size = len(value)
+            if size < 40 and value.isascii() and len(prefix) + size + 4 < 128:
+                # a short ASCII string (a rollout id, a model name)
+                return b"".join(
+                    (
+                        _T_ATTRIBUTE,
+                        VARINT_1[len(prefix) + size + 4],
+                        prefix,
+                        T_KV_VALUE,
+                        VARINT_1[size + 2],
+                        T_AV_STRING,
+                        VARINT_1[size],
+                        value.encode(),
+                    )
+                )
+        elif kind is int:
+            # a token count, a status code: int64 as a varint (a negative one is ten bytes)
+            data = varint(value) if 0 <= value <= _INT64_MAX else None
+            if data is not None:
+                size = len(data) + 1
+                return b"".join(
+                    (
+                        _T_ATTRIBUTE,
+                        VARINT_1[len(prefix) + size + 2],
+                        prefix,
+                        T_KV_VALUE,
+                        VARINT_1[size],
+                        T_AV_INT,
+                        data,
+                    )
+                )
+        elif kind is float:
             return b"".join(
                 (
                     _T_ATTRIBUTE,
-                    VARINT_1[kv_size],
+                    VARINT_1[len(prefix) + 11],
                     prefix,
-                    T_KV_VALUE,
-                    VARINT_1[size + 2],
-                    T_AV_STRING,
-                    VARINT_1[size],
-                    data,
+                    _DOUBLE_HEAD,
+                    _pack_double(value),
                 )
             )
     return len_prefixed(_T_ATTRIBUTE, key_value(key, value))
 
 
+_DOUBLE_HEAD: Final = T_KV_VALUE + VARINT_1[9] + T_AV_DOUBLE
+_pack_double = struct.Struct("<d").pack
+_INT64_MAX: Final = (1 << 63) - 1
+#: Longest tuple of strings memoized (items), and longest item (characters).
+MAX_MEMO_ITEMS: Final = 8
+
+
+def _memoizable(value: Any, kind: type) -> bool:
+    """Whether the field of ``value`` goes in the memo: a str (up to ``MAX_MEMO_TEXT``
+    characters), int, bool or float, or a tuple of up to ``MAX_MEMO_ITEMS`` such strings
+    (a model's finish reasons; only str items, since ``(1,)``, ``(1.0,)`` and ``(True,)``
+    are equal keys encoded differently)."""
+    if kind is str:
+        return len(value) <= MAX_MEMO_TEXT
+    if kind is tuple:
+        return len(value) <= MAX_MEMO_ITEMS and all(
+            item.__class__ is str and len(item) <= MAX_MEMO_TEXT for item in value
+        )
+    return kind in _MEMO_TYPES
+
+
 def _attribute_field(key: str, value: Any) -> bytes:
-    """The field of one attribute that missed the memo (``_fields``): memoized for str
-    (up to ``MAX_MEMO_TEXT`` characters), int, bool and float values (a verifier's
-    rewards repeat: 0.0, 1.0) while its key has fewer
+    """The field of one attribute that missed the memo (``_fields``): memoized when
+    ``_memoizable`` (a verifier's rewards repeat: 0.0, 1.0) while its key has fewer
     than ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
     kind = value.__class__
     last = _last.get(key)
     if last is not None and last[1] is kind and last[0] == value:
         return last[2]
     field = _encode_attribute(key, value, kind)
-    if kind in _MEMO_TYPES and (kind is not str or len(value) <= MAX_MEMO_TEXT):
-        count = _memoized.get(key, 0)
-        if count < MAX_MEMO_VALUES_PER_KEY:
-            if len(_memoized) >= MAX_MEMO_KEYS:
-                _fields.clear()
-                _memoized.clear()
-                _last.clear()
-                count = 0
-            _fields[(key, value, kind)] = field
-            _memoized[key] = count + 1
-        else:
+    count = _memoized.get(key, 0)
+    if count >= MAX_MEMO_VALUES_PER_KEY:
+        # a high-cardinality key (a rollout id): its last value only
+        if len(value) <= MAX_MEMO_TEXT if kind is str else _memoizable(value, kind):
             _last[key] = (value, kind, field)
+    elif _memoizable(value, kind):
+        if len(_memoized) >= MAX_MEMO_KEYS:
+            _fields.clear()
+            _memoized.clear()
+            _last.clear()
+            count = 0
+        _fields[(key, value, kind)] = field
+        _memoized[key] = count + 1
     return field
 
 
@@ -522,12 +570,13 @@ def encode_lean_record(span: Any) -> bytes | None:
     if not span._plain or not start or not end or (state is not DEFAULT_TRACE_STATE and state):
         return head + encode_span(span)
     name = span._name
-    fields = _fields
+    get = _fields.get
+    # a loop in this frame: a comprehension is a function call of its own in 3.11
+    attributes: list[bytes] = []
+    append = attributes.append
     try:
-        attributes = [
-            fields.get((key, value, value.__class__)) or _attribute_field(key, value)
-            for key, value in span._attributes.items()
-        ]
+        for key, value in span._attributes.items():
+            append(get((key, value, value.__class__)) or _attribute_field(key, value))
     except TypeError:  # an unhashable value (a map): the general encoder
         return head + encode_span(span)
     parent = span._parent
