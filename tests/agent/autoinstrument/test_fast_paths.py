@@ -183,6 +183,53 @@ def test_inject_from_a_lean_span_writes_the_propagators_headers(
     assert outer == ("1" if enclosing else None)
 
 
+def _baggage_the_long_way(rollout_id: Any, outer: bool) -> str | None:
+    """The ``baggage`` header inject writes into headers without one, member by member."""
+    headers: dict[str, str] = {}
+    if rollout_id and rollout_correlation.valid_rollout_id(rollout_id):
+        propagation._add_member(
+            headers, propagation.BAGGAGE_KEY, f"nemo.gym.rollout.id={rollout_id}"
+        )
+    if outer:
+        propagation._add_member(
+            headers, propagation.OUTER_BAGGAGE_KEY, propagation.OUTER_BAGGAGE_MEMBER
+        )
+    return headers.get("baggage")
+
+
+@pytest.mark.parametrize("outer", [False, True])
+@pytest.mark.parametrize("rollout_id", ["12-3", "x.y_z", "-bad", "a" * 257, "", None])
+def test_the_remembered_baggage_is_the_one_written_member_by_member(
+    rollout_id: str | None, outer: bool
+) -> None:
+    propagation._BAGGAGE.clear()
+    token = ROLLOUT_ID_VAR.set(rollout_id)
+    enclosing = ENCLOSING_ROLLOUT.set(outer)
+    try:
+        for _ in range(2):  # cold, then remembered
+            headers: dict[str, str] = {}
+            propagation.inject(headers)
+            assert headers.get("baggage") == _baggage_the_long_way(rollout_id, outer)
+            assert "traceparent" not in headers  # no current span
+    finally:
+        ENCLOSING_ROLLOUT.reset(enclosing)
+        ROLLOUT_ID_VAR.reset(token)
+
+
+def test_the_baggage_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    propagation._BAGGAGE.clear()
+    monkeypatch.setattr(propagation, "MAX_CACHED_BAGGAGE", 2)
+    for i in range(5):
+        token = ROLLOUT_ID_VAR.set(f"{i}-0")
+        try:
+            headers: dict[str, str] = {}
+            propagation.inject(headers)
+        finally:
+            ROLLOUT_ID_VAR.reset(token)
+        assert headers["baggage"] == f"nemo.gym.rollout.id={i}-0"
+        assert len(propagation._BAGGAGE) <= 2
+
+
 @pytest.mark.parametrize(
     "header",
     [

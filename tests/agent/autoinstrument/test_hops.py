@@ -24,9 +24,11 @@ def _config() -> Iterator[None]:
     before = hops._CONFIG.get_config
     hops._CONFIG.get_config = lambda: config
     hops._CONFIG.model_servers.clear()
+    hops._SHAPES.clear()
     yield
     hops._CONFIG.get_config = before
     hops._CONFIG.model_servers.clear()
+    hops._SHAPES.clear()
 
 
 @pytest.mark.parametrize(
@@ -114,14 +116,14 @@ def test_attempts_are_counted_only_inside_a_hop() -> None:
     hops.count_attempts(session)
     hops.count_attempts(session)  # once only
     session.request("POST", "http://x/1")
-    attempts = hops._Attempts()
+    attempts = [0]
     token = hops._ATTEMPTS.set(attempts)
     try:
         session.request("POST", "http://x/2")
         session.request(method="POST", url="http://x/3")
     finally:
         hops._ATTEMPTS.reset(token)
-    assert attempts.count == 2 and calls == ["http://x/1", "http://x/2", "http://x/3"]
+    assert attempts == [2] and calls == ["http://x/1", "http://x/2", "http://x/3"]
 
 
 def test_with_http_client_off_the_untraced_path_still_steps_the_rollout() -> None:
@@ -151,3 +153,32 @@ def test_with_http_client_off_the_untraced_path_still_steps_the_rollout() -> Non
     assert (record.step, record.target, record.turns) == ("POST /v1/responses", "policy_model", 1)
     # outside a rollout: nothing but Gym's call
     assert asyncio.run(stepping("POST", "http://127.0.0.1:1/verify")) == "response"
+
+
+def test_a_hops_shape_is_remembered_without_its_query_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "http://127.0.0.1:9/v1/responses"
+    shape = hops._shape("post", url, "policy_model")
+    assert hops._shape("post", url, "policy_model") is shape  # remembered
+    assert (shape.name, shape.model_call, shape.relay) == ("POST /v1/responses", True, False)
+    assert shape.attributes == {
+        "http.request.method": "POST",
+        "url.full": url,
+        "url.template": "/v1/responses",
+        "nemo.gym.target.server.name": "policy_model",
+    }
+    keyed = hops._shape("POST", url + "?key=secret", None)  # a query carries keys
+    assert (
+        keyed.attributes["url.full"] == url
+        and "nemo.gym.target.server.name" not in keyed.attributes
+    )
+    assert not any("secret" in key[1] for key in hops._SHAPES)
+    odd = hops._shape("POST", url, 7)  # type: ignore[arg-type]  # not a str: not kept
+    assert odd.attributes["nemo.gym.target.server.name"] == "7"
+    assert len(hops._SHAPES) == 1
+    monkeypatch.setattr(hops, "MAX_CACHED_HOPS", 2)
+    for i in range(3):
+        hops._shape("GET", f"http://127.0.0.1:9/r{i}", None)
+    # cleared when full: the first shape and r0 went with it
+    assert [key[1][-2:] for key in hops._SHAPES] == ["r1", "r2"]

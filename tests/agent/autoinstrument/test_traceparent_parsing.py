@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from gym_telemetry.autoinstrument.propagation import extract_parent
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.trace import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -46,3 +48,27 @@ def test_same_parent_as_the_sdk_propagator(header: str, tracestate: bytes | None
     assert got == expected_context
     assert got.is_remote and int(got.trace_flags) == int(expected_context.trace_flags)
     assert got.trace_state.to_header() == expected_context.trace_state.to_header()
+
+
+_CHARS = "0123456789abcdefABCDEF-g ."
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    position=st.integers(min_value=0, max_value=54),
+    char=st.sampled_from(_CHARS),
+    trace=st.integers(min_value=0, max_value=2**128 - 1),
+    span=st.integers(min_value=0, max_value=2**64 - 1),
+    flags=st.integers(min_value=0, max_value=255),
+    cut=st.integers(min_value=-2, max_value=2),
+)
+def test_one_changed_byte_is_parsed_as_the_sdk_propagator_does(
+    position: int, char: str, trace: int, span: int, flags: int, cut: int
+) -> None:
+    """The version-00 form is read by position: any one byte changed (a dash, a letter's
+    case, a non-hex digit, a space), or the header cut or lengthened, must be accepted or
+    refused as the SDK's regex does."""
+    header = f"00-{trace:032x}-{span:016x}-{flags:02x}"
+    header = header[:position] + char + header[position + 1 :]
+    header = header[: len(header) + cut] if cut < 0 else header + "0" * cut
+    test_same_parent_as_the_sdk_propagator(header, None)

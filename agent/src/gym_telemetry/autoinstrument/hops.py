@@ -41,7 +41,6 @@ the request goes on.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -82,17 +81,10 @@ _current_rollout_id: Final = rollout_correlation.current_rollout_id
 _ERROR: Final = Status(StatusCode.ERROR)
 
 
-class _Attempts:
-    """How many times the shared session's ``request`` ran during one hop."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
 #: The current hop's attempt counter (set by ``traced_request`` around the retry loop).
-_ATTEMPTS: Final[ContextVar[_Attempts | None]] = ContextVar("gym_telemetry_hop", default=None)
+#: A one-item list (a list, not an object of a class of its own: no constructor call per
+#: hop): how many times the shared session's ``request`` ran during the hop.
+_ATTEMPTS: Final[ContextVar[list[int] | None]] = ContextVar("gym_telemetry_hop", default=None)
 
 
 class _Config:
@@ -134,12 +126,6 @@ def hop_kind(template: str | None, server_name: str | None) -> tuple[bool, bool]
     return False, template.endswith(_RUN_ROUTE)
 
 
-def note_step(record: InFlight, name: str, template: str | None, server: str | None) -> None:
-    """The rollout ``record``'s step is now this hop (module doc)."""
-    model_call, relay = hop_kind(template, server)
-    record.hop(name, server, model_call, relay)
-
-
 def _hop_name(method: str, url: str) -> tuple[str, str | None]:
     """(span name, url template) of a hop (``gym_primitives``' naming)."""
     template = gym_primitives.cached_url_template(url)
@@ -150,10 +136,16 @@ def _hop_name(method: str, url: str) -> tuple[str, str | None]:
     return gym_primitives.client_name(method, template), template
 
 
-class _Hop:
-    """One traced hop: its span, context token and attempt counter."""
+#: Bound of the memo of hop shapes (entries; cleared when full).
+MAX_CACHED_HOPS: Final = 1024
 
-    __slots__ = ("attempts", "attempts_token", "span", "token")
+
+class _Shape:
+    """What a hop's ``(method, url, server name)`` decides, remembered per triple (a
+    server's hops are a few routes): the span's name, its attributes but the rollout
+    id, and the hop's kind (``hop_kind``)."""
+
+    __slots__ = ("attributes", "model_call", "name", "relay")
 
     def __init__(self, method: str, url: str, server_name: str | None) -> None:
         method = method.upper()
@@ -165,30 +157,67 @@ class _Hop:
         }
         if template is not None:
             attributes[semconv.URL_TEMPLATE] = template
-        rollout_id = _current_rollout_id()
-        if rollout_id:
-            attributes[semconv.ROLLOUT_ID] = str(rollout_id)
         if server_name:
             attributes[semconv.TARGET_SERVER_NAME] = str(server_name)
+        self.name = name
+        self.attributes = attributes
+        try:
+            self.model_call, self.relay = hop_kind(template, server_name)
+        except Exception:  # the step is best effort; the span is named
+            _log.debug("gym_telemetry: could not tell a hop's kind", exc_info=True)
+            self.model_call = self.relay = False
+
+
+_SHAPES: dict[tuple[str, str, str | None], _Shape] = {}
+
+
+def _shape(method: str, url: str, server_name: str | None) -> _Shape:
+    """The hop's ``_Shape``, remembered (``MAX_CACHED_HOPS``) unless its URL has a query
+    (never kept: query strings carry keys) or its server name is not a str."""
+    key = (method, url, server_name)
+    shape = _SHAPES.get(key)
+    if shape is None:
+        shape = _Shape(method, url, server_name)
+        if "?" not in url and (server_name is None or server_name.__class__ is str):
+            if len(_SHAPES) >= MAX_CACHED_HOPS:
+                _SHAPES.clear()
+            _SHAPES[key] = shape
+    return shape
+
+
+class _Hop:
+    """One traced hop: its span, context token and attempt counter."""
+
+    __slots__ = ("attempts", "attempts_token", "span", "token")
+
+    def __init__(self, method: str, url: str, server_name: str | None) -> None:
+        shape = _shape(method, url, server_name)
+        attributes = shape.attributes.copy()
+        rollout_id = _current_rollout_id()
+        if rollout_id:
+            attributes[semconv.ROLLOUT_ID] = (
+                rollout_id if rollout_id.__class__ is str else str(rollout_id)
+            )
         recorder = gym_primitives.client_recorder()
-        self.span, self.token = recorder.start(name, attributes, _CLIENT)
-        self.attempts = _Attempts()
+        self.span, self.token = recorder.start(shape.name, attributes, _CLIENT)
+        self.attempts = [0]
         self.attempts_token = _ATTEMPTS.set(self.attempts)
         record = _ENCLOSING.get()
         if record.__class__ is InFlight:
             try:
-                note_step(record, name, template, server_name)
+                record.hop(shape.name, server_name, shape.model_call, shape.relay)
             except Exception:  # the step is best effort; the span is started
                 _log.debug("gym_telemetry: could not note a rollout step", exc_info=True)
 
     def end(self, status: int | None, exc: BaseException | None) -> None:
         span = self.span
-        # reset in another context (ValueError): the counter is left behind, harmless
-        with contextlib.suppress(ValueError):
+        try:  # noqa: SIM105 - try/except is cheaper than suppress() on this per-hop path
             _ATTEMPTS.reset(self.attempts_token)
+        except ValueError:  # reset in another context: the counter is left behind, harmless
+            pass
         detach(self.token)
         extra: dict[str, Any] = {}
-        resent = self.attempts.count - 1
+        resent = self.attempts[0] - 1
         if resent > 0:
             extra[semconv.HTTP_REQUEST_RESEND_COUNT] = resent
         error = False
@@ -271,8 +300,9 @@ def stepping(retries: Callable[..., Any]) -> Callable[..., Any]:
         record = _ENCLOSING.get()
         if record.__class__ is InFlight:
             try:
-                name, template = _hop_name(method.upper(), url.split("?", 1)[0])
-                note_step(record, name, template, kwargs.get("_server_name"))
+                server_name = kwargs.get("_server_name")
+                shape = _shape(method, url, server_name)
+                record.hop(shape.name, server_name, shape.model_call, shape.relay)
             except Exception:  # the step is best effort
                 _log.debug("gym_telemetry: could not note a rollout step", exc_info=True)
         return await retries(method, url, *args, **kwargs)
@@ -292,7 +322,7 @@ def count_attempts(session: Any) -> None:
     def counted(*args: Any, **kwargs: Any) -> Any:
         attempts = _ATTEMPTS.get()
         if attempts is not None:
-            attempts.count += 1
+            attempts[0] += 1
         return request(*args, **kwargs)
 
     setattr(counted, PATCHED, True)
