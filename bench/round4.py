@@ -16,7 +16,9 @@ each and saved with each result):
    derived span;
 2. the agent (the other half of the issue): ``bench.gym_verify_callgrind`` (``/verify``,
    instructions and pinned process CPU) and ``bench.gym_rollout_callgrind`` (whole
-   rollouts over the three real servers, with ``/run``), as round 3 runs them;
+   rollouts over the three real servers, with ``/run``), as round 3 runs them but with
+   the live events' clock stretched under callgrind (``--live-clock-x``, default
+   ``LIVE_CLOCK_X`` = 50; ``1``: as shipped);
 3. ``bench.sidecar_vs_rotel --name round4``: the sidecar, rotel and the same-job
    Collector on the issue's two loads (whole rollouts, ``derive-heavy``) and three paths
    (gRPC/none, gRPC/gzip, HTTP/gzip), interleaved per round, plus the sidecar gzipping at
@@ -47,6 +49,14 @@ from gym_telemetry_demo.procs import run_passing_signals
 
 #: How long a step gets to stop what it started once a stop signal is passed on (s).
 STEP_STOP_GRACE_S = 180.0
+
+#: The agent benches' ``--live-clock-x``: the live events' heartbeats and lag-probe ticks
+#: run on the wall clock, which callgrind slows ~50x (46-83 measured: a ``/verify`` takes
+#: ~30-110 ms there against ~0.6 ms natively, a rollout ~0.8-1.4 s against ~17 ms), so
+#: their intervals are stretched as much under callgrind only and cost per request what
+#: they cost natively (docs/benchmarks.md, "The sixth session"). ``1`` runs them as
+#: shipped (charged ~50x over).
+LIVE_CLOCK_X = 50.0
 
 LOADS = ("rollouts", "derive-heavy")
 """The issue's two loads: whole rollouts (``rollouts``) and ``derive-heavy``."""
@@ -110,12 +120,19 @@ def steps(args: argparse.Namespace) -> list[list[str]]:
             )
         todo.append(["bench.derive_callgrind"])
     if not args.skip_agent:
+        clock = ["--live-clock-x", f"{args.live_clock_x:g}"]
         todo.append(
-            ["bench.gym_verify_callgrind", "--json", str(out / "gym_verify_callgrind.json")]
+            [
+                "bench.gym_verify_callgrind",
+                *clock,
+                "--json",
+                str(out / "gym_verify_callgrind.json"),
+            ]
         )
         todo.append(
             [
                 "bench.gym_rollout_callgrind",
+                *clock,
                 "--cpu-rounds",
                 "3",
                 "--json",
@@ -181,6 +198,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """``python -m bench``'s round-4 options (the shared ``--out`` and ``--rounds`` too)."""
     p.add_argument("--skip-agent", action="store_true", help="--round4: no agent steps")
     p.add_argument("--skip-callgrind", action="store_true", help="--round4: no callgrind steps")
+    p.add_argument(
+        "--live-clock-x",
+        type=float,
+        default=LIVE_CLOCK_X,
+        help="--round4: the agent benches' live-event clock factor under callgrind (module doc)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
