@@ -303,7 +303,9 @@ class ServerSpanMiddleware:
                     span.add_link(link)
                 except Exception:  # the request goes on without the link
                     _record_failure("span link")
-            status_send = _StatusSend(send)
+            status_send = _new_status_send(_StatusSend)  # no __init__ frame per request
+            status_send.send = send
+            status_send.status = 0
             failed: BaseException | None = None
             try:
                 await self.app(scope, receive, status_send)
@@ -391,6 +393,8 @@ class _StatusSend:
             self.status = message["status"]
         return self.send(message)
 
+
+_new_status_send: Final = object.__new__
 
 _PREFIXED_ROUTES: dict[tuple[int, str, str], str | None] = {}
 
