@@ -176,6 +176,8 @@ def test_a_hops_shape_is_remembered_without_its_query_and_bounded(
     assert not any("secret" in key[1] for key in hops._SHAPES)
     odd = hops._shape("POST", url, 7)  # type: ignore[arg-type]  # not a str: not kept
     assert odd.attributes["nemo.gym.target.server.name"] == "7"
+    listed = hops._shape("POST", url, ["a"])  # type: ignore[arg-type]  # not even hashable
+    assert listed.attributes["nemo.gym.target.server.name"] == "['a']"
     assert len(hops._SHAPES) == 1
     monkeypatch.setattr(hops, "MAX_CACHED_HOPS", 2)
     for i in range(3):

@@ -174,11 +174,13 @@ _SHAPES: dict[tuple[str, str, str | None], _Shape] = {}
 def _shape(method: str, url: str, server_name: str | None) -> _Shape:
     """The hop's ``_Shape``, remembered (``MAX_CACHED_HOPS``) unless its URL has a query
     (never kept: query strings carry keys) or its server name is not a str."""
+    if server_name is not None and server_name.__class__ is not str:
+        return _Shape(method, url, server_name)  # maybe not even hashable: never a key
     key = (method, url, server_name)
     shape = _SHAPES.get(key)
     if shape is None:
         shape = _Shape(method, url, server_name)
-        if "?" not in url and (server_name is None or server_name.__class__ is str):
+        if "?" not in url:
             if len(_SHAPES) >= MAX_CACHED_HOPS:
                 _SHAPES.clear()
             _SHAPES[key] = shape
