@@ -647,6 +647,12 @@ def test_a_forked_child_sets_the_fork_flag_and_appends_through_emit(
 # --- a lean span's one-call writers and W3C headers ----------------------------------------
 
 
+def test_a_lean_span_is_made_by_new_span_only() -> None:
+    """Calling the class would run ReadableSpan's __init__ on the recorder's arguments."""
+    with pytest.raises(TypeError, match="new_span"):
+        LeanSpan("x", SpanContext(1, 2, False), None, None, {})
+
+
 def test_end_with_set_if_absent_and_scalar_writes(
     lean: tuple[TracerProvider, GymSpanProcessor],
 ) -> None:

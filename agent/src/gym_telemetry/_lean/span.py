@@ -26,7 +26,6 @@ from opentelemetry.util import types as otel_types
 from gym_telemetry._lean.context import TUPLE_LAYOUT
 
 _time_ns = time.time_ns
-_INTERNAL: Final = SpanKind.INTERNAL
 UNSET_STATUS: Final = Status(StatusCode.UNSET)
 _ERROR_STATUS: Final = Status(StatusCode.ERROR)
 MAX_ATTRIBUTES: Final = 128
@@ -74,15 +73,15 @@ def clean_value(value: Any) -> Any:
 class LeanSpan(trace_api.Span, ReadableSpan):
     """A recording span that is its own ``ReadableSpan`` (see the module docstring).
 
-    Not thread-safe for concurrent writers (one request's code writes to it); writes
-    after ``end`` are ignored.
+    Made by ``new_span``. Not thread-safe for concurrent writers (one request's code
+    writes to it); writes after ``end`` are ignored.
     """
 
     #: ``get_span_context`` returns the ``_context`` field, as ``ReadableSpan``'s does: the
     #: lean encoder may read the fields directly (``span_encoding._is_plain``).
     span_context_is_field: Final = True
 
-    # ReadableSpan fields every new span starts with (see __init__).
+    # ReadableSpan fields every new span starts with (see new_span).
     _end_time: int | None = None
     _events: tuple[Event, ...] = ()
     _links: tuple[trace_api.Link, ...] = ()
@@ -92,28 +91,18 @@ class LeanSpan(trace_api.Span, ReadableSpan):
     #: ``set_status`` (a status other than unset), ``add_event`` and ``add_link``.
     _plain: bool = True
 
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        recorder: SpanOwner,
-        attributes: dict[str, Any],
-        *,
-        kind: SpanKind = _INTERNAL,
-    ) -> None:
-        # The fields ReadableSpan.__init__ sets (checked by LeanRecorder's self-check).
-        self._name = name
-        self._context = context
-        self._kind = kind
-        self._parent = parent
-        self._start_time = _time_ns()
-        self._attributes: dict[str, Any] = attributes
-        self._recorder = recorder
-        # _end_time, _events, _links and _status start as the class's defaults above
-        # (fewer stores per span); a write makes them the instance's own. _resource,
-        # _instrumentation_scope and _instrumentation_info are the recorder's, read
-        # through it (below): the same for every span of a recorder.
+    # The fields ReadableSpan.__init__ sets, set by ``new_span`` (checked by LeanRecorder's
+    # self-check). _end_time, _events, _links and _status start as the class's defaults
+    # above (fewer stores per span); a write makes them the instance's own. _resource,
+    # _instrumentation_scope and _instrumentation_info are the recorder's, read through
+    # it (below): the same for every span of a recorder.
+    _attributes: dict[str, Any]
+    _recorder: SpanOwner
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # ReadableSpan.__init__ would take these arguments and fill other fields: a span
+        # is made by ``new_span`` only.
+        raise TypeError("a LeanSpan is made by gym_telemetry._lean.span.new_span")
 
     @property
     def _resource(self) -> Resource:  # type: ignore[override]
@@ -308,12 +297,11 @@ def new_span(  # noqa: PLR0917 - positional: a call with keywords costs more on 
     attributes: dict[str, Any],
     kind: SpanKind,
 ) -> LeanSpan:
-    """``LeanSpan(name, context, parent, recorder, attributes, kind=kind)`` without the
-    class call, as the recorder makes its spans: calling a class builds the arguments of
-    its ``__init__`` (a dict for keywords) and runs it in a frame of its own, where this
-    function's call is inlined by the interpreter (~1.4 k instructions less per span,
-    callgrind; docs/benchmarks.md). The same fields as ``__init__``; the recorder's
-    self-check probes are made here too."""
+    """A new ``LeanSpan``, started now: the only way one is made (the recorder's spans
+    and its self-check probes). A function rather than the class's ``__init__``: calling
+    a class builds the arguments of its ``__init__`` (a dict for keywords) and runs it in
+    a frame of its own, where this function's call is inlined by the interpreter (~1.4 k
+    instructions less per span, callgrind; docs/benchmarks.md)."""
     span: LeanSpan = _new(LeanSpan)
     span._name = name
     span._context = context
