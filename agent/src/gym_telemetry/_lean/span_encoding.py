@@ -223,7 +223,7 @@ def _attribute_field(key: str, value: Any) -> bytes:
     count = _memoized.get(key, 0)
     if count >= MAX_MEMO_VALUES_PER_KEY:
         # a high-cardinality key (a rollout id): its last value only
-        if len(value) <= MAX_MEMO_TEXT if kind is str else _memoizable(value, kind):
+        if _memoizable(value, kind):
             _last[key] = (value, kind, field)
     elif _memoizable(value, kind):
         if len(_memoized) >= MAX_MEMO_KEYS:

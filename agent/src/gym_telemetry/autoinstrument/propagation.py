@@ -188,18 +188,16 @@ def inject(headers: MutableMapping[str, str]) -> None:
     outer = bool(ENCLOSING_ROLLOUT.get())
     if "baggage" in headers or not (rollout_id is None or rollout_id.__class__ is str):
         # the caller's own baggage (the members join it), or an odd id: not remembered
-        if rollout_id and valid_rollout_id(rollout_id):
-            _add_member(headers, BAGGAGE_KEY, f"{BAGGAGE_KEY}={rollout_id}")
-        if outer:
-            _add_member(headers, OUTER_BAGGAGE_KEY, OUTER_BAGGAGE_MEMBER)
+        for key, member in _members(rollout_id, outer):
+            _add_member(headers, key, member)
         return
-    key = (rollout_id, outer)
-    baggage = _BAGGAGE.get(key)
+    memo_key = (rollout_id, outer)
+    baggage = _BAGGAGE.get(memo_key)
     if baggage is None:
-        baggage = _baggage(rollout_id, outer)
+        baggage = ",".join([member for _key, member in _members(rollout_id, outer)])
         if len(_BAGGAGE) >= MAX_CACHED_BAGGAGE:
             _BAGGAGE.clear()
-        _BAGGAGE[key] = baggage
+        _BAGGAGE[memo_key] = baggage
     if baggage:
         headers["baggage"] = baggage
 
@@ -210,11 +208,12 @@ MAX_CACHED_BAGGAGE: Final = 1024
 _BAGGAGE: dict[tuple[str | None, bool], str] = {}
 
 
-def _baggage(rollout_id: str | None, outer: bool) -> str:
-    """The ``baggage`` header ``inject`` writes where the caller set none ("": none)."""
+def _members(rollout_id: str | None, outer: bool) -> list[tuple[str, str]]:
+    """The baggage members ``inject`` writes, as ``(key, member)``: the rollout id when
+    it is a valid one, and the outer-rollout marker."""
     members = []
     if rollout_id and valid_rollout_id(rollout_id):
-        members.append(f"{BAGGAGE_KEY}={rollout_id}")
+        members.append((BAGGAGE_KEY, f"{BAGGAGE_KEY}={rollout_id}"))
     if outer:
-        members.append(OUTER_BAGGAGE_MEMBER)
-    return ",".join(members)
+        members.append((OUTER_BAGGAGE_KEY, OUTER_BAGGAGE_MEMBER))
+    return members
