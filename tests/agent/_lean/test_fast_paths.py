@@ -647,6 +647,14 @@ def test_a_forked_child_sets_the_fork_flag_and_appends_through_emit(
 # --- a lean span's one-call writers and W3C headers ----------------------------------------
 
 
+def _server_span(provider: TracerProvider) -> LeanSpan:
+    """A SERVER span with ``{"a": 1}``, started on the lean path and not current."""
+    span, token = _recorder(provider, "server").start("GET", {"a": 1}, SpanKind.SERVER)
+    lean_context.detach(token)
+    assert isinstance(span, LeanSpan)
+    return span
+
+
 def test_a_lean_span_is_made_by_new_span_only() -> None:
     """Calling the class would run ReadableSpan's __init__ on the recorder's arguments."""
     with pytest.raises(TypeError, match="new_span"):
@@ -656,10 +664,7 @@ def test_a_lean_span_is_made_by_new_span_only() -> None:
 def test_end_with_set_if_absent_and_scalar_writes(
     lean: tuple[TracerProvider, GymSpanProcessor],
 ) -> None:
-    provider, _switch = lean
-    span, token = _recorder(provider, "server").start("GET", {"a": 1}, SpanKind.SERVER)
-    lean_context.detach(token)
-    assert isinstance(span, LeanSpan)
+    span = _server_span(lean[0])
     span.set_attributes({"s": "x", "l": [1, 2], "bad": object(), "": 3})  # type: ignore[dict-item]
     span.set_if_absent("a", lambda: 2, SpanKind.SERVER)  # present: kept
     span.set_if_absent("r", lambda: "7-1", SpanKind.INTERNAL)  # another kind: not set
@@ -724,10 +729,7 @@ def test_clean_value_keeps_its_contract(value: Any) -> None:
 def test_plain_writes_skip_the_checks_and_keep_the_bound(
     lean: tuple[TracerProvider, GymSpanProcessor],
 ) -> None:
-    provider, _switch = lean
-    span, token = _recorder(provider, "server").start("GET", {"a": 1}, SpanKind.SERVER)
-    lean_context.detach(token)
-    assert isinstance(span, LeanSpan)
+    span = _server_span(lean[0])
     span.set_attributes({"s": "x", "n": 2, "f": 1.5, "b": False})  # plain: one update
     span.add_clean({"reasons": ("stop",), "tokens": 7})
     assert dict(span.attributes) == {
