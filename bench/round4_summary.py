@@ -252,14 +252,12 @@ def _clock(doc: dict[str, Any]) -> str:
     return "as shipped" if factor == 1 else f"live-event clock x{factor:g} under callgrind"
 
 
-def _cpu_text(cpu: dict[str, Any], variant: str, key: str = "process_cpu_us") -> str:
-    """The median (range) of the per-round process-CPU ratios to bare, or ""."""
+def _cpu_text(cpu: dict[str, Any], variant: str, per_run: Any) -> str:
+    """``; process CPU`` and the median (range) of ``variant``'s per-round ratios to bare
+    (``per_run`` reads a run's process CPU), or "" without both."""
     if variant not in cpu or "bare" not in cpu:
         return ""
-    ratios = [
-        (r[key] if isinstance(r, dict) else r) / (b[key] if isinstance(b, dict) else b)
-        for r, b in zip(cpu[variant], cpu["bare"], strict=True)
-    ]
+    ratios = [per_run(r) / per_run(b) for r, b in zip(cpu[variant], cpu["bare"], strict=True)]
     return (
         f"; process CPU x{_med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}, "
         f"{len(ratios)} pinned interleaved rounds)"
@@ -283,7 +281,7 @@ def agent_verify(rows: Rows, doc: dict[str, Any] | None, cpu_doc: dict[str, Any]
             f"instructions x{ratio:.3f} ({bare['instructions_per_request'] / 1e6:.3f}M → "
             f"{run['instructions_per_request'] / 1e6:.3f}M per request; request thread "
             f"x{thread:.3f}; {_clock(doc)}, {run.get('live_requests', 0)} heartbeats in the "
-            f"window){_cpu_text(cpu, variant)}"
+            f"window){_cpu_text(cpu, variant, lambda run: run['process_cpu_us'])}"
         )
         default = variant == "default"
         rows.add(
@@ -316,13 +314,8 @@ def agent_rollout(rows: Rows, doc: dict[str, Any] | None, cpu_doc: dict[str, Any
         text = (
             f"instructions x{ratio:.3f} ({total(cg['bare']) / 1e6:.2f}M → "
             f"{total(cg[variant]) / 1e6:.2f}M per rollout, three servers; {_clock(doc)})"
+            f"{_cpu_text(cpu, variant, float)}"
         )
-        if variant in cpu and "bare" in cpu:
-            ratios = [v / b for v, b in zip(cpu[variant], cpu["bare"], strict=True)]
-            text += (
-                f"; process CPU x{_med(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}, "
-                f"{len(ratios)} pinned interleaved rounds)"
-            )
         rows.add(
             f"agent, whole rollout (/run), {variant} groups",
             f"≤ {goal}x bare instructions",
