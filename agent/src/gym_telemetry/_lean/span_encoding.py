@@ -198,12 +198,11 @@ MAX_MEMO_ITEMS: Final = 8
 
 
 def _memoizable(value: Any, kind: type) -> bool:
-    """Whether the field of ``value`` goes in the memo: a str (up to ``MAX_MEMO_TEXT``
-    characters), int, bool or float, or a tuple of up to ``MAX_MEMO_ITEMS`` such strings
+    """Whether the field of ``value``, not a str, goes in the memo: an int, bool or float,
+    or a tuple of up to ``MAX_MEMO_ITEMS`` strings of up to ``MAX_MEMO_TEXT`` characters
     (a model's finish reasons; only str items, since ``(1,)``, ``(1.0,)`` and ``(True,)``
-    are equal keys encoded differently)."""
-    if kind is str:
-        return len(value) <= MAX_MEMO_TEXT
+    are equal keys encoded differently). A str is judged by ``_attribute_field`` itself
+    (up to ``MAX_MEMO_TEXT`` characters), without this call."""
     if kind is tuple:
         return len(value) <= MAX_MEMO_ITEMS and all(
             item.__class__ is str and len(item) <= MAX_MEMO_TEXT for item in value
@@ -212,27 +211,28 @@ def _memoizable(value: Any, kind: type) -> bool:
 
 
 def _attribute_field(key: str, value: Any) -> bytes:
-    """The field of one attribute that missed the memo (``_fields``): memoized when
-    ``_memoizable`` (a verifier's rewards repeat: 0.0, 1.0) while its key has fewer
-    than ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
+    """The field of one attribute that missed the memo (``_fields``): memoized when it
+    may be (a verifier's rewards repeat: 0.0, 1.0) while its key has fewer than
+    ``MAX_MEMO_VALUES_PER_KEY`` memoized, else kept as the key's last value."""
     kind = value.__class__
     last = _last.get(key)
     if last is not None and last[1] is kind and last[0] == value:
         return last[2]
     field = _encode_attribute(key, value, kind)
+    # a str (a new rollout id: once per request) is judged here, without a call
+    if not (len(value) <= MAX_MEMO_TEXT if kind is str else _memoizable(value, kind)):
+        return field
     count = _memoized.get(key, 0)
     if count >= MAX_MEMO_VALUES_PER_KEY:
-        # a high-cardinality key (a rollout id): its last value only
-        if _memoizable(value, kind):
-            _last[key] = (value, kind, field)
-    elif _memoizable(value, kind):
-        if len(_memoized) >= MAX_MEMO_KEYS:
-            _fields.clear()
-            _memoized.clear()
-            _last.clear()
-            count = 0
-        _fields[(key, value, kind)] = field
-        _memoized[key] = count + 1
+        _last[key] = (value, kind, field)  # a high-cardinality key: its last value only
+        return field
+    if len(_memoized) >= MAX_MEMO_KEYS:
+        _fields.clear()
+        _memoized.clear()
+        _last.clear()
+        count = 0
+    _fields[(key, value, kind)] = field
+    _memoized[key] = count + 1
     return field
 
 
